@@ -22,7 +22,7 @@ if [ $want_test = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; th
 fi
 stamp=".venv/.setdlm-$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut -c1-16)-$extras"
 if [ ! -f "$stamp" ]; then
-  pipq() { .venv/bin/pip install -q --disable-pip-version-check -c constraints/cpu.txt "$@" 2>&1 | grep -v "is ignored: it is neither" || true; }
+  pipq() { .venv/bin/pip install -q --disable-pip-version-check -c constraints/cpu.txt "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }; }
   pipq torch==2.13.0
   if ! command -v mpicc >/dev/null && [ $want_test = 1 ]; then extras="eval,test"; fi
   pipq -e ".[$extras]"
