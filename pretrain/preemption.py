@@ -1,0 +1,163 @@
+"""Preemption: turn SIGTERM / the Slurm warning signal into a save at the next step boundary.
+
+Slurm sends ``SIGUSR1`` some time before the end of a job's time limit when the job was submitted
+with ``--signal=USR1@120`` (the batch template does), and ``SIGTERM`` (then ``SIGKILL`` after
+``KillWait``) when the job is cancelled or preempted. Signals reach some ranks and not others, or
+at different moments, so the handler only records the signal; :meth:`PreemptionHandler.should_stop`
+agrees across ranks with one all-reduce, and the trainer does::
+
+    handler = PreemptionHandler(); handler.install()
+    for step in ...:
+        ...
+        if handler.should_stop():
+            save_checkpoint(...)
+            handler.requeue()   # Slurm: scontrol requeue $SLURM_JOB_ID (rank 0); no-op elsewhere
+            sys.exit(0)
+
+The requeued job starts the same batch script again, the trainer finds the run directory (derived
+from the run name) and resumes from its last checkpoint.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from typing import Iterable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class PreemptionHandler:
+    """Record preemption signals; agree across ranks at step boundaries; requeue under Slurm."""
+
+    def __init__(self, signals: Iterable[int] = DEFAULT_SIGNALS):
+        self.signals = tuple(signal.Signals(s) for s in signals)
+        self._received: int | None = None  # first signal number seen by this process
+        self._received_at: float | None = None
+        self._previous: dict[int, object] = {}
+        self._stop = False  # sticky: once agreed, stays True
+        self._installed = False
+
+    # -- installation -------------------------------------------------------------------------
+    def install(self) -> "PreemptionHandler":
+        if self._installed:
+            return self
+        if threading.current_thread() is not threading.main_thread():
+            raise RuntimeError("PreemptionHandler.install() must be called from the main thread")
+        for sig in self.signals:
+            self._previous[sig] = signal.getsignal(sig)
+            signal.signal(sig, self._on_signal)
+        self._installed = True
+        return self
+
+    def uninstall(self) -> None:
+        if not self._installed:
+            return
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous if previous is not None else signal.SIG_DFL)
+        self._previous.clear()
+        self._installed = False
+
+    def __enter__(self) -> "PreemptionHandler":
+        return self.install()
+
+    def __exit__(self, *exc) -> None:
+        self.uninstall()
+
+    def _on_signal(self, signum, frame) -> None:  # noqa: ARG002
+        # Only record: no I/O, no collectives, no locks inside a signal handler.
+        if self._received is None:
+            self._received = signum
+            self._received_at = time.monotonic()
+
+    # -- queries ------------------------------------------------------------------------------
+    @property
+    def received(self) -> int | None:
+        """The signal number this process received first, or None."""
+        return self._received
+
+    def trigger(self, signum: int = signal.SIGTERM) -> None:
+        """Act as if ``signum`` had arrived (tests, or a trainer that wants a clean stop)."""
+        self._on_signal(signum, None)
+
+    def should_stop(self) -> bool:
+        """True on every rank if any rank got a signal. One all-reduce over the default group
+        when ``torch.distributed`` is initialised with more than one rank; call it at step
+        boundaries only (every rank must call it the same number of times)."""
+        if self._stop:
+            return True
+        local = self._received is not None
+        agreed = local
+        try:
+            import torch
+            import torch.distributed as dist
+        except ImportError:  # pragma: no cover - torch is a hard dependency
+            dist = None
+        if dist is not None and dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+            device = "cpu"
+            if dist.get_backend() == "nccl":
+                device = torch.device("cuda", torch.cuda.current_device())
+            flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            agreed = bool(flag.item())
+        if agreed:
+            self._stop = True
+            if local:
+                log.warning("preemption: received %s, stopping at this step boundary",
+                            signal.Signals(self._received).name)
+            else:
+                log.warning("preemption: another rank received a signal, stopping at this step boundary")
+        return agreed
+
+    # -- requeue ------------------------------------------------------------------------------
+    def requeue(self) -> None:
+        """Under Slurm, requeue this job so that it starts again and resumes from the checkpoint.
+
+        All ranks call it after the checkpoint is saved; it waits at a barrier (so nothing is
+        killed mid-write when Slurm stops the job), then rank 0 runs ``scontrol requeue
+        $SLURM_JOB_ID``. No-op outside Slurm, or when ``SETDLM_NO_REQUEUE=1``. A failure to
+        requeue (job submitted with ``--no-requeue``, an ``srun`` outside ``sbatch``) is logged,
+        not raised: the checkpoint is already safe.
+        """
+        job_id = os.environ.get("SLURM_JOB_ID")
+        if not job_id or os.environ.get("SETDLM_NO_REQUEUE", "0") not in ("", "0"):
+            return
+        rank = 0
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                rank = dist.get_rank()
+                if dist.get_world_size() > 1:
+                    dist.barrier()
+            else:
+                from launch.env import detect_env
+
+                rank = detect_env(use_mpi4py=False).rank
+        except Exception as err:  # noqa: BLE001 - requeue must never crash a clean stop
+            log.warning("preemption: could not synchronise before requeue (%s)", err)
+        if rank != 0:
+            return
+        scontrol = shutil.which("scontrol")
+        if scontrol is None:
+            log.warning("preemption: scontrol not found, job %s not requeued", job_id)
+            return
+        try:
+            res = subprocess.run([scontrol, "requeue", job_id], capture_output=True, text=True, timeout=60)
+        except (subprocess.SubprocessError, OSError) as err:
+            log.warning("preemption: scontrol requeue %s failed: %s", job_id, err)
+            return
+        if res.returncode != 0:
+            log.warning("preemption: scontrol requeue %s failed (rc=%d): %s",
+                        job_id, res.returncode, (res.stderr or res.stdout).strip())
+        else:
+            log.warning("preemption: job %s requeued", job_id)
+
+
+__all__ = ["PreemptionHandler", "DEFAULT_SIGNALS"]
