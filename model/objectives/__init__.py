@@ -1,0 +1,18 @@
+"""Objectives: one per set-schedule family (AR, MDLM, BD3-LM, SW-SetDLM)."""
+
+from .ar import AutoregressiveObjective
+from .base import ModelInputs, Objective, summarize
+from .bd3lm import BlockDiffusionObjective
+from .mdlm import MaskedDiffusionObjective
+from .setdlm import SetDiffusionObjective
+
+_REGISTRY = {c.name: c for c in (AutoregressiveObjective, MaskedDiffusionObjective, BlockDiffusionObjective, SetDiffusionObjective)}
+
+
+def build_objective(cfg, model_cfg, seq_len: int) -> Objective:
+    cfg.validate(seq_len)
+    return _REGISTRY[cfg.name](cfg, model_cfg, seq_len)
+
+
+__all__ = ["build_objective", "Objective", "ModelInputs", "summarize", "AutoregressiveObjective",
+           "MaskedDiffusionObjective", "BlockDiffusionObjective", "SetDiffusionObjective"]

@@ -1,0 +1,21 @@
+"""Autoregression: causal attention, next-token cross-entropy."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import ModelInputs, Objective
+
+
+class AutoregressiveObjective(Objective):
+    name = "ar"
+    mask_kind = "causal"
+
+    def prepare(self, batch, generator=None) -> ModelInputs:
+        x, valid, context = self._batch_masks(batch)
+        B, L = x.shape
+        pos = torch.arange(L, device=x.device).expand(B, L)
+        w = (valid[:, 1:] & ~context[:, 1:]).float()
+        return ModelInputs(
+            input_ids=x, position_ids=pos, attn_mask=self.mask("causal", L, x.device),
+            logits_slice=slice(0, L - 1), targets=x[:, 1:], loss_weight=w, nll_weight=w, num_tokens=w.sum())

@@ -1,0 +1,76 @@
+"""What every objective shares: the model-input bundle and the vocab-parallel loss."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+from megatron.core import tensor_parallel
+
+from ..masks import build_mask, with_key_padding
+
+
+@dataclass
+class ModelInputs:
+    input_ids: torch.Tensor  # [B, T]
+    position_ids: torch.Tensor  # [B, T] original positions (rotary phases)
+    attn_mask: torch.Tensor  # [T, T] or [B, 1, T, T], True = attend
+    logits_slice: slice  # which of the T outputs are predictions
+    targets: torch.Tensor  # [B, N] token to predict at each output
+    loss_weight: torch.Tensor  # [B, N] training-loss weight (0 = not predicted)
+    nll_weight: torch.Tensor  # [B, N] weight of each token's CE in the NLL bound
+    num_tokens: torch.Tensor  # scalar: tokens the NLL bound is normalised by
+    extra: dict = field(default_factory=dict)
+
+
+class Objective:
+    """Turns clean sequences into model inputs, and logits into a loss and metrics."""
+
+    name = "base"
+
+    def __init__(self, cfg, model_cfg, seq_len: int):
+        self.cfg, self.model_cfg, self.seq_len = cfg, model_cfg, seq_len
+        self.mask_id = model_cfg.mask_id
+
+    # Subclasses implement prepare().
+    def prepare(self, batch: dict, generator: torch.Generator | None = None) -> ModelInputs:
+        raise NotImplementedError
+
+    @staticmethod
+    def _batch_masks(batch: dict):
+        x = batch["input_ids"]
+        valid = batch.get("valid_mask")
+        valid = torch.ones_like(x, dtype=torch.bool) if valid is None else valid.bool()
+        context = batch.get("context_mask")
+        context = torch.zeros_like(x, dtype=torch.bool) if context is None else context.bool() & valid
+        return x, valid, context
+
+    def mask(self, kind: str, length: int, device, key_valid=None, block_size: int = 0):
+        return with_key_padding(build_mask(kind, length, block_size, device), key_valid)
+
+    def loss(self, logits: torch.Tensor, inputs: ModelInputs) -> tuple[torch.Tensor, dict]:
+        """logits: vocab-parallel [B, N, V/tp]. Returns (training loss, summed metrics)."""
+        ce = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), inputs.targets)
+        lw, nw = inputs.loss_weight, inputs.nll_weight
+        count = lw.sum()
+        loss = (ce * lw).sum() / count.clamp(min=1)
+        metrics = {
+            "loss_sum": loss.detach() * 1.0,
+            "loss_count": torch.ones((), device=ce.device),
+            "nll_sum": (ce.detach() * nw).sum(),
+            "nll_tokens": inputs.num_tokens.detach().float(),
+            "pred_tokens": count.detach().float(),
+        }
+        return loss, metrics
+
+
+def summarize(metrics: dict) -> dict:
+    """Summed metrics -> loss, nll (nats/token), bits per token, perplexity."""
+    out = {}
+    if metrics.get("loss_count", 0):
+        out["loss"] = float(metrics["loss_sum"]) / float(metrics["loss_count"])
+    if metrics.get("nll_tokens", 0):
+        nll = float(metrics["nll_sum"]) / float(metrics["nll_tokens"])
+        out.update(nll=nll, bpt=nll / math.log(2), ppl=math.exp(min(nll, 50.0)))
+    return out

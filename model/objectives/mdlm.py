@@ -1,0 +1,34 @@
+"""Masked diffusion (MDLM): bidirectional attention, linear schedule alpha_t = 1 - t."""
+
+from __future__ import annotations
+
+import torch
+
+from .base import ModelInputs, Objective
+
+
+def sample_t(n: int, eps: float, antithetic: bool, generator, device) -> torch.Tensor:
+    u = torch.rand(n if not antithetic else 1, generator=generator, device=device)
+    if antithetic:
+        u = (u + torch.arange(n, device=device) / n) % 1.0
+    return eps + (1 - eps) * u
+
+
+class MaskedDiffusionObjective(Objective):
+    name = "mdlm"
+    mask_kind = "bidirectional"
+
+    def prepare(self, batch, generator=None) -> ModelInputs:
+        x, valid, context = self._batch_masks(batch)
+        B, L = x.shape
+        t = sample_t(B, self.cfg.eps, self.cfg.antithetic, generator, x.device)[:, None].expand(B, L)
+        u = torch.rand(B, L, generator=generator, device=x.device)
+        masked = (u < t) & valid & ~context
+        xt = torch.where(masked, torch.full_like(x, self.mask_id), x)
+        pos = torch.arange(L, device=x.device).expand(B, L)
+        lw = masked.float()
+        key_valid = None if bool(valid.all()) else valid
+        return ModelInputs(
+            input_ids=xt, position_ids=pos, attn_mask=self.mask("bidirectional", L, x.device, key_valid),
+            logits_slice=slice(0, L), targets=x, loss_weight=lw, nll_weight=lw / t,
+            num_tokens=(valid & ~context).float().sum(), extra={"t": t[:, 0]})

@@ -1,0 +1,220 @@
+"""Transformer on megatron-core tensor-parallel layers, with per-token rotary positions, structured
+masks and a set-decoding KV cache.
+
+One model serves every schedule (AR, MDLM, BD3-LM, SW-SetDLM): objectives decide the token layout,
+positions and mask kind; the transformer only runs it. Layers are keyed by their *global* index so a
+state dict is the same under any pipeline split.
+
+Weight layouts are independent of the tensor-parallel size, so a TP=1 state dict slices into any TP:
+- QKV rows are grouped per KV head: [q_0 .. q_{g-1}, k, v] x kv_heads (each block head_dim rows);
+- SwiGLU fc1 rows alternate gate/up: row 2j is gate j, row 2j+1 is up j;
+- the vocabulary is padded to a multiple of `vocab_pad_multiple`; padding and MASK logits are -inf.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.model_parallel_config import ModelParallelConfig
+
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .rotary import Rotary, apply_rotary
+
+
+def megatron_config(tp: int = 1, pp: int = 1, params_dtype: torch.dtype = torch.float32) -> ModelParallelConfig:
+    # Weights are initialised as full master tensors and then split: the same seed gives the same
+    # model under any TP size (and it is the only initialisation that works without CUDA).
+    return ModelParallelConfig(
+        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, use_cpu_initialization=True,
+        perform_initialization=True, params_dtype=params_dtype, sequence_parallel=False,
+    )
+
+
+def _norm(cfg: ModelConfig, dim: int) -> torch.nn.Module:
+    if cfg.norm == "rmsnorm":
+        return torch.nn.RMSNorm(dim, eps=cfg.norm_eps)
+    return torch.nn.LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
+
+
+def _init(std: float):
+    return lambda w: torch.nn.init.normal_(w, mean=0.0, std=std)
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, layer_id: int):
+        super().__init__()
+        tp = mp.tensor_model_parallel_size
+        self.layer_id = layer_id
+        self.head_dim = cfg.dim_head
+        self.groups = cfg.kv_heads // tp  # KV heads on this rank
+        self.q_per_group = cfg.n_heads // cfg.kv_heads
+        out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        qkv_out = (cfg.n_heads + 2 * cfg.kv_heads) * self.head_dim
+        self.qkv = tensor_parallel.ColumnParallelLinear(
+            cfg.hidden, qkv_out, config=mp, init_method=_init(cfg.init_std), bias=cfg.bias, gather_output=False)
+        self.proj = tensor_parallel.RowParallelLinear(
+            cfg.n_heads * self.head_dim, cfg.hidden, config=mp, init_method=_init(out_std), bias=cfg.bias,
+            input_is_parallel=True, skip_bias_add=False)
+        self.q_norm = torch.nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.k_norm = torch.nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
+        self.dropout_p = cfg.attention_dropout
+
+    def forward(self, x, rope, mask, cache: KVCache | None = None):
+        B, T, _ = x.shape
+        qkv, _ = self.qkv(x)
+        qkv = qkv.view(B, T, self.groups, self.q_per_group + 2, self.head_dim)
+        q = qkv[:, :, :, : self.q_per_group].reshape(B, T, -1, self.head_dim).transpose(1, 2)
+        k = qkv[:, :, :, -2].transpose(1, 2)
+        v = qkv[:, :, :, -1].transpose(1, 2)
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        cos, sin = rope
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:
+            k, v = cache.attend_kv(self.layer_id, k, v)
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0,
+            enable_gqa=self.q_per_group > 1)
+        out = out.transpose(1, 2).reshape(B, T, -1)
+        out, _ = self.proj(out)
+        return out
+
+
+class MLP(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig):
+        super().__init__()
+        self.swiglu = cfg.activation == "swiglu"
+        out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        width = cfg.ffn_hidden * (2 if self.swiglu else 1)
+        self.fc1 = tensor_parallel.ColumnParallelLinear(
+            cfg.hidden, width, config=mp, init_method=_init(cfg.init_std), bias=cfg.bias, gather_output=False)
+        self.fc2 = tensor_parallel.RowParallelLinear(
+            cfg.ffn_hidden, cfg.hidden, config=mp, init_method=_init(out_std), bias=cfg.bias,
+            input_is_parallel=True, skip_bias_add=False)
+
+    def forward(self, x):
+        h, _ = self.fc1(x)
+        if self.swiglu:
+            h = F.silu(h[..., 0::2]) * h[..., 1::2]
+        else:
+            h = F.gelu(h, approximate="tanh")
+        out, _ = self.fc2(h)
+        return out
+
+
+class Block(torch.nn.Module):
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, layer_id: int):
+        super().__init__()
+        self.norm1 = _norm(cfg, cfg.hidden)
+        self.attn = Attention(cfg, mp, layer_id)
+        self.norm2 = _norm(cfg, cfg.hidden)
+        self.mlp = MLP(cfg, mp)
+        self.drop = torch.nn.Dropout(cfg.dropout)
+
+    def forward(self, x, rope, mask, cache=None):
+        x = x + self.drop(self.attn(self.norm1(x), rope, mask, cache))
+        return x + self.drop(self.mlp(self.norm2(x)))
+
+
+class Transformer(torch.nn.Module):
+    """Decoder stack; `pre_process`/`post_process` and the layer range make it a pipeline stage."""
+
+    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig | None = None, *, pre_process: bool = True,
+                 post_process: bool = True, layers: range | None = None):
+        super().__init__()
+        self.cfg = cfg
+        self.mp = mp or megatron_config()
+        self.pre_process, self.post_process = pre_process, post_process
+        self.layer_range = layers if layers is not None else range(cfg.n_layers)
+        V = cfg.padded_vocab_size
+        if pre_process:
+            self.embed = tensor_parallel.VocabParallelEmbedding(V, cfg.hidden, init_method=_init(cfg.init_std), config=self.mp)
+        self.rotary = Rotary(cfg.dim_head, cfg.rope_base)
+        self.layers = torch.nn.ModuleDict({str(i): Block(cfg, self.mp, i) for i in self.layer_range})
+        if post_process:
+            self.final_norm = _norm(cfg, cfg.hidden)
+            if not cfg.tie_embeddings:
+                self.head = tensor_parallel.ColumnParallelLinear(
+                    cfg.hidden, V, config=self.mp, init_method=_init(cfg.init_std), bias=False, gather_output=False)
+            tp = self.mp.tensor_model_parallel_size
+            rank = parallel_state.get_tensor_model_parallel_rank() if tp > 1 else 0
+            ids = torch.arange(rank * V // tp, (rank + 1) * V // tp)
+            blocked = (ids >= cfg.vocab_size) | (ids == cfg.mask_id)
+            self.register_buffer("logit_bias", torch.zeros(len(ids)).masked_fill(blocked, float("-inf")), persistent=False)
+
+    # -- parts -------------------------------------------------------------------------------
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(input_ids)
+
+    def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Vocab-parallel logits (this rank's slice of the padded vocabulary) with MASK/padding at -inf."""
+        hidden = self.final_norm(hidden)
+        if self.cfg.tie_embeddings:
+            weight = self.shared_embedding_weight()
+            hidden = tensor_parallel.copy_to_tensor_model_parallel_region(hidden) if self.mp.tensor_model_parallel_size > 1 else hidden
+            logits = F.linear(hidden, weight)
+        else:
+            logits, _ = self.head(hidden)
+        return logits.float() + self.logit_bias
+
+    def shared_embedding_weight(self) -> torch.Tensor:
+        if not self.pre_process:
+            raise NotImplementedError("tied embeddings on a last pipeline stage without the embedding")
+        return self.embed.weight
+
+    # -- forward -----------------------------------------------------------------------------
+    def forward(self, input_ids=None, position_ids=None, attn_mask=None, *, hidden_states=None,
+                cache: KVCache | None = None, commit: torch.Tensor | None = None, logits_slice: slice | None = None):
+        """Run this stage.
+
+        input_ids/position_ids [B, T]; attn_mask bool [T, T] or [B, 1, T, T] (True = attend) among the
+        given tokens. With `cache`, tokens also attend to the valid cached entries, and those with
+        `commit` [B, T] True are appended to the cache. Returns vocab-parallel logits for the tokens in
+        `logits_slice` (all by default) on the last stage, hidden states otherwise.
+        """
+        x = self.embed_tokens(input_ids) if self.pre_process else hidden_states
+        rope = self.rotary(position_ids)
+        mask = attn_mask
+        if cache is not None:
+            B, T = position_ids.shape
+            cache.begin(commit if commit is not None else torch.zeros(B, T, dtype=torch.bool, device=x.device))
+            new = attn_mask if attn_mask is not None else torch.ones(T, T, dtype=torch.bool, device=x.device)
+            new = new.expand(B, 1, T, T) if new.dim() == 2 else new
+            mask = torch.cat((cache.prefix_mask()[:, None, None, :].expand(B, 1, T, -1), new), dim=-1)
+        for block in self.layers.values():
+            x = block(x, rope, mask, cache)
+        if cache is not None:
+            cache.end()
+        if not self.post_process:
+            return x
+        if logits_slice is not None:
+            x = x[:, logits_slice]
+        return self.output_logits(x)
+
+    def new_cache(self, batch: int, capacity: int, dtype=None, device=None) -> KVCache:
+        cfg, tp = self.cfg, self.mp.tensor_model_parallel_size
+        p = next(self.parameters())
+        return KVCache(self.layer_range, batch, cfg.kv_heads // tp, cfg.dim_head, capacity,
+                       dtype=dtype or p.dtype, device=device or p.device)
+
+
+def full_logits(model: Transformer, logits: torch.Tensor) -> torch.Tensor:
+    """Gather vocab-parallel logits into the full (unpadded) vocabulary."""
+    if model.mp.tensor_model_parallel_size > 1:
+        logits = tensor_parallel.gather_from_tensor_model_parallel_region(logits)
+    return logits[..., : model.cfg.vocab_size]
+
+
+def parameter_count(cfg: ModelConfig, embeddings: bool = True) -> int:
+    h, f, d = cfg.hidden, cfg.ffn_hidden, cfg.dim_head
+    attn = h * (cfg.n_heads + 2 * cfg.kv_heads) * d + cfg.n_heads * d * h
+    mlp = h * f * (3 if cfg.activation == "swiglu" else 2)
+    per_layer = attn + mlp + 4 * h
+    n = cfg.n_layers * per_layer + 2 * h
+    if embeddings:
+        n += cfg.padded_vocab_size * h * (1 if cfg.tie_embeddings else 2)
+    return n
