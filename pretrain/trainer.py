@@ -1,0 +1,282 @@
+"""The training loop: build everything, resume if a checkpoint exists, train, validate, save."""
+
+from __future__ import annotations
+
+import time
+from contextlib import nullcontext
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+from data_pipeline.loader import build_loader
+from data_pipeline.tokenizers import load_tokenizer
+from model.objectives import build_objective, summarize
+from model.parallel import ensure_model_parallel, ensure_process_group
+from model.transformer import Transformer, megatron_config, parameter_count
+
+from . import checkpoint
+from .config import RecipeConfig, save_config
+from .ema import EMA
+from .engine import build_engine, clip_gradients
+from .flops import device_peak_tflops, train_step_flops
+from .logger import MetricsLogger
+from .preemption import PreemptionHandler
+
+
+def resolve_vocab(cfg: RecipeConfig, tokenizer) -> None:
+    """Fill vocab size and MASK id from the tokenizer unless the recipe set them."""
+    if cfg.model.vocab_size <= 0:
+        cfg.model.vocab_size = tokenizer.vocab_size
+    if cfg.model.mask_id < 0:
+        if tokenizer.mask_id is None:
+            raise ValueError(f"data.tokenizer: {cfg.data.tokenizer!r} has no MASK token; set model.mask_id or use a tokenizer with one")
+        cfg.model.mask_id = tokenizer.mask_id
+
+
+def autocast_context(cfg: RecipeConfig, device: torch.device):
+    p = cfg.train.precision
+    if p == "auto":
+        p = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    if p == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+def _all_reduce_sum(values: dict, group) -> dict:
+    keys = sorted(values)
+    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
+    if dist.is_initialized() and dist.get_world_size(group) > 1:
+        dist.all_reduce(t, group=group)
+    return dict(zip(keys, t.tolist()))
+
+
+def _add(acc: dict, metrics: dict) -> None:
+    for k, v in metrics.items():
+        acc[k] = acc.get(k, 0.0) + float(v)
+
+
+class Trainer:
+    def __init__(self, cfg: RecipeConfig):
+        self.cfg = cfg
+        ensure_process_group()
+        self.world = dist.get_world_size()
+        self.rank = dist.get_rank()
+        self.tokenizer = load_tokenizer(cfg.data.tokenizer)
+        resolve_vocab(cfg, self.tokenizer)
+        cfg.validate(self.world)
+        p = cfg.parallel
+        ensure_model_parallel(p.tp, p.pp)
+        self.dp_rank = parallel_state.get_data_parallel_rank()
+        self.dp_size = parallel_state.get_data_parallel_world_size()
+        self.mp_rank = parallel_state.get_model_parallel_group().rank()
+        self.dp_group = parallel_state.get_data_parallel_group()
+        if p.pp > 1:
+            raise NotImplementedError("pipeline parallelism is not wired into the trainer yet")
+        self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
+        self.run_dir = cfg.run_dir
+        self.ckpt_root = self.run_dir / "checkpoints"
+
+        torch.manual_seed(cfg.run.seed)
+        model = Transformer(cfg.model, megatron_config(p.tp, p.pp)).to(self.device)
+        self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len)
+        self.engine, self.optimizer, self.scheduler = build_engine(model, cfg, self.world)
+        self.model = self.engine.module
+        self.ema = EMA(self.model, cfg.train.ema) if cfg.train.ema > 0 else None
+        # Orders and noise: one generator per data-parallel rank (same on its TP/PP peers).
+        self.generator = torch.Generator(device=self.device).manual_seed(cfg.run.seed * 1009 + self.dp_rank)
+        self.train_loader = build_loader(cfg.data, split="train", tokenizer=self.tokenizer, micro_batch=cfg.train.micro_batch,
+                                         dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.run.seed)
+        self.step = 0
+        self.tokens_seen = 0
+        self.wandb_id = None
+
+    # -- checkpoints ---------------------------------------------------------------------------
+    def meta(self) -> dict:
+        p = self.cfg.parallel
+        return {"step": self.step, "tokens_seen": self.tokens_seen, "wandb_id": self.logger.wandb_id,
+                "layout": {"world": self.world, "tp": p.tp, "pp": p.pp, "dp": self.dp_size, "zero_stage": p.zero_stage},
+                "tokenizer": self.tokenizer.name, "tokenizer_sha256": self.tokenizer.sha256,
+                "objective": self.cfg.objective.name, "config": self.cfg.to_dict()}
+
+    def save(self) -> Path:
+        extra = {"rng": checkpoint.rng_state(), "generator": self.generator.get_state(),
+                 "data": self.train_loader.state_dict(), "step": self.step}
+        return checkpoint.save(self.engine, self.ckpt_root, self.step, meta=self.meta(), extra=extra,
+                               ema_state=self.ema.state_dict() if self.ema else None, keep_last=self.cfg.train.keep_last,
+                               mp_rank=self.mp_rank, dp_rank=self.dp_rank, rank=self.rank)
+
+    def maybe_resume(self) -> bool:
+        if self.rank == 0:
+            checkpoint.clean_partial(self.ckpt_root)
+        dist.barrier()
+        path = checkpoint.latest_checkpoint(self.ckpt_root) if self.ckpt_root.is_dir() else None
+        if path is None:
+            return False
+        meta, extra, ema = checkpoint.load(self.engine, path, rank=self.rank, mp_rank=self.mp_rank)
+        saved = meta["layout"]
+        if (saved["tp"], saved["pp"], saved["dp"]) != (self.cfg.parallel.tp, self.cfg.parallel.pp, self.dp_size):
+            raise ValueError(f"checkpoint {path}: saved with tp={saved['tp']} pp={saved['pp']} dp={saved['dp']}, "
+                             f"resuming with tp={self.cfg.parallel.tp} pp={self.cfg.parallel.pp} dp={self.dp_size}; "
+                             "resume exactly with the same layout or consolidate and load the weights")
+        self.step, self.tokens_seen, self.wandb_id = meta["step"], meta["tokens_seen"], meta.get("wandb_id")
+        checkpoint.set_rng_state(extra["rng"])
+        self.generator.set_state(extra["generator"])
+        self.train_loader.load_state_dict(extra["data"])
+        if self.ema is not None and ema is not None:
+            self.ema.load_state_dict(ema)
+        return True
+
+    # -- evaluation ----------------------------------------------------------------------------
+    @torch.no_grad()
+    def unigram_nll(self) -> float:
+        """Entropy (nats/token) of the validation split's own unigram distribution: no model that
+        ignores context can do better on it, so it is the baseline a trained model must beat."""
+        cfg = self.cfg
+        loader = build_loader(cfg.data, split="val", tokenizer=self.tokenizer, micro_batch=cfg.train.micro_batch,
+                              dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.run.seed)
+        counts = torch.zeros(cfg.model.vocab_size, dtype=torch.float64)
+        for i, batch in enumerate(loader):
+            if cfg.train.eval_batches and i >= cfg.train.eval_batches:
+                break
+            counts += torch.bincount(batch["input_ids"].flatten(), minlength=cfg.model.vocab_size).double()
+        if dist.get_world_size(self.dp_group) > 1:
+            dist.all_reduce(counts, group=self.dp_group)
+        p = counts[counts > 0] / counts.sum()
+        return float(-(p * p.log()).sum())
+
+    @torch.no_grad()
+    def validate(self) -> dict:
+        cfg = self.cfg
+        loader = build_loader(cfg.data, split="val", tokenizer=self.tokenizer, micro_batch=cfg.train.micro_batch,
+                              dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.run.seed)
+        gen = torch.Generator(device=self.device).manual_seed(cfg.run.seed + 7919 * (self.dp_rank + 1))
+        self.model.eval()
+        acc: dict = {}
+        for i, batch in enumerate(loader):
+            if cfg.train.eval_batches and i >= cfg.train.eval_batches:
+                break
+            inputs = self.objective.prepare(self._to_device(batch), gen)
+            with autocast_context(cfg, self.device):
+                logits = self.model(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
+            _, m = self.objective.loss(logits, inputs)
+            _add(acc, m)
+        self.model.train()
+        total = _all_reduce_sum(acc, self.dp_group) if acc else {}
+        s = summarize(total)
+        return {"val/nll": s.get("nll"), "val/bpt": s.get("bpt"), "val/ppl": s.get("ppl"),
+                "val/tokens": total.get("nll_tokens", 0.0)}
+
+    def _to_device(self, batch: dict) -> dict:
+        return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    # -- loop ----------------------------------------------------------------------------------
+    def train(self) -> dict:
+        cfg, t = self.cfg, self.cfg.train
+        resumed = self.maybe_resume()
+        if self.rank == 0:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(cfg, self.run_dir / "config.yaml")
+            tok_dir = self.run_dir / "tokenizer"
+            if not tok_dir.is_dir():
+                self.tokenizer.save(tok_dir)
+        self.logger = MetricsLogger(self.run_dir, cfg, enabled=self.rank == 0, total_steps=t.max_steps,
+                                    start_step=self.step, wandb_id=self.wandb_id)
+        n_params = parameter_count(cfg.model)
+        self.logger.write(
+            f"setdlm: {cfg.objective.name} | {n_params / 1e6:.1f}M params | world {self.world} "
+            f"(tp {cfg.parallel.tp}, pp {cfg.parallel.pp}, dp {self.dp_size}, ZeRO-{cfg.parallel.zero_stage}) | "
+            f"L={cfg.data.seq_len} global batch {t.global_batch} | run dir {self.run_dir}"
+            + (f" | resumed at step {self.step}" if resumed else ""))
+        handler = PreemptionHandler().install()
+        accum = cfg.grad_accum(self.world)
+        seq_tokens = t.global_batch * cfg.data.seq_len
+        step_flops = train_step_flops(cfg.model, cfg.objective.name, cfg.data.seq_len, t.global_batch)
+        peak = device_peak_tflops(t.peak_tflops)
+        last = {}
+        if not resumed and t.eval_every > 0:
+            last = self.validate()
+            last["val/unigram_nll"] = self.unigram_nll()
+            self.logger.write(f"validation unigram baseline: {last['val/unigram_nll']:.4f} nats/token")
+            self.logger.log(0, last)
+        train_iter = iter(self.train_loader)
+        window_t, window_steps = time.perf_counter(), 0
+        window_loss: dict = {}
+        preempted = False
+        while self.step < t.max_steps:
+            gnorm = None
+            for micro in range(accum):
+                inputs = self.objective.prepare(self._to_device(next(train_iter)), self.generator)
+                with autocast_context(cfg, self.device):
+                    logits = self.engine(inputs.input_ids, inputs.position_ids, inputs.attn_mask,
+                                         logits_slice=inputs.logits_slice)
+                loss, m = self.objective.loss(logits, inputs)
+                self.engine.backward(loss)
+                if micro == accum - 1:
+                    gnorm = clip_gradients(self.engine, t.grad_clip)
+                self.engine.step()
+                _add(window_loss, {"loss_sum": m["loss_sum"], "loss_count": m["loss_count"]})
+            self.step += 1
+            self.tokens_seen += seq_tokens
+            window_steps += 1
+            if self.ema is not None:
+                self.ema.update(self.model)
+            self.logger.advance()
+            metrics = {}
+            if self.step % t.log_every == 0 or self.step == t.max_steps:
+                elapsed = time.perf_counter() - window_t
+                red = _all_reduce_sum(window_loss, self.dp_group)
+                if gnorm is None:
+                    gnorm = self.engine.get_global_grad_norm()
+                tps = window_steps * seq_tokens / elapsed
+                metrics = {"train/loss": red["loss_sum"] / max(red["loss_count"], 1.0),
+                           "train/lr": self.scheduler.get_last_lr()[0],
+                           "train/grad_norm": float(gnorm) if gnorm is not None else None,
+                           "train/tokens_seen": self.tokens_seen, "perf/tokens_per_s": tps,
+                           "perf/step_s": elapsed / window_steps,
+                           "perf/mfu": (window_steps * step_flops / elapsed) / (peak * 1e12 * self.world) if peak else None}
+                window_t, window_steps, window_loss = time.perf_counter(), 0, {}
+            if t.eval_every > 0 and (self.step % t.eval_every == 0 or self.step == t.max_steps):
+                metrics.update(self.validate())
+            if metrics:
+                last.update(metrics)
+                self.logger.log(self.step, metrics)
+            preempted = handler.should_stop()
+            if preempted or self.step % t.save_every == 0 or self.step == t.max_steps:
+                path = self.save()
+                self.logger.write(f"saved checkpoint {path}")
+            if preempted:
+                self.logger.write(f"preemption signal received: saved at step {self.step}, exiting for requeue")
+                handler.requeue()
+                break
+        handler.uninstall()
+        if not preempted and t.sample_at_end and self.rank == 0:
+            self.print_sample()
+        self.logger.close()
+        last["preempted"] = preempted
+        last["step"] = self.step
+        return last
+
+    def print_sample(self) -> None:
+        try:
+            from model.sampling import SamplingConfig, generate
+        except ImportError:
+            self.logger.write("(no sampler available yet: skipping the end-of-run sample)")
+            return
+        if self.cfg.parallel.tp * self.cfg.parallel.pp > 1:
+            return
+        t = self.cfg.train
+        prompt = self.tokenizer.encode(t.sample_prompt) if t.sample_prompt else []
+        window = self.cfg.objective.set_size if self.cfg.objective.name == "setdlm" else 1
+        out = generate(self.model, [prompt], SamplingConfig(max_new_tokens=t.sample_tokens, window=window),
+                       mask_id=self.cfg.model.mask_id, tokenizer=self.tokenizer)[0]
+        self.logger.write(f"sample ({out.steps} steps, {out.tokens_per_step:.2f} tokens/step):\n"
+                          f"{t.sample_prompt}{out.text}")
+
+
+def train(cfg: RecipeConfig) -> dict:
+    trainer = Trainer(cfg)
+    return trainer.train()
+
+
