@@ -25,13 +25,18 @@ def framing(packing: str, bos_id, eos_id) -> tuple[list[int], list[int]]:
 
 
 def frame_documents(docs_ids, packing: str, bos_id, eos_id, dtype) -> tuple[np.ndarray, np.ndarray]:
-    """Concatenate framed documents: (flat token array, per-document framed lengths)."""
+    """Concatenate framed documents: (flat token array, per-document framed lengths).
+
+    Documents without tokens (empty text) are left out entirely (framed length 0)."""
     pre, post = framing(packing, bos_id, eos_id)
-    lengths = np.fromiter((len(d) + len(pre) + len(post) for d in docs_ids), dtype=np.int64,
+    extra = len(pre) + len(post)
+    lengths = np.fromiter((len(d) + extra if len(d) else 0 for d in docs_ids), dtype=np.int64,
                           count=len(docs_ids))
     flat = np.empty(int(lengths.sum()), dtype=dtype)
     pos = 0
     for d in docs_ids:
+        if not len(d):
+            continue
         if pre:
             flat[pos:pos + len(pre)] = pre
             pos += len(pre)

@@ -1,0 +1,77 @@
+"""`setdlm data ...`: ``prepare`` (see prepare.py) and ``inspect``."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+USAGE = """usage: setdlm data {prepare,inspect} ...
+
+  prepare   tokenize and pack text into webdataset shards + manifest.json
+  inspect   summarize a prepared directory; --verify checks every shard; --show N decodes samples
+"""
+
+
+def inspect_main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="setdlm data inspect")
+    p.add_argument("source", help="prepared directory (or fsspec URL)")
+    p.add_argument("--verify", action="store_true", help="read every shard and check it against the manifest")
+    p.add_argument("--show", type=int, default=0, metavar="N", help="decode the first N train sequences")
+    args = p.parse_args(argv)
+    import numpy as np
+
+    from .shards import ShardSource, read_manifest
+    from .sources import ShardError
+
+    try:
+        m = read_manifest(args.source)
+    except ValueError as e:
+        print(f"setdlm data inspect: error: {e}", file=sys.stderr)
+        return 2
+    t = m["tokenizer"]
+    print(f"{args.source}: seq_len {m['seq_len']}, packing {m['packing']}, dtype {m['dtype']}, "
+          f"tokenizer {t['name']} (vocab {t['vocab_size']}, mask {t['mask_id']}, sha256 {t['sha256'][:12]}...)")
+    for split, info in m["splits"].items():
+        src = m.get("sources", {}).get(split, {}).get("description", "?")
+        print(f"  {split}: {info['num_shards']} shards, {info['num_samples']:,} sequences, {info['num_tokens']:,} "
+              f"tokens, {info['num_documents']:,} documents  <- {src}")
+    source = ShardSource(args.source, m, verify=True)
+    bad = 0
+    if args.verify:
+        for split in m["splits"]:
+            for u in range(len(source.counts(split))):
+                try:
+                    source.read_unit(split, u)
+                except ShardError as e:
+                    bad += 1
+                    print(f"  BAD {e}")
+        print(f"verified: {'all shards good' if not bad else f'{bad} bad shards'}")
+    if args.show:
+        from .tokenizers import load_tokenizer
+        from .shards import join_url
+
+        tok = load_tokenizer(join_url(args.source, "tokenizer"))
+        rows = np.concatenate([source.read_unit("train", u) for u in range(len(source.counts("train")))
+                               if u * m["samples_per_shard"] < args.show])[: args.show]
+        for i, r in enumerate(rows):
+            print(f"--- train sequence {i}\n{tok.decode(r)}")
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(USAGE)
+        return 0 if argv else 2
+    cmd, rest = argv[0], argv[1:]
+    if cmd == "prepare":
+        from .prepare import main as prepare_main
+
+        return prepare_main(rest)
+    if cmd == "inspect":
+        return inspect_main(rest)
+    print(f"setdlm data: unknown command {cmd!r}\n{USAGE}", file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,109 @@
+"""Raw text in: a Hugging Face dataset name, local parquet/json/jsonl/txt files, a directory of them,
+or a builtin corpus. Everything becomes a `TextSource`: an indexable list of documents."""
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+
+from .corpus import BUILTIN_TEXTS, builtin_text
+
+FILE_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".txt": "text",
+                 ".json.gz": "json", ".jsonl.gz": "json", ".txt.gz": "text"}
+TXT_UNITS = ("line", "paragraph", "document")
+
+
+class TextSource:
+    """Documents ``[0, len)``; `texts(a, b)` returns a slice as a list of strings."""
+
+    def __init__(self, docs, description: str, fingerprint: str, field: str | None = None):
+        self._docs, self._field = docs, field
+        self.description, self.fingerprint = description, fingerprint
+
+    def __len__(self) -> int:
+        return len(self._docs)
+
+    def texts(self, start: int, stop: int) -> list[str]:
+        if self._field is None:
+            return list(self._docs[start:stop])
+        return [t if isinstance(t, str) else "" for t in self._docs[start:stop][self._field]]
+
+    def select(self, start: int, stop: int, what: str) -> "TextSource":
+        docs = self._docs[start:stop] if self._field is None else self._docs.select(range(start, stop))
+        return TextSource(docs, f"{self.description}, {what}", f"{self.fingerprint}:{start}:{stop}", self._field)
+
+
+def _builder_for(path: str) -> str | None:
+    for ext in sorted(FILE_BUILDERS, key=len, reverse=True):
+        if path.endswith(ext):
+            return FILE_BUILDERS[ext]
+    return None
+
+
+def _local_files(path: str) -> list[str]:
+    if os.path.isdir(path):
+        files = sorted(f for f in glob.glob(os.path.join(path, "**", "*"), recursive=True)
+                       if os.path.isfile(f) and _builder_for(f))
+        if not files:
+            raise ValueError(f"--input: directory {path!r} holds no {'/'.join(sorted(FILE_BUILDERS))} files")
+        return files
+    files = sorted(glob.glob(path)) if any(c in path for c in "*?[") else [path]
+    if not files or not all(os.path.isfile(f) for f in files):
+        raise ValueError(f"--input: no such file {path!r}")
+    for f in files:
+        if not _builder_for(f):
+            raise ValueError(f"--input: {f!r} is not a supported file (use {', '.join(sorted(FILE_BUILDERS))})")
+    return files
+
+
+def _check(ds, field: str, desc: str):
+    if field not in ds.column_names:
+        raise ValueError(f"--text-field: {desc} has no column {field!r} (columns: {', '.join(ds.column_names)})")
+    if len(ds) == 0:
+        raise ValueError(f"--input: {desc} holds no documents")
+    return ds
+
+
+def open_text(spec: str, *, text_field: str = "text", split: str = "train", txt_unit: str = "line",
+              name: str | None = None) -> TextSource:
+    """Open `spec` (see module docstring); `split` and `name` (config) apply to hub datasets."""
+    if spec.startswith("builtin:"):
+        corpus = spec[len("builtin:"):]
+        if corpus not in BUILTIN_TEXTS:
+            raise ValueError(f"--input: unknown builtin corpus {corpus!r}; valid: "
+                             + ", ".join("builtin:" + n for n in BUILTIN_TEXTS))
+        if split not in ("train", None):
+            raise ValueError(f"--split: builtin corpora have only a 'train' split, not {split!r}")
+        docs = builtin_text(corpus)
+        fp = hashlib.sha256("\x00".join(docs).encode()).hexdigest()
+        return TextSource(docs, spec, fp)
+    import datasets
+
+    if os.path.exists(spec) or any(c in spec for c in "*?[") or spec.startswith((".", "/", "~")):
+        files = _local_files(os.path.expanduser(spec))
+        builders = {_builder_for(f) for f in files}
+        if len(builders) > 1:
+            raise ValueError(f"--input: {spec!r} mixes file types ({', '.join(sorted(builders))}); use one type")
+        builder = builders.pop()
+        kw = {"sample_by": txt_unit} if builder == "text" else {}
+        if txt_unit not in TXT_UNITS:
+            raise ValueError(f"--txt-unit: {txt_unit!r}; valid: {', '.join(TXT_UNITS)}")
+        try:
+            ds = datasets.load_dataset(builder, data_files=files, split="train", **kw)
+        except Exception as e:  # noqa: BLE001
+            raise ValueError(f"--input: cannot read {spec!r} as {builder} ({type(e).__name__}: {e})") from None
+        stat = "|".join(f"{f}:{os.path.getsize(f)}:{os.path.getmtime(f)}" for f in files)
+        fp = hashlib.sha256(f"{builder}|{txt_unit}|{stat}".encode()).hexdigest()
+        desc = f"{len(files)} {builder} file(s) at {spec}"
+        field = "text" if builder == "text" else text_field
+        return TextSource(_check(ds, field, desc), desc, fp, field)
+    try:
+        ds = datasets.load_dataset(spec, name, split=split)
+    except Exception as e:  # noqa: BLE001
+        offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
+        raise ValueError(f"--input: cannot load Hugging Face dataset {spec!r} (config {name!r}, split {split!r}): "
+                         f"{type(e).__name__}: {e}"
+                         + (" [offline mode: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set]" if offline else "")
+                         ) from None
+    desc = f"Hugging Face dataset {spec!r}" + (f" config {name!r}" if name else "") + f" split {split!r}"
+    return TextSource(_check(ds, text_field, desc), desc, str(getattr(ds, "_fingerprint", spec)), text_field)

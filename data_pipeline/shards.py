@@ -1,0 +1,223 @@
+"""Token shards: webdataset ``.tar`` files of fixed-length token arrays, plus ``manifest.json``.
+
+Layout of a prepared directory::
+
+    manifest.json                 # written last (atomically): the directory is complete
+    manifest.partial.json         # progress of an unfinished `prepare` (lets a re-run resume)
+    tokenizer/                    # the tokenizer the shards were made with (`Tokenizer.save`)
+    train/shard-000000.tar ...    # samples "<10-digit sample index>.input_ids.npy"
+    val/shard-000000.tar ...
+
+Each sample is one ``.npy`` array of ``seq_len`` tokens of the manifest's dtype, so
+``webdataset.WebDataset(url).decode()`` reads the shards too.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+from urllib.parse import urlparse
+
+import numpy as np
+
+from .sources import ShardError
+
+MANIFEST = "manifest.json"
+PARTIAL = "manifest.partial.json"
+FORMAT = "setdlm-token-shards"
+VERSION = 1
+FIELD = "input_ids.npy"
+
+
+# -- URLs -------------------------------------------------------------------------------------------
+def is_local(url: str) -> bool:
+    scheme = urlparse(str(url)).scheme
+    return scheme in ("", "file") or len(scheme) == 1
+
+
+def local_path(url: str) -> str:
+    return urlparse(url).path if str(url).startswith("file:") else str(url)
+
+
+def join_url(base: str, rel: str) -> str:
+    return os.path.join(local_path(base), rel) if is_local(base) else base.rstrip("/") + "/" + rel
+
+
+def read_bytes(url: str) -> bytes:
+    """Whole file at a local path or ``file://`` URL, else through fsspec (s3://, gs://, http...:
+    needs the matching fsspec backend), else through webdataset's gopen (``pipe:`` commands etc.)."""
+    if is_local(url):
+        with open(local_path(url), "rb") as f:
+            return f.read()
+    if not url.startswith("pipe:"):
+        import fsspec
+
+        try:
+            fs_open = fsspec.open(url, "rb")
+        except (ImportError, ValueError):  # no fsspec backend for this protocol: try webdataset's
+            fs_open = None
+        if fs_open is not None:
+            with fs_open as f:
+                return f.read()
+    from webdataset.gopen import gopen
+
+    with gopen(url, "rb") as f:
+        return f.read()
+
+
+def sha256_bytes(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# -- encoding ---------------------------------------------------------------------------------------
+def _npy_header(seq_len: int, dtype) -> bytes:
+    buf = io.BytesIO()
+    np.save(buf, np.zeros(seq_len, dtype=dtype))
+    return buf.getvalue()[: -seq_len * np.dtype(dtype).itemsize]
+
+
+def encode_shard(rows: np.ndarray, first_sample: int) -> bytes:
+    """A reproducible tar (fixed mtime/owner) with one ``.npy`` member per row."""
+    import webdataset as wds
+
+    header = _npy_header(rows.shape[1], rows.dtype)
+    out = io.BytesIO()
+    with wds.TarWriter(out, encoder=False, mtime=0, user="setdlm", group="setdlm", mode=0o444) as w:
+        for i, row in enumerate(rows):
+            w.write({"__key__": f"{first_sample + i:010d}", FIELD: header + np.ascontiguousarray(row).tobytes()})
+    return out.getvalue()
+
+
+def decode_shard(data: bytes, name: str, entry: dict, seq_len: int, dtype) -> np.ndarray:
+    """Rows of a shard, checked against its manifest entry (count, keys, dtype, shape)."""
+    from webdataset.tariterators import tar_file_iterator
+
+    header = _npy_header(seq_len, dtype)
+    nbytes = seq_len * np.dtype(dtype).itemsize
+    first, count = int(entry["first_sample"]), int(entry["num_samples"])
+    out = np.empty((count, seq_len), dtype=dtype)
+    i = 0
+    try:
+        for member in tar_file_iterator(io.BytesIO(data)):
+            want = f"{first + i:010d}.{FIELD}"
+            if member["fname"] != want:
+                raise ShardError(f"{name}: member {i} is {member['fname']!r}, expected {want!r}")
+            b = member["data"]
+            if len(b) != len(header) + nbytes or not b.startswith(header):
+                raise ShardError(f"{name}: sample {first + i} is not a {seq_len}-token {np.dtype(dtype).name} array")
+            if i >= count:
+                raise ShardError(f"{name}: holds more than the {count} samples of its manifest entry")
+            out[i] = np.frombuffer(b, dtype=dtype, offset=len(header))
+            i += 1
+    except ShardError:
+        raise
+    except Exception as e:  # noqa: BLE001 - tarfile raises several types for truncated/corrupt data
+        raise ShardError(f"{name}: corrupt or truncated tar after {i} samples ({type(e).__name__}: {e})") from None
+    if i != count:
+        raise ShardError(f"{name}: holds {i} samples, its manifest entry says {count} (truncated?)")
+    return out
+
+
+# -- manifest ---------------------------------------------------------------------------------------
+def read_manifest(base: str) -> dict:
+    url = join_url(base, MANIFEST)
+    try:
+        data = read_bytes(url)
+    except FileNotFoundError:
+        if is_local(base) and not os.path.isdir(local_path(base)):
+            raise ValueError(f"data.source: {base!r} is neither 'builtin:NAME' nor a directory of prepared "
+                             f"shards (no such directory)") from None
+        if is_local(base) and os.path.exists(join_url(base, PARTIAL)):
+            raise ValueError(f"data.source: preparation of {base!r} is unfinished ({PARTIAL} but no {MANIFEST}); "
+                             f"re-run `setdlm data prepare` with the same arguments to complete it") from None
+        raise ValueError(f"data.source: no {MANIFEST} in {base!r}; prepare it with `setdlm data prepare`") from None
+    except Exception as e:  # noqa: BLE001
+        raise ValueError(f"data.source: cannot read {url} ({type(e).__name__}: {e})") from None
+    try:
+        m = json.loads(data)
+    except ValueError as e:
+        raise ValueError(f"data.source: {url} is not valid JSON ({e})") from None
+    if not isinstance(m, dict) or m.get("format") != FORMAT:
+        raise ValueError(f"data.source: {url} is not a {FORMAT} manifest")
+    if m.get("version") != VERSION:
+        raise ValueError(f"data.source: {url} has manifest version {m.get('version')}, this code reads {VERSION}")
+    return m
+
+
+def write_json_atomic(path: str, obj: dict) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=1)
+        f.write("\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+class ShardSource:
+    """Prepared shards described by a manifest; one unit per shard."""
+
+    def __init__(self, base: str, manifest: dict, verify: bool):
+        self.base, self.manifest, self.verify = base, manifest, verify
+        self.seq_len = int(manifest["seq_len"])
+        self.packing = manifest["packing"]
+        self.dtype = np.dtype(manifest["dtype"])
+        self.description = f"shards at {base!r}"
+        self._counts, self._first = {}, {}
+        for split, info in manifest["splits"].items():
+            self._counts[split] = np.array([s["num_samples"] for s in info["shards"]], dtype=np.int64)
+            self._first[split] = np.array([s["first_sample"] for s in info["shards"]], dtype=np.int64)
+        h = hashlib.sha256(json.dumps({k: manifest[k] for k in ("tokenizer", "seq_len", "packing", "dtype")},
+                                      sort_keys=True).encode())
+        for split in sorted(manifest["splits"]):
+            for s in manifest["splits"][split]["shards"]:
+                h.update(f"{split}/{s['path']}/{s['sha256']}\n".encode())
+        self.fingerprint = h.hexdigest()
+
+    @classmethod
+    def open(cls, cfg, tokenizer) -> "ShardSource":
+        m = read_manifest(cfg.source)
+        t = m["tokenizer"]
+        if t["sha256"] != tokenizer.sha256:
+            raise ValueError(f"data.tokenizer: {tokenizer.name!r} (sha256 {tokenizer.sha256[:12]}...) is not the "
+                             f"tokenizer the shards in {cfg.source!r} were prepared with ({t['name']!r}, sha256 "
+                             f"{t['sha256'][:12]}...); set data.tokenizer to {t['name']!r} or to "
+                             f"{join_url(cfg.source, 'tokenizer')!r}")
+        if int(m["seq_len"]) != cfg.seq_len:
+            raise ValueError(f"data.seq_len: {cfg.seq_len}, but the shards in {cfg.source!r} hold sequences of "
+                             f"{m['seq_len']} tokens; set data.seq_len: {m['seq_len']}")
+        if m["packing"] != cfg.packing:
+            raise ValueError(f"data.packing: {cfg.packing!r}, but the shards in {cfg.source!r} were packed "
+                             f"{m['packing']!r}; set data.packing: {m['packing']}")
+        return cls(cfg.source, m, cfg.verify_checksums)
+
+    def _split(self, split: str) -> str:
+        if split not in self._counts:
+            raise ValueError(f"split: {self.description} has no {split!r} split (it has: "
+                             f"{', '.join(sorted(self._counts))}); prepare one (e.g. --val-docs or --val-split)")
+        return split
+
+    def counts(self, split: str) -> np.ndarray:
+        return self._counts[self._split(split)]
+
+    def first_ids(self, split: str) -> np.ndarray:
+        return self._first[self._split(split)]
+
+    def unit_name(self, split: str, u: int) -> str:
+        return join_url(self.base, self.manifest["splits"][split]["shards"][u]["path"])
+
+    def read_unit(self, split: str, u: int) -> np.ndarray:
+        entry = self.manifest["splits"][split]["shards"][u]
+        url = join_url(self.base, entry["path"])
+        try:
+            data = read_bytes(url)
+        except Exception as e:  # noqa: BLE001
+            raise ShardError(f"{url}: cannot read shard ({type(e).__name__}: {e})") from None
+        if self.verify:
+            if len(data) != entry["bytes"]:
+                raise ShardError(f"{url}: {len(data)} bytes, the manifest says {entry['bytes']} (truncated or "
+                                 f"replaced shard)")
+            if sha256_bytes(data) != entry["sha256"]:
+                raise ShardError(f"{url}: sha256 does not match the manifest (corrupt or replaced shard)")
+        return decode_shard(data, url, entry, self.seq_len, self.dtype)
