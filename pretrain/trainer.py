@@ -130,21 +130,29 @@ class Trainer:
 
     # -- evaluation ----------------------------------------------------------------------------
     @torch.no_grad()
-    def unigram_nll(self) -> float:
-        """Entropy (nats/token) of the validation split's own unigram distribution: no model that
-        ignores context can do better on it, so it is the baseline a trained model must beat."""
+    def unigram_nll(self, max_train_batches: int = 256) -> float:
+        """Cross-entropy (nats/token) on the evaluated validation batches of a unigram model fitted to
+        (up to `max_train_batches` of) the training split with add-1/2 smoothing: the baseline a model
+        that uses context must beat."""
         cfg = self.cfg
-        loader = build_loader(cfg.data, split="val", tokenizer=self.tokenizer, micro_batch=cfg.train.micro_batch,
-                              dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.run.seed)
-        counts = torch.zeros(cfg.model.vocab_size, dtype=torch.float64)
-        for i, batch in enumerate(loader):
-            if cfg.train.eval_batches and i >= cfg.train.eval_batches:
-                break
-            counts += torch.bincount(batch["input_ids"].flatten(), minlength=cfg.model.vocab_size).double()
-        if dist.get_world_size(self.dp_group) > 1:
-            dist.all_reduce(counts, group=self.dp_group)
-        p = counts[counts > 0] / counts.sum()
-        return float(-(p * p.log()).sum())
+        V = cfg.model.vocab_size
+
+        def count(split: str, limit: int) -> torch.Tensor:
+            loader = build_loader(cfg.data, split=split, tokenizer=self.tokenizer, micro_batch=cfg.train.micro_batch,
+                                  dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.run.seed)
+            c = torch.zeros(V, dtype=torch.float64)
+            for i, batch in enumerate(loader):
+                if limit and i >= limit:
+                    break
+                c += torch.bincount(batch["input_ids"].flatten(), minlength=V)[:V].double()
+            if dist.get_world_size(self.dp_group) > 1:
+                dist.all_reduce(c, group=self.dp_group)
+            return c
+
+        train = count("train", max_train_batches)
+        val = count("val", cfg.train.eval_batches)
+        logp = ((train + 0.5) / (train.sum() + 0.5 * V)).log()
+        return float(-(val * logp).sum() / val.sum().clamp(min=1))
 
     @torch.no_grad()
     def validate(self) -> dict:

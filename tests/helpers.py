@@ -1,0 +1,55 @@
+"""Shared test helpers: tiny recipes and running the CLI in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+TINY_RECIPE = {
+    "run": {"name": "tiny", "seed": 7},
+    "model": {"n_layers": 1, "hidden": 32, "n_heads": 2, "ffn_hidden": 64, "dropout": 0.0, "max_seq_len": 64,
+              "tie_embeddings": True},
+    "objective": {"name": "setdlm", "set_size": 4},
+    "data": {"source": "builtin:pydoc_topics", "tokenizer": "gpt2", "seq_len": 32},
+    "train": {"max_steps": 8, "micro_batch": 4, "global_batch": 4, "lr": 3e-3, "warmup_steps": 2,
+              "log_every": 1, "eval_every": 4, "eval_batches": 2, "save_every": 4, "keep_last": 3},
+    "logging": {"wandb": "disabled", "progress": False},
+}
+
+
+def write_recipe(path: Path, **sections) -> Path:
+    recipe = {k: dict(v) for k, v in TINY_RECIPE.items()}
+    for name, values in sections.items():
+        recipe.setdefault(name, {}).update(values)
+    path.write_text(yaml.safe_dump(recipe))
+    return path
+
+
+def cli_env() -> dict:
+    env = dict(os.environ)
+    env.update(WANDB_MODE="disabled", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
+               PYTHONPATH=str(REPO))
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(k, None)
+    return env
+
+
+def setdlm(*args, timeout=300, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "launch.cli", *map(str, args)], cwd=REPO, env=cli_env(),
+                          capture_output=True, text=True, timeout=timeout, **kw)
+
+
+def read_metrics(run_dir: Path) -> dict[int, dict]:
+    """step -> merged metrics; a step logged again after a resume keeps its last values."""
+    rows: dict[int, dict] = {}
+    for line in (Path(run_dir) / "metrics.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        rows.setdefault(row["step"], {}).update(row)
+    return rows
