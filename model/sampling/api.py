@@ -1,0 +1,61 @@
+"""`generate`: the Python entry point for every sampler."""
+
+from __future__ import annotations
+
+import torch
+
+from .config import SampleOutput, SamplingConfig
+from .engine import to_requests
+
+
+def decoder_class(family: str):
+    if family == "setdlm":
+        from .setdlm import SetDLMDecoder as cls
+    elif family == "bd3lm":
+        from .bd3lm import BD3LMDecoder as cls
+    elif family == "mdlm":
+        from .mdlm import MDLMDecoder as cls
+    elif family == "ar":
+        from .ar import ARDecoder as cls
+    else:
+        raise ValueError(f"sampling.family: unknown family {family!r}; valid: setdlm, bd3lm, mdlm, ar")
+    return cls
+
+
+def generate(model, prompts, config: SamplingConfig | None = None, *, mask_id: int | None = None,
+             eos_id: int | None = None, tokenizer=None, generator: torch.Generator | None = None,
+             **overrides) -> list[SampleOutput]:
+    """Decode a batch of prompts with the family in `config` (see SamplingConfig).
+
+    prompts: list of token-id lists (generate `max_new_tokens` after each) and/or `Infill`s (fill a
+    masked span between a prefix and a suffix). Rows have their own lengths and progress and finish
+    independently. mask_id / eos_id default to the model's config and the tokenizer; EOS stops a
+    plain prompt unless `config.stop_on_eos` is False. generator (or config.seed) drives sampling when
+    temperature > 0. Keyword overrides replace config fields: generate(m, p, window=8, threshold=0.9).
+    """
+    cfg = SamplingConfig() if config is None else config
+    if overrides:
+        import dataclasses
+
+        cfg = dataclasses.replace(cfg, **overrides)
+    cfg.validate()
+    if not (getattr(model, "pre_process", True) and getattr(model, "post_process", True)):
+        raise ValueError("generate: the model must hold every layer (pipeline-parallel sampling is not supported)")
+    if mask_id is None:
+        mask_id = tokenizer.mask_id if tokenizer is not None else model.cfg.mask_id
+    if mask_id is None or mask_id < 0:
+        raise ValueError("generate: unknown MASK id (set model.cfg.mask_id or pass mask_id=)")
+    if eos_id is None and tokenizer is not None:
+        eos_id = getattr(tokenizer, "eos_id", None)
+    device = next(model.parameters()).device
+    if generator is None and cfg.seed is not None:
+        generator = torch.Generator(device=device).manual_seed(int(cfg.seed))
+    reqs = to_requests(prompts, cfg, mask_id, model.cfg.vocab_size)
+    cls = decoder_class(cfg.family)
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            return cls(model, reqs, cfg, mask_id=mask_id, eos_id=eos_id, tokenizer=tokenizer, generator=generator).run()
+    finally:
+        model.train(was_training)

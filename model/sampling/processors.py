@@ -1,0 +1,94 @@
+"""Logits processors and token choice, vectorised over [B, N, V] (no host reads).
+
+Order: repetition penalty -> (greedy) argmax, or temperature -> top-k -> top-p -> sample. The
+confidence of a position is the probability of its chosen token: under softmax(penalised logits) when
+greedy, under the processed (tempered, truncated, renormalised) distribution when sampling.
+MASK and vocabulary padding are already -inf in the model's logits and stay impossible.
+"""
+
+from __future__ import annotations
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+def presence(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, L] token ids (ids >= vocab ignored) -> [B, vocab] bool: which tokens occur in each row."""
+    out = torch.zeros(tokens.shape[0], vocab + 1, dtype=torch.bool, device=tokens.device)
+    out.scatter_(1, tokens.clamp(max=vocab), True)
+    return out[:, :vocab]
+
+
+def repetition_penalty(logits: torch.Tensor, present: torch.Tensor, penalty: float) -> torch.Tensor:
+    """CTRL / Hugging Face rule: tokens already present get positive logits divided by `penalty` and
+    negative ones multiplied by it. logits [B, N, V], present [B, V]."""
+    if penalty == 1.0:
+        return logits
+    pen = torch.where(logits > 0, logits / penalty, logits * penalty)
+    return torch.where(present[:, None, :], pen, logits)
+
+
+def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
+    if k <= 0 or k >= logits.shape[-1]:
+        return logits
+    kth = torch.topk(logits, k, dim=-1).values[..., -1:]
+    return logits.masked_fill(logits < kth, NEG_INF)
+
+
+def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
+    """Nucleus: keep the smallest set of most likely tokens whose mass reaches p (at least one)."""
+    if p >= 1.0:
+        return logits
+    sorted_logits, idx = torch.sort(logits, dim=-1, descending=True)
+    probs = sorted_logits.softmax(-1)
+    before = probs.cumsum(-1) - probs  # mass of strictly more likely tokens
+    drop_sorted = before >= p
+    drop_sorted[..., 0] = False
+    drop = torch.zeros_like(drop_sorted).scatter_(-1, idx, drop_sorted)
+    return logits.masked_fill(drop, NEG_INF)
+
+
+def choose(logits: torch.Tensor, cfg, generator: torch.Generator | None = None,
+           present: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits [B, N, V] (float) -> (tokens [B, N] long, confidence [B, N] float)."""
+    logits = logits.float()
+    if present is not None and cfg.repetition_penalty != 1.0:
+        logits = repetition_penalty(logits, present, cfg.repetition_penalty)
+    if cfg.greedy:
+        probs = logits.softmax(-1)
+        conf, tok = probs.max(-1)
+        return tok, conf
+    logits = logits / cfg.temperature
+    logits = top_k_filter(logits, cfg.top_k)
+    logits = top_p_filter(logits, cfg.top_p)
+    probs = logits.softmax(-1)
+    flat = probs.reshape(-1, probs.shape[-1])
+    tok = torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+    conf = probs.gather(-1, tok[..., None])[..., 0]
+    return tok, conf
+
+
+def accept_top1(conf: torch.Tensor, active: torch.Tensor, threshold: float | None) -> torch.Tensor:
+    """SetDLM rule: the most confident active position plus every active one with conf >= threshold.
+
+    conf, active [B, N]. Rows without an active position accept nothing. threshold None or >= 1:
+    exactly one per row (even where probabilities saturate at 1.0 in floating point)."""
+    masked = conf.masked_fill(~active, -1.0)
+    best = masked.argmax(-1, keepdim=True)
+    accept = torch.zeros_like(active).scatter_(1, best, True) & active
+    if threshold is not None and threshold < 1.0:
+        accept |= active & (conf >= threshold)
+    return accept
+
+
+def accept_top_k(conf: torch.Tensor, active: torch.Tensor, k: torch.Tensor, threshold: float | None) -> torch.Tensor:
+    """Block/masked diffusion rule: the k[b] most confident active positions of each row (ties by
+    lower index) plus every active one with conf >= threshold. conf, active [B, N], k [B] long."""
+    masked = conf.masked_fill(~active, -1.0)
+    order = torch.sort(masked, dim=-1, descending=True, stable=True).indices
+    rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))
+    accept = active & (rank < k[:, None])
+    if threshold is not None and threshold < 1.0:
+        accept |= active & (conf >= threshold)
+    return accept

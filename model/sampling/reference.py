@@ -1,0 +1,195 @@
+"""Recomputing reference decoders: one sequence at a time, no KV cache, plain Python lists.
+
+Each step re-runs the model over every committed token (in commit order, with the attention the
+cached decoder gives them) plus the step's queries. They define what the cached, batched decoders
+must produce (greedy: the same tokens) and serve as the "recompute" baseline of the benchmark. They
+share only the token choice and acceptance rules (processors.py) with the fast decoders.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+
+import torch
+
+from ..transformer import full_logits
+from .config import SampleOutput, SamplingConfig
+from .engine import Request, to_requests
+from .processors import accept_top1, accept_top_k, choose, presence
+from .stopping import StopChecker
+
+
+class _Row:
+    def __init__(self, r: Request, mask_id: int):
+        self.r = r
+        n = len(r.prefix)
+        self.canvas = r.prefix + [mask_id] * r.span + r.suffix
+        self.start, self.end, self.end0 = n, n + r.span, n + r.span
+        self.commit_step = [0] * len(self.canvas)
+        self.committed: list[tuple[int, int, int]] = []  # (token, position, group)
+        self.steps = 0
+        self.reason = None
+        self.text = None
+        self.checked = 0
+
+    def todo(self, p: int) -> bool:
+        return self.start <= p < self.end and self.commit_step[p] == 0
+
+
+def _forward(model, ids, pos, mask, n_out):
+    ids_t = torch.tensor([ids], dtype=torch.long, device=next(model.parameters()).device)
+    pos_t = torch.tensor([pos], dtype=torch.long, device=ids_t.device)
+    logits = model(ids_t, pos_t, mask.to(ids_t.device), logits_slice=slice(len(ids) - n_out, len(ids)))
+    return full_logits(model, logits)
+
+
+class Reference:
+    def __init__(self, model, cfg: SamplingConfig, *, mask_id, eos_id, tokenizer, generator):
+        self.model, self.cfg, self.mask_id = model, cfg, mask_id
+        self.tokenizer, self.generator = tokenizer, generator
+        ids = list(cfg.stop_token_ids) + ([eos_id] if cfg.stop_on_eos and eos_id is not None else [])
+        self.stop_ids = set(ids)
+        self.stopper = StopChecker(tokenizer, cfg.stop, cfg.stop_regex)
+        self.vocab = model.cfg.vocab_size
+
+    def choose(self, row: _Row, logits):
+        present = None
+        if self.cfg.repetition_penalty != 1.0:
+            present = presence(torch.tensor([row.canvas], device=logits.device), self.vocab)
+        return choose(logits, self.cfg, self.generator, present)
+
+    def write(self, row: _Row, pos: list[int], tok: list[int], acc: list[bool], step: int) -> None:
+        for p, t, a in zip(pos, tok, acc):
+            if a:
+                row.canvas[p], row.commit_step[p] = t, step
+                if not row.r.infill and t in self.stop_ids:
+                    row.end = min(row.end, p)
+        if self.stopper.enabled and not row.r.infill and row.reason is None:
+            upto = row.start
+            while upto < row.end and not row.todo(upto):
+                upto += 1
+            toks = row.canvas[row.start:upto]
+            hit = self.stopper.check(toks, row.checked)
+            row.checked = len(toks)
+            if hit is not None:
+                n, row.text, row.reason = hit
+                row.end = row.start + n
+
+    def done(self, row: _Row) -> bool:
+        return not any(row.todo(p) for p in range(row.start, row.end))
+
+    def output(self, row: _Row, seconds: float) -> SampleOutput:
+        toks = row.canvas[row.start:row.end]
+        reason = row.reason or ("eos" if row.end < row.end0 else "length")
+        dropped = sum(1 for p in range(row.end, row.end0) if row.commit_step[p] == 0)
+        text = None
+        if self.tokenizer is not None:
+            text = row.text if row.text is not None else self.tokenizer.decode(toks)
+        return SampleOutput(tokens=toks, text=text, steps=row.steps,
+                            tokens_per_step=len(toks) / row.steps if row.steps else 0.0, seconds=seconds,
+                            stopped_early=reason != "length", stop_reason=reason, masks_dropped=dropped,
+                            commit_step=row.commit_step[row.start:row.end], prompt_tokens=len(row.r.visible))
+
+    # -- families ---------------------------------------------------------------------------------
+    def run(self, r: Request) -> SampleOutput:
+        t0 = time.perf_counter()
+        row = _Row(r, self.mask_id)
+        fam = self.cfg.family
+        row.committed = [(t, p, 0) for t, p in zip(r.visible, r.visible_positions)]
+        step = 0
+        while not self.done(row):
+            step += 1
+            if fam == "setdlm":
+                self.setdlm_step(row, step)
+            elif fam == "bd3lm":
+                self.bd3lm_step(row, step)
+            elif fam == "ar":
+                self.ar_step(row, step)
+            else:
+                raise ValueError(f"no recomputing reference for family {fam!r}")
+        return self.output(row, time.perf_counter() - t0)
+
+    def setdlm_step(self, row: _Row, step: int) -> None:
+        w = self.cfg.window_size
+        start = next(p for p in range(row.start, row.end) if row.todo(p))
+        q = [p for p in range(start, min(start + w, row.end)) if row.todo(p)]
+        c = len(row.committed)
+        n = c + len(q)
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        mask[:c, :c] = torch.ones(c, c, dtype=torch.bool).tril()  # committed: causal in commit order
+        mask[c:, :c] = True
+        mask[c:, c:] = torch.eye(len(q), dtype=torch.bool)
+        ids = [t for t, _, _ in row.committed] + [self.mask_id] * len(q)
+        pos = [p for _, p, _ in row.committed] + q
+        logits = _forward(self.model, ids, pos, mask, len(q))
+        tok, conf = self.choose(row, logits)
+        acc = accept_top1(conf, torch.ones_like(conf, dtype=torch.bool), self.cfg.threshold)[0].tolist()
+        tok = tok[0].tolist()
+        row.steps += 1
+        self.write(row, q, tok, acc, step)
+        row.committed += [(t, p, step) for t, p, a in zip(tok, q, acc) if a and p < row.end]
+
+    def bd3lm_step(self, row: _Row, step: int) -> None:
+        B = self.cfg.block_size
+        spb = self.cfg.steps_per_block or B
+        start = next(p for p in range(row.start, row.end) if row.todo(p))
+        blk = start // B
+        if getattr(row, "block", None) != blk:
+            row.block, row.block_steps = blk, 0
+        slots = [p for p in range(blk * B, (blk + 1) * B) if row.start <= p < row.end]
+        active = [row.todo(p) for p in slots]
+        c = len(row.committed)
+        n = c + len(slots)
+        grp = [g for _, _, g in row.committed]
+        cpos = [p for _, p, _ in row.committed]
+        mask = torch.zeros(n, n, dtype=torch.bool)
+        for i in range(c):  # prefill (group 0): block-causal by position; each later block: bidirectional
+            for j in range(c):
+                if grp[j] < grp[i] or (grp[j] == grp[i] and (grp[i] > 0 or cpos[j] // B <= cpos[i] // B)):
+                    mask[i, j] = True
+        mask[c:, :] = True
+        ids = [t for t, _, _ in row.committed] + [row.canvas[p] for p in slots]
+        logits = _forward(self.model, ids, cpos + slots, mask, len(slots))
+        tok, conf = self.choose(row, logits)
+        act = torch.tensor([active])
+        k = math.ceil(sum(active) / max(spb - row.block_steps, 1))
+        acc = accept_top_k(conf, act, torch.tensor([k]), self.cfg.threshold)[0].tolist()
+        row.block_steps += 1
+        row.steps += 1
+        self.write(row, slots, tok[0].tolist(), acc, step)
+        if not any(row.todo(p) for p in slots):  # block complete: commit its span tokens
+            row.committed += [(row.canvas[p], p, step) for p in slots if p < row.end]
+
+    def ar_step(self, row: _Row, step: int) -> None:
+        p = next(p for p in range(row.start, row.end) if row.todo(p))
+        ids = row.canvas[:p]
+        n = len(ids)
+        logits = _forward(self.model, ids, list(range(n)), torch.ones(n, n, dtype=torch.bool).tril(), 1)
+        tok, _ = self.choose(row, logits)
+        row.steps += 1
+        self.write(row, [p], tok[0].tolist(), [True], step)
+
+
+def generate_reference(model, prompts, config: SamplingConfig | None = None, *, mask_id=None, eos_id=None,
+                       tokenizer=None, generator=None, **overrides) -> list[SampleOutput]:
+    """The recomputing reference, with generate()'s signature (one prompt at a time)."""
+    import dataclasses
+
+    cfg = dataclasses.replace(config or SamplingConfig(), **overrides)
+    cfg.validate()
+    if mask_id is None:
+        mask_id = tokenizer.mask_id if tokenizer is not None else model.cfg.mask_id
+    if eos_id is None and tokenizer is not None:
+        eos_id = tokenizer.eos_id
+    if generator is None and cfg.seed is not None:
+        generator = torch.Generator(device=next(model.parameters()).device).manual_seed(int(cfg.seed))
+    reqs = to_requests(prompts, cfg, mask_id, model.cfg.vocab_size)
+    ref = Reference(model, cfg, mask_id=mask_id, eos_id=eos_id, tokenizer=tokenizer, generator=generator)
+    was = model.training
+    model.eval()
+    try:
+        with torch.inference_mode():
+            return [ref.run(r) for r in reqs]
+    finally:
+        model.train(was)
