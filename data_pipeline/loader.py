@@ -167,6 +167,17 @@ class _WorkerStreams(torch.utils.data.IterableDataset):
         return _batches(self.plan, w, e, p)
 
 
+def _clean_worker_errors(it):
+    """Re-raise a worker's ShardError with its own message (not torch's traceback dump)."""
+    try:
+        yield from it
+    except ShardError as e:
+        msg = str(e)
+        if "Original Traceback" in msg:
+            msg = msg.rstrip().splitlines()[-1].split("ShardError: ", 1)[-1]
+        raise ShardError(msg) from None
+
+
 class TokenLoader:
     """Iterable of ``{"input_ids": LongTensor[micro_batch, seq_len]}`` for one data-parallel rank.
 
@@ -229,7 +240,7 @@ class TokenLoader:
                 persistent_workers=False))
         per_worker_skips = {}
         base = (self.skipped_shards, self.skipped_samples)
-        for batch, meta in it:
+        for batch, meta in _clean_worker_errors(it):
             w = meta["worker"]
             self._positions[w] = meta["pos"]
             self._batches += 1
