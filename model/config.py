@@ -11,7 +11,7 @@ PRESETS: dict[str, dict] = {
     "tiny": dict(n_layers=2, hidden=64, n_heads=4, ffn_hidden=256, max_seq_len=256),
     "small-cpu": dict(n_layers=4, hidden=256, n_heads=4, ffn_hidden=1024, max_seq_len=256),
     # The paper's OWT / LM1B backbone: 12 x 768, GELU MLP, pre-LayerNorm, untied head.
-    "owt-110m": dict(
+    "paper-12x768": dict(
         n_layers=12, hidden=768, n_heads=12, ffn_hidden=3072, norm="layernorm", activation="gelu",
         bias=True, rope_base=10000.0, dropout=0.1, tie_embeddings=False, max_seq_len=1024,
     ),
