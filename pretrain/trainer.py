@@ -160,6 +160,10 @@ class Trainer:
         loader = build_loader(cfg.data, split="val", tokenizer=self.tokenizer, micro_batch=cfg.train.micro_batch,
                               dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.run.seed)
         gen = torch.Generator(device=self.device).manual_seed(cfg.run.seed + 7919 * (self.dp_rank + 1))
+        backup = None
+        if self.ema is not None:  # validate the EMA weights, as they are the ones exported
+            backup = {n: p.detach().clone() for n, p in self.model.named_parameters() if n in self.ema.shadow}
+            self.ema.copy_to(self.model)
         self.model.eval()
         acc: dict = {}
         for i, batch in enumerate(loader):
@@ -171,6 +175,11 @@ class Trainer:
             _, m = self.objective.loss(logits, inputs)
             _add(acc, m)
         self.model.train()
+        if backup is not None:
+            with torch.no_grad():
+                for n, p in self.model.named_parameters():
+                    if n in backup:
+                        p.copy_(backup[n])
         total = _all_reduce_sum(acc, self.dp_group) if acc else {}
         s = summarize(total)
         return {"val/nll": s.get("nll"), "val/bpt": s.get("bpt"), "val/ppl": s.get("ppl"),
@@ -274,11 +283,11 @@ class Trainer:
             return
         if self.cfg.parallel.tp * self.cfg.parallel.pp > 1:
             return
-        t = self.cfg.train
+        t, o = self.cfg.train, self.cfg.objective
         prompt = self.tokenizer.encode(t.sample_prompt) if t.sample_prompt else []
-        window = self.cfg.objective.set_size if self.cfg.objective.name == "setdlm" else 1
-        out = generate(self.model, [prompt], SamplingConfig(max_new_tokens=t.sample_tokens, window=window),
-                       mask_id=self.cfg.model.mask_id, tokenizer=self.tokenizer)[0]
+        sc = SamplingConfig(family=o.name, max_new_tokens=t.sample_tokens, block_size=o.block_size,
+                            window=o.set_size if o.name == "setdlm" else None)
+        out = generate(self.model, [prompt], sc, mask_id=self.cfg.model.mask_id, tokenizer=self.tokenizer)[0]
         self.logger.write(f"sample ({out.steps} steps, {out.tokens_per_step:.2f} tokens/step):\n"
                           f"{t.sample_prompt}{out.text}")
 
