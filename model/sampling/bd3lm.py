@@ -1,0 +1,72 @@
+"""BD3-LM (block diffusion) decoding with a KV cache, batched with ragged progress.
+
+Blocks are the absolute positions [kB, (k+1)B) (as in training) restricted to the span. Each step
+forwards, per row, the B slots of the current block (decoded tokens and MASKs, bidirectional among
+themselves, seeing the cache) after B pending slots: the previous block's tokens when it has just been
+completed (bidirectional among themselves, committed to the cache by this forward). Inside a block
+each step unmasks the k = ceil(masked / steps left) most confident positions plus every position with
+confidence >= threshold. Visible context (the prompt; prefix and suffix for infilling) is prefilled
+into the cache with block-causal attention (tokens see their own and earlier blocks).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .processors import accept_top_k
+from .setdlm import SetDLMDecoder
+
+
+class BD3LMDecoder(SetDLMDecoder):
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        B = len(self.reqs)
+        self.steps_per_block = self.cfg.steps_per_block or self.cfg.block_size
+        self.cur_block = torch.full((B,), -1, dtype=torch.long, device=self.device)
+        self.block_steps = torch.zeros(B, dtype=torch.long, device=self.device)
+
+    def slot_count(self) -> int:
+        return self.cfg.block_size
+
+    def step_template(self) -> torch.Tensor:
+        w = self.w
+        t = torch.ones(2 * w, 2 * w, dtype=torch.bool)
+        t[:w, w:] = False  # committed tokens never see the noisy block
+        return t
+
+    def prefill_mask(self, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+        blk = pos // self.cfg.block_size
+        mask = (blk[:, None, :] <= blk[:, :, None]) & valid[:, None, :]
+        eye = torch.eye(pos.shape[1], dtype=torch.bool, device=pos.device)
+        return (mask | eye)[:, None]
+
+    def queries(self):
+        Bs = self.cfg.block_size
+        start = self.todo.int().argmax(1)
+        blk = start // Bs
+        pos = (blk * Bs)[:, None] + self.offsets
+        posc = pos.clamp(max=self.L)
+        in_block = (pos >= self.span_start[:, None]) & (pos < self.span_end[:, None])
+        active = in_block & self.todo.gather(1, posc)
+        self.block_steps = torch.where(blk != self.cur_block, torch.zeros_like(self.block_steps), self.block_steps)
+        self.cur_block = blk
+        self._posc, self._in_block = posc, in_block
+        return self.canvas.gather(1, posc), posc, pos, active, in_block
+
+    def accept(self, conf: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
+        left = (self.steps_per_block - self.block_steps).clamp(min=1)
+        n = active.sum(1)
+        k = (n + left - 1) // left
+        self.block_steps = self.block_steps + active.any(1)
+        return accept_top_k(conf, active, k, self.cfg.threshold)
+
+    def after_write(self, tok, pos, accept, active) -> None:
+        posc = self._posc
+        complete = active.any(1) & ~self.todo.gather(1, posc).any(1)
+        self.pend_ids = self.canvas.gather(1, posc)
+        self.pend_pos = posc
+        self.pend_valid = self._in_block & complete[:, None] & (pos < self.span_end[:, None])
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        super().select_rows(keep)
+        self.cur_block, self.block_steps = self.cur_block[keep], self.block_steps[keep]

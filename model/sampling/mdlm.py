@@ -1,0 +1,65 @@
+"""MDLM decoding: no cache; every step re-runs the whole bidirectional sequence.
+
+Each step predicts every masked position of the span and unmasks k = ceil(masked / steps left) of
+them: the most confident (remasking="confidence") or uniformly random ones (remasking="random", the
+order of ancestral sampling), plus every position with confidence >= threshold. Rows of different
+lengths are padded on the right and their padding is invisible. Infilling sees prefix and suffix.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..masks import with_key_padding
+from .engine import Decoder
+from .processors import accept_top_k
+
+
+class MDLMDecoder(Decoder):
+    uses_cache = False
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        spans = [r.span for r in self.reqs]
+        total = [self.cfg.steps or s for s in spans]
+        self.total_steps = torch.tensor(total, dtype=torch.long, device=self.device)
+        self.positions = torch.arange(self.L, device=self.device)[None]
+        self._layout()
+
+    def _layout(self) -> None:
+        """Per-batch static pieces (recomputed when finished rows are dropped)."""
+        reqs = [self.reqs[i] for i in self.rows]
+        self.lo = min(len(r.prefix) for r in reqs)
+        self.hi = max(len(r.prefix) + r.span for r in reqs)
+        valid = self.positions < self.row_len[:, None]
+        full = torch.ones(self.L, self.L, dtype=torch.bool, device=self.device)
+        self.mask = with_key_padding(full, valid)
+        self.out_pos = torch.arange(self.lo, self.hi, device=self.device)[None].expand(len(reqs), -1)
+
+    def prefill(self) -> None:
+        pass
+
+    def step(self, step: int) -> None:
+        lo, hi = self.lo, self.hi
+        if hi <= lo:
+            return
+        ids = self.canvas[:, : self.L]
+        logits = self.logits(ids, self.positions.expand_as(ids), self.mask, logits_slice=slice(lo, hi))
+        active = self.todo[:, lo:hi]
+        tok, conf = self.choose(logits)
+        left = (self.total_steps - self.steps).clamp(min=1)
+        k = (active.sum(1) + left - 1) // left
+        if self.cfg.remasking == "random":
+            prio = torch.rand(active.shape, generator=self.generator, device=self.device)
+        else:
+            prio = conf
+        accept = accept_top_k(prio, active, k, None)
+        if self.cfg.threshold is not None and self.cfg.threshold < 1.0:
+            accept |= active & (conf >= self.cfg.threshold)
+        self.steps += active.any(1)
+        self.write(self.out_pos, tok, accept, step)
+
+    def select_rows(self, keep: torch.Tensor) -> None:
+        super().select_rows(keep)
+        self.total_steps = self.total_steps[keep]
+        self._layout()
