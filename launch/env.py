@@ -9,7 +9,8 @@ whichever launcher started the process:
    ``mpirun`` started inside an ``sbatch`` allocation inherits ``SLURM_PROCID`` of the batch step,
    which is wrong for every rank but one. Under ``srun`` both agree and Slurm is reported.
 3. **Slurm** ``srun`` tasks (``SLURM_PROCID``, ``SLURM_STEP_NUM_TASKS``/``SLURM_NTASKS``,
-   ``SLURM_LOCALID``); the head node is the first of ``scontrol show hostnames $SLURM_JOB_NODELIST``
+   ``SLURM_LOCALID``; only inside a job step, i.e. with ``SLURM_STEP_ID``: a process started
+   directly by the batch script is a single process even when the job has several tasks); the head node is the first of ``scontrol show hostnames $SLURM_JOB_NODELIST``
    (a built-in hostlist parser when ``scontrol`` is absent) and the port is derived from
    ``SLURM_JOB_ID`` so that every task computes the same one without talking to the others.
 4. **MPI** launchers: Open MPI (``OMPI_COMM_WORLD_*``), MPICH / Intel MPI (``PMI_RANK``, ``PMI_SIZE``,
@@ -201,6 +202,10 @@ def slurm_master_port(job_id: int | str) -> int:
 def _slurm_env(env: Mapping[str, str]) -> DistEnv | None:
     rank = _int(env, "SLURM_PROCID")
     if rank is None:
+        return None
+    if env.get("SLURM_STEP_ID") is None and env.get("SLURM_STEPID") is None:
+        # the batch script itself (or an salloc shell): SLURM_PROCID=0 and SLURM_NTASKS=<job's tasks>
+        # are set, but this is one process; only srun-launched tasks belong to a step.
         return None
     world = _first_int(env, ("SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"))
     if world is None:

@@ -35,14 +35,14 @@ def test_torchrun_wins_over_slurm_inside_a_step():
     # torchrun worker started by srun: SLURM_PROCID is the node's task id, RANK the worker's rank
     env = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2",
            "MASTER_ADDR": "n1", "MASTER_PORT": "1234",
-           "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_JOB_ID": "77",
+           "SLURM_PROCID": "1", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0",
            "SLURM_JOB_NODELIST": "n[1-2]"}
     e = _d(env)
     assert (e.rank, e.world_size, e.local_rank, e.launcher) == (3, 4, 1, "torchrun")
 
 
 def test_slurm_srun_tasks():
-    env = {"SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8",
+    env = {"SLURM_STEP_ID": "0", "SLURM_PROCID": "5", "SLURM_NTASKS": "8", "SLURM_STEP_NUM_TASKS": "8",
            "SLURM_LOCALID": "1", "SLURM_NODEID": "1", "SLURM_STEP_TASKS_PER_NODE": "4(x2)",
            "SLURM_JOB_ID": "123456", "SLURM_JOB_NODELIST": "gpu-[007-008]",
            "SLURM_STEP_NODELIST": "gpu-[007-008]"}
@@ -53,8 +53,16 @@ def test_slurm_srun_tasks():
     assert e.master_port == slurm_master_port(123456) == 12000 + 123456 % 20000
 
 
+def test_slurm_batch_script_itself_is_a_single_process():
+    # what the batch shell sees of a --ntasks=2 job (no SLURM_STEP_ID): python started there is alone
+    env = {"SLURM_JOB_ID": "8", "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0",
+           "SLURM_NODEID": "0", "SLURM_TASKS_PER_NODE": "2", "SLURM_JOB_NODELIST": "localhost"}
+    e = _d(env)
+    assert (e.launcher, e.world_size) == ("single", 1)
+
+
 def test_slurm_port_is_same_for_every_task_and_explicit_values_win():
-    base = {"SLURM_NTASKS": "2", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "a,b",
+    base = {"SLURM_STEPID": "3", "SLURM_NTASKS": "2", "SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "a,b",
             "SLURM_TASKS_PER_NODE": "1(x2)"}
     ports = {_d({**base, "SLURM_PROCID": str(r), "SLURM_NODEID": str(r)}).master_port for r in range(2)}
     assert len(ports) == 1
@@ -63,7 +71,7 @@ def test_slurm_port_is_same_for_every_task_and_explicit_values_win():
 
 
 def test_slurm_uneven_tasks_per_node():
-    env = {"SLURM_PROCID": "4", "SLURM_NTASKS": "5", "SLURM_LOCALID": "0", "SLURM_NODEID": "2",
+    env = {"SLURM_STEP_ID": "1", "SLURM_PROCID": "4", "SLURM_NTASKS": "5", "SLURM_LOCALID": "0", "SLURM_NODEID": "2",
            "SLURM_TASKS_PER_NODE": "2(x2),1", "SLURM_JOB_ID": "9", "SLURM_JOB_NODELIST": "x[1-3]"}
     e = _d(env)
     assert (e.local_world_size, e.master_addr) == (1, "x1")
@@ -95,7 +103,7 @@ def test_openmpi_across_nodes_without_address_is_a_clear_error():
 def test_mpirun_inside_sbatch_beats_inherited_slurm_vars():
     # batch step variables (SLURM_PROCID=0 for everyone) leak into mpirun's ranks
     env = {"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_LOCALID": "0", "SLURM_JOB_ID": "5",
-           "SLURM_JOB_NODELIST": "localhost",
+           "SLURM_JOB_NODELIST": "localhost", "SLURM_STEP_ID": "0",
            "OMPI_COMM_WORLD_RANK": "1", "OMPI_COMM_WORLD_SIZE": "2",
            "OMPI_COMM_WORLD_LOCAL_RANK": "1", "OMPI_COMM_WORLD_LOCAL_SIZE": "2"}
     e = _d(env)
@@ -126,7 +134,8 @@ def test_pmix_rank_without_size_needs_mpi4py():
         ({"RANK": "4", "WORLD_SIZE": "4"}, "rank 4"),
         ({"RANK": "x", "WORLD_SIZE": "4"}, "RANK"),
         ({"RANK": "0", "WORLD_SIZE": "2", "LOCAL_RANK": "0", "MASTER_PORT": "70000"}, "port"),
-        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "two"}, "tasks-per-node"),
+        ({"SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_NTASKS": "2", "SLURM_TASKS_PER_NODE": "two"},
+         "tasks-per-node"),
     ],
 )
 def test_bad_values_are_named(env, match):

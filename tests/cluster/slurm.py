@@ -1,0 +1,282 @@
+"""Start a real one-node Slurm cluster (munge + slurmctld + slurmd) for tests.
+
+Needs root and Debian's ``slurm-wlm`` and ``munge`` packages (``scripts/install.sh --test``
+installs them as root). Everything lives in a private directory: the configuration is found
+through ``SLURM_CONF`` (exported to the clients and, by ``sbatch``'s default ``--export=ALL``,
+to the jobs), daemons listen on free ports, and state/log/spool files stay in that directory, so
+the system's ``/etc/slurm`` is never touched. ``munged`` is started (as the ``munge`` user) only
+when no working one is running, and stopped again by :meth:`SlurmCluster.stop` if we started it.
+
+Usage::
+
+    with SlurmCluster(tmpdir) as cluster:
+        job = cluster.sbatch(["script.sbatch", "arg"], extra=["--ntasks=2"])
+        state = cluster.wait(job, timeout=120)
+
+Known pitfalls handled here (see ENVIRONMENT.md): /run/munge must exist and munged must run as
+munge; ``CgroupPlugin=cgroup/v1`` on hybrid cgroup hosts; ``NodeName=localhost``;
+``proctrack/linuxproc`` and ``task/none`` (no cgroups, no systemd needed); small ``MinJobAge``.
+"""
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+BINARIES = ("munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "scancel")
+TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
+            "DEADLINE", "PREEMPTED"}
+
+
+class SlurmUnavailable(RuntimeError):
+    """The cluster cannot run here (not root, packages missing, daemons failed): tests skip."""
+
+
+def unavailable_reason() -> str | None:
+    """Why a Slurm cluster cannot be started here, or None when it can be tried."""
+    if os.name != "posix" or not hasattr(os, "geteuid"):
+        return "Slurm tests need Linux"
+    if os.geteuid() != 0:
+        return "Slurm tests need root (they start munged, slurmctld and slurmd)"
+    missing = [b for b in BINARIES if shutil.which(b) is None and not Path("/usr/sbin", b).exists()]
+    if missing:
+        return ("Slurm tests need the Debian packages slurm-wlm and munge "
+                f"(missing: {', '.join(missing)}; `bash scripts/install.sh --test` as root installs them)")
+    try:
+        pwd.getpwnam("munge")
+    except KeyError:
+        return "Slurm tests need the munge user (Debian package munge)"
+    return None
+
+
+def _which(name: str) -> str:
+    return shutil.which(name) or str(Path("/usr/sbin", name))
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cgroup_plugin() -> str:
+    # pure cgroup v2 host: /sys/fs/cgroup/cgroup.controllers; else v1 or hybrid -> v1
+    return "cgroup/v2" if Path("/sys/fs/cgroup/cgroup.controllers").exists() else "cgroup/v1"
+
+
+class SlurmCluster:
+    def __init__(self, root: str | os.PathLike, cpus: int = 8, min_job_age: int = 30, kill_wait: int = 20):
+        self.root = Path(root).resolve()
+        self.cpus = cpus
+        self.min_job_age = min_job_age
+        self.kill_wait = kill_wait
+        self.conf = self.root / "slurm.conf"
+        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+        self._procs: list[subprocess.Popen] = []
+        self._started_munged = False
+
+    # -- lifecycle ----------------------------------------------------------------------------
+    def __enter__(self) -> "SlurmCluster":
+        self.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def start(self, timeout: float = 60) -> None:
+        reason = unavailable_reason()
+        if reason:
+            raise SlurmUnavailable(reason)
+        self._start_munge()
+        self._write_config()
+        ctld = subprocess.Popen([_which("slurmctld"), "-D", "-c", "-i"], env=self.env,
+                                stdout=open(self.root / "slurmctld.out", "w"), stderr=subprocess.STDOUT)
+        self._procs.append(ctld)
+        self._wait_for(lambda: self._run(["scontrol", "ping"], check=False).returncode == 0
+                       and "UP" in self._run(["scontrol", "ping"], check=False).stdout,
+                       timeout, "slurmctld did not answer `scontrol ping`", ctld)
+        slurmd = subprocess.Popen([_which("slurmd"), "-D", "-N", "localhost"], env=self.env,
+                                  stdout=open(self.root / "slurmd.out", "w"), stderr=subprocess.STDOUT)
+        self._procs.append(slurmd)
+        self._wait_for(self._node_idle, timeout, "node localhost did not become idle", slurmd)
+
+    def stop(self) -> None:
+        if any(p.poll() is None for p in self._procs):
+            self._run(["scancel", "--full", "--signal=KILL", "--user=root"], check=False)
+        for p in reversed(self._procs):
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in reversed(self._procs):
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+        self._procs.clear()
+        if self._started_munged:
+            pidfile = Path("/run/munge/munged.pid")
+            try:
+                os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
+            except (OSError, ValueError):
+                pass
+            self._started_munged = False
+
+    # -- munge --------------------------------------------------------------------------------
+    @staticmethod
+    def munge_works() -> bool:
+        try:
+            cred = subprocess.run([_which("munge"), "-n"], capture_output=True, timeout=10)
+            if cred.returncode != 0:
+                return False
+            back = subprocess.run([_which("unmunge")], input=cred.stdout, capture_output=True, timeout=10)
+            return back.returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            return False
+
+    def _start_munge(self) -> None:
+        if self.munge_works():
+            return
+        munge = pwd.getpwnam("munge")
+        for d, mode in (("/run/munge", 0o755), ("/var/lib/munge", 0o700), ("/var/log/munge", 0o700),
+                        ("/etc/munge", 0o700)):
+            Path(d).mkdir(parents=True, exist_ok=True)
+            os.chown(d, munge.pw_uid, munge.pw_gid)
+            os.chmod(d, mode)
+        key = Path("/etc/munge/munge.key")
+        if not key.exists():
+            key.write_bytes(os.urandom(128))
+            os.chown(key, munge.pw_uid, munge.pw_gid)
+            os.chmod(key, 0o400)
+        for stale in ("/run/munge/munge.socket.2", "/run/munge/munge.socket.2.lock", "/run/munge/munged.pid"):
+            Path(stale).unlink(missing_ok=True)
+        res = subprocess.run(["runuser", "-u", "munge", "--", _which("munged")], capture_output=True, text=True)
+        if res.returncode != 0:
+            raise SlurmUnavailable(f"munged did not start: {res.stderr.strip() or res.stdout.strip()}")
+        self._started_munged = True
+        deadline = time.monotonic() + 15
+        while not self.munge_works():
+            if time.monotonic() > deadline:
+                raise SlurmUnavailable("munged started but `munge -n | unmunge` fails")
+            time.sleep(0.2)
+
+    # -- configuration ------------------------------------------------------------------------
+    def _write_config(self) -> None:
+        for sub in ("state", "spool"):
+            (self.root / sub).mkdir(parents=True, exist_ok=True)
+        r = self.root
+        self.conf.write_text(f"""\
+ClusterName=setdlmtest
+SlurmctldHost=localhost
+SlurmctldPort={_free_port()}
+SlurmdPort={_free_port()}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+StateSaveLocation={r}/state
+SlurmdSpoolDir={r}/spool
+SlurmctldPidFile={r}/slurmctld.pid
+SlurmdPidFile={r}/slurmd.pid
+SlurmctldLogFile={r}/slurmctld.log
+SlurmdLogFile={r}/slurmd.log
+SlurmctldDebug=info
+SlurmdDebug=info
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+MpiDefault=none
+SchedulerType=sched/builtin
+SelectType=select/cons_tres
+SelectTypeParameters=CR_CPU
+SlurmdParameters=config_overrides
+ReturnToService=2
+JobRequeue=1
+MinJobAge={self.min_job_age}
+KillWait={self.kill_wait}
+InactiveLimit=0
+SlurmdTimeout=120
+MessageTimeout=30
+AccountingStorageType=accounting_storage/none
+JobAcctGatherType=jobacct_gather/none
+JobCompType=jobcomp/none
+NodeName=localhost CPUs={self.cpus} RealMemory=4000 State=UNKNOWN
+PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
+""")
+        (r / "cgroup.conf").write_text(f"CgroupPlugin={_cgroup_plugin()}\n")
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _run(self, cmd: list[str], check: bool = True, timeout: float = 60) -> subprocess.CompletedProcess:
+        cmd = [_which(cmd[0]), *cmd[1:]]
+        res = subprocess.run(cmd, env=self.env, capture_output=True, text=True, timeout=timeout)
+        if check and res.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed ({res.returncode}): {res.stderr.strip()}")
+        return res
+
+    def _node_idle(self) -> bool:
+        res = self._run(["sinfo", "-h", "-N", "-o", "%T"], check=False)
+        return res.returncode == 0 and res.stdout.strip().startswith("idle")
+
+    def _wait_for(self, cond, timeout: float, what: str, proc: subprocess.Popen | None = None) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            if proc is not None and proc.poll() is not None:
+                self.stop()
+                raise SlurmUnavailable(f"{what}: daemon exited ({proc.returncode}).\n{self.logs_tail()}")
+            try:
+                if cond():
+                    return
+            except (OSError, subprocess.SubprocessError):
+                pass
+            if time.monotonic() > deadline:
+                tail = self.logs_tail()
+                self.stop()
+                raise SlurmUnavailable(f"{what} within {timeout:.0f}s.\n{tail}")
+            time.sleep(0.3)
+
+    def logs_tail(self, n: int = 15) -> str:
+        out = []
+        for name in ("slurmctld.log", "slurmd.log", "slurmctld.out", "slurmd.out"):
+            p = self.root / name
+            if p.exists():
+                lines = p.read_text(errors="replace").splitlines()[-n:]
+                out.append(f"--- {name}\n" + "\n".join(lines))
+        return "\n".join(out)
+
+    # -- jobs ---------------------------------------------------------------------------------
+    def sbatch(self, script_and_args: list[str], extra: list[str] = (), env: dict | None = None,
+               cwd: str | os.PathLike | None = None) -> str:
+        cmd = [_which("sbatch"), "--parsable", *extra, *map(str, script_and_args)]
+        res = subprocess.run(cmd, env={**self.env, **(env or {})}, capture_output=True, text=True,
+                             timeout=60, cwd=cwd)
+        if res.returncode != 0:
+            raise RuntimeError(f"sbatch failed ({res.returncode}): {res.stderr.strip()}")
+        return res.stdout.strip().split(";")[0]
+
+    def job_info(self, job_id: str) -> dict[str, str]:
+        res = self._run(["scontrol", "show", "job", "-o", str(job_id)], check=False)
+        if res.returncode != 0:
+            return {}
+        return dict(m.groups() for m in re.finditer(r"(\w+)=(\S*)", res.stdout))
+
+    def state(self, job_id: str) -> str:
+        return self.job_info(job_id).get("JobState", "UNKNOWN")
+
+    def wait(self, job_id: str, timeout: float = 300, states=TERMINAL, poll: float = 0.5) -> dict[str, str]:
+        """Poll until the job reaches one of ``states``; returns its last ``scontrol show job``."""
+        deadline = time.monotonic() + timeout
+        info: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            info = self.job_info(job_id) or info
+            if info.get("JobState") in states:
+                return info
+            time.sleep(poll)
+        self._run(["scancel", str(job_id)], check=False)
+        raise TimeoutError(f"job {job_id} still {info.get('JobState')} after {timeout:.0f}s; "
+                           f"cancelled.\n{self.logs_tail()}")
+
+    def scancel(self, job_id: str, *args: str) -> None:
+        self._run(["scancel", *args, str(job_id)])
