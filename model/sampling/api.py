@@ -50,7 +50,7 @@ def generate(model, prompts, config: SamplingConfig | None = None, *, mask_id: i
     device = next(model.parameters()).device
     if generator is None and cfg.seed is not None:
         generator = torch.Generator(device=device).manual_seed(int(cfg.seed))
-    reqs = to_requests(prompts, cfg, mask_id, model.cfg.vocab_size)
+    reqs = to_requests(prompts, cfg, mask_id, model.cfg.vocab_size, eos_id)
     cls = decoder_class(cfg.family)
     was_training = model.training
     model.eval()

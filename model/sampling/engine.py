@@ -43,7 +43,7 @@ class Request:
         return len(self.prefix) + self.span + len(self.suffix)
 
 
-def to_requests(prompts, cfg: SamplingConfig, mask_id: int, vocab: int) -> list[Request]:
+def to_requests(prompts, cfg: SamplingConfig, mask_id: int, vocab: int, eos_id: int | None = None) -> list[Request]:
     if isinstance(prompts, (Infill, str)) or (isinstance(prompts, list) and prompts and isinstance(prompts[0], int)):
         raise TypeError("generate: prompts must be a list of prompts (each a list of token ids or an Infill)")
     reqs = []
@@ -64,8 +64,10 @@ def to_requests(prompts, cfg: SamplingConfig, mask_id: int, vocab: int) -> list[
             if not 0 <= t < vocab or t == mask_id:
                 raise ValueError(f"prompts[{i}]: token id {t} is not a visible token id (vocabulary {vocab}, "
                                  f"MASK {mask_id})")
+        if cfg.family == "ar" and not r.prefix and eos_id is not None:
+            r = Request([int(eos_id)], r.span, r.suffix, r.infill)  # GPT-2 convention: start from EOS
         if cfg.family == "ar" and not r.prefix:
-            raise ValueError(f"prompts[{i}]: AR decoding needs at least one prompt token (start with BOS/EOS)")
+            raise ValueError(f"prompts[{i}]: AR decoding needs at least one prompt token (start with BOS, or pass eos_id)")
         reqs.append(r)
     return reqs
 

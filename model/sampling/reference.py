@@ -184,7 +184,7 @@ def generate_reference(model, prompts, config: SamplingConfig | None = None, *, 
         eos_id = tokenizer.eos_id
     if generator is None and cfg.seed is not None:
         generator = torch.Generator(device=next(model.parameters()).device).manual_seed(int(cfg.seed))
-    reqs = to_requests(prompts, cfg, mask_id, model.cfg.vocab_size)
+    reqs = to_requests(prompts, cfg, mask_id, model.cfg.vocab_size, eos_id)
     ref = Reference(model, cfg, mask_id=mask_id, eos_id=eos_id, tokenizer=tokenizer, generator=generator)
     was = model.training
     model.eval()
