@@ -49,6 +49,7 @@ class ModelConfig:
     vocab_pad_multiple: int = 128  # padded vocabulary is independent of the TP size
     max_seq_len: int = 1024
     tie_embeddings: bool = False
+    head_bias: bool = False  # bias on the (untied) output head, as in imported reference checkpoints
     init_std: float = 0.02
 
     @property
@@ -87,6 +88,8 @@ class ModelConfig:
             bad("vocab_size", "unknown: set it or let the tokenizer fill it in")
         if not 0 <= self.mask_id < self.vocab_size:
             bad("mask_id", f"{self.mask_id} is not a token id of a vocabulary of {self.vocab_size} (the tokenizer needs a MASK token)")
+        if self.head_bias and self.tie_embeddings:
+            bad("head_bias", "an output-head bias needs an untied head (set model.tie_embeddings: false)")
         if tp > 1:
             if self.n_heads % tp:
                 bad("n_heads", f"{self.n_heads} heads are not divisible by parallel.tp={tp}")

@@ -139,7 +139,7 @@ class Transformer(torch.nn.Module):
             self.final_norm = _norm(cfg, cfg.hidden)
             if not cfg.tie_embeddings:
                 self.head = tensor_parallel.ColumnParallelLinear(
-                    cfg.hidden, V, config=self.mp, init_method=_init(cfg.init_std), bias=False, gather_output=False)
+                    cfg.hidden, V, config=self.mp, init_method=_init(cfg.init_std), bias=cfg.head_bias, gather_output=False)
             tp = self.mp.tensor_model_parallel_size
             rank = parallel_state.get_tensor_model_parallel_rank() if tp > 1 else 0
             ids = torch.arange(rank * V // tp, (rank + 1) * V // tp)
