@@ -50,6 +50,7 @@ class TrainConfig:
     sample_at_end: bool = False
     sample_tokens: int = 48
     sample_prompt: str = ""
+    export_hf: bool = False  # at the end: write RUN/hf, a Hugging Face export of the final checkpoint (docs/convert.md)
 
 
 @dataclass

@@ -270,6 +270,10 @@ class Trainer:
         handler.uninstall()
         if not preempted and t.sample_at_end and self.rank == 0:
             self.print_sample()
+        if not preempted and t.export_hf and self.rank == 0:  # Hugging Face export of the final checkpoint
+            from .hf_convert import export_at_end
+
+            self.logger.write(export_at_end(self.run_dir))
         self.logger.close()
         last["preempted"] = preempted
         last["step"] = self.step
