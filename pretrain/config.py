@@ -51,6 +51,9 @@ class TrainConfig:
     sample_tokens: int = 48
     sample_prompt: str = ""
     export_hf: bool = False  # at the end: write RUN/hf, a Hugging Face export of the final checkpoint (docs/convert.md)
+    sample_temperature: float = 0.0  # 0: greedy
+    sample_top_p: float = 1.0
+    sample_threshold: float = 0.0  # SetDLM/BD3-LM confidence threshold (0: one token per step)
 
 
 @dataclass
