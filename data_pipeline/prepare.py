@@ -12,6 +12,7 @@ import multiprocessing as mp
 import os
 import shutil
 import sys
+import threading
 import time
 from collections import deque
 
@@ -38,16 +39,28 @@ DEFAULTS = {"tokenizer": "gpt2", "seq_len": 1024, "packing": "wrapped", "val_doc
 _WORKER = {}
 
 
-def _init_worker(tok_dir: str, packing: str, single_thread: bool = True) -> None:
-    if single_thread:
-        os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one core per worker process
+def _init_pool_worker(tok_dir: str, packing: str) -> None:
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _init_worker(tok_dir, packing)
+
+
+def _init_worker(tok_dir: str, packing: str) -> None:
     tok = load_tokenizer(tok_dir)
     _WORKER.update(tok=tok, packing=packing, dtype=token_dtype(tok.vocab_size))
 
 
+def _mp_context():
+    """fork where it is safe (Linux, no other Python threads): workers start in milliseconds instead of
+    re-importing the program; spawn otherwise."""
+    if sys.platform.startswith("linux") and threading.active_count() == 1:
+        return mp.get_context("fork")
+    return mp.get_context("spawn")
+
+
 def _tokenize(texts: list[str]):
     w = _WORKER
-    return frame_documents(w["tok"].encode_batch(texts), w["packing"], w["tok"].bos_id, w["tok"].eos_id, w["dtype"])
+    encode = w["tok"].encode  # one document at a time: one core per process (no Rust thread pool)
+    return frame_documents([encode(t) for t in texts], w["packing"], w["tok"].bos_id, w["tok"].eos_id, w["dtype"])
 
 
 def _tokenized(src, start: int, pool, num_proc: int, docs_per_task: int):
@@ -215,9 +228,9 @@ def prepare(input: str, output: str, *, tokenizer: str = "gpt2", seq_len: int = 
             if info["shards"]:
                 log(f"{sname}: {len(info['shards'])} shards already complete; resuming at document {doc}")
             if pool is None and num_proc > 1 and doc < len(src):
-                pool = mp.get_context("spawn").Pool(num_proc, initializer=_init_worker, initargs=(tok_dir, packing))
+                pool = _mp_context().Pool(num_proc, initializer=_init_pool_worker, initargs=(tok_dir, packing))
             if pool is None:
-                _init_worker(tok_dir, packing, single_thread=False)
+                _init_worker(tok_dir, packing)
             w = _SplitWriter(output, sname, seq_len, dtype, samples_per_shard, info["shards"], save_progress, log)
             n_tok, last_log = 0, time.time()
             for first, flat, lengths in _tokenized(src, doc, pool, num_proc, docs_per_task):
@@ -300,7 +313,7 @@ def build_parser() -> argparse.ArgumentParser:
                                 epilog="presets:\n" + "\n".join(f"  {k}: {v['help']}" for k, v in PRESETS.items()))
     p.add_argument("--input", required=True, help="Hugging Face dataset name, local parquet/json/jsonl/txt file(s) "
                    "or glob, a directory of them, or builtin:pydoc_topics")
-    p.add_argument("--output", required=True, help="directory for shards and manifest.json (local)")
+    p.add_argument("--output", "--out", required=True, help="directory for shards and manifest.json (local)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="field conventions (set tokenizer, L, packing, val split)")
     p.add_argument("--tokenizer", help=f"tokenizer name or directory (default {DEFAULTS['tokenizer']})")
     p.add_argument("--add-mask", action="store_true", help="append <|mask|> if the tokenizer has no mask token")

@@ -272,3 +272,38 @@ def test_skip_bad_shards_counts(damaged, gpt2):
             break
     assert ld.skipped_shards >= 2 and ld.skipped_samples >= len(bad)
     assert ld.state_dict()["skipped_samples"] == ld.skipped_samples
+
+
+def test_parquet_input_and_fsspec_source(tmp_path, gpt2):
+    import datasets
+    import fsspec
+
+    texts = builtin_text("pydoc_topics")[:6]
+    datasets.Dataset.from_dict({"content": texts}).to_parquet(str(tmp_path / "d.parquet"))
+    out = tmp_path / "pq"
+    assert cli_main(["prepare", "--input", str(tmp_path / "d.parquet"), "--out", str(out), "--text-field", "content",
+                     "--seq-len", "32", "--samples-per-shard", "50", "--num-proc", "1"]) == 0
+    flat = _rows(out, "train").reshape(-1).tolist()
+    assert flat == [t for d in texts for t in gpt2.encode(d) + [gpt2.eos_id]][: len(flat)]
+    # the same shards through an fsspec URL (in-memory filesystem stands in for s3:// or gs://)
+    fs = fsspec.filesystem("memory")
+    for f in out.rglob("*"):
+        if f.is_file():
+            fs.pipe(f"/pq/{f.relative_to(out).as_posix()}", f.read_bytes())
+    cfg = DataConfig(source="memory://pq", seq_len=32, shuffle=False)
+    batch = next(iter(build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=4)))
+    assert batch["input_ids"].flatten().tolist() == flat[: 4 * 32]
+
+
+def test_resume_through_torch_checkpoint(tmp_path, owt_dir, gpt2):
+    cfg = _cfg(owt_dir, num_workers=2)
+    ref = build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=4, dp_rank=0, dp_size=2, seed=3)
+    it = iter(ref)
+    for _ in range(5):
+        next(it)
+    torch.save({"step": 5, "data": ref.state_dict()}, tmp_path / "extra_rank0.pt")
+    expect = [next(it)["sample_id"].tolist() for _ in range(20)]
+    del it
+    resumed = build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=4, dp_rank=0, dp_size=2, seed=3)
+    resumed.load_state_dict(torch.load(tmp_path / "extra_rank0.pt", weights_only=True)["data"])
+    assert [b["sample_id"].tolist() for _, b in zip(range(20), resumed)] == expect
