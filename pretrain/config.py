@@ -40,7 +40,7 @@ class TrainConfig:
     adam_eps: float = 1e-8
     grad_clip: float = 1.0
     ema: float = 0.0  # 0 disables; the paper uses 0.9999
-    precision: str = "auto"  # auto | fp32 | bf16 (autocast; auto = bf16 where the device supports it)
+    precision: str = "auto"  # auto | fp32 | bf16 (bf16 weights, fp32 master weights; auto = bf16 on GPUs that support it)
     log_every: int = 10
     eval_every: int = 100
     eval_batches: int = 0  # 0: the whole validation split

@@ -48,13 +48,24 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     return groups
 
 
-def deepspeed_config(cfg, world_size: int) -> dict:
+def resolve_precision(cfg, device: torch.device) -> str:
+    """`auto` is bf16 on GPUs that support it, fp32 elsewhere."""
+    p = cfg.train.precision
+    if p == "auto":
+        p = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    return p
+
+
+def deepspeed_config(cfg, world_size: int, precision: str = "fp32") -> dict:
+    """bf16 is Megatron-style mixed precision: bf16 weights and activations, fp32 master weights and
+    optimizer states held by DeepSpeed (its BF16 optimizer, or ZeRO's fp32 partitions)."""
     t, p = cfg.train, cfg.parallel
     return {
+        "bf16": {"enabled": precision == "bf16"},
         "train_micro_batch_size_per_gpu": t.micro_batch,
         "gradient_accumulation_steps": cfg.grad_accum(world_size),
-        # ZeRO-0 clips without reporting the norm: we clip ourselves there (see clip_gradients).
-        "gradient_clipping": t.grad_clip if p.zero_stage > 0 else 0.0,
+        # fp32 ZeRO-0 clips without reporting the norm: we clip ourselves there (see clip_gradients).
+        "gradient_clipping": t.grad_clip if p.zero_stage > 0 or precision == "bf16" else 0.0,
         "zero_optimization": {"stage": p.zero_stage},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**12,
@@ -62,7 +73,7 @@ def deepspeed_config(cfg, world_size: int) -> dict:
     }
 
 
-def build_engine(model: torch.nn.Module, cfg, world_size: int):
+def build_engine(model: torch.nn.Module, cfg, world_size: int, precision: str = "fp32"):
     """Wrap the model in a DeepSpeed engine with a client AdamW and our LR schedule."""
     _skip_cpu_shm_op()
     import deepspeed
@@ -73,7 +84,7 @@ def build_engine(model: torch.nn.Module, cfg, world_size: int):
                                   eps=t.adam_eps, fused=fused or None)
     scheduler = build_scheduler(optimizer, t)
     engine, optimizer, _, scheduler = deepspeed.initialize(
-        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg, world_size),
+        model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg, world_size, precision),
         mpu=MegatronMPU(), dist_init_required=False)
     return engine, optimizer, scheduler
 
@@ -82,7 +93,7 @@ def clip_gradients(engine, max_norm: float) -> float | None:
     """Gradient norm of the step (after DP reduction), clipping to `max_norm` where DeepSpeed does not.
 
     Call after the last backward of an optimizer step and before `engine.step()`."""
-    if engine.zero_optimization_stage() > 0:
+    if engine.zero_optimization_stage() > 0 or engine.bfloat16_enabled():
         return None  # DeepSpeed clips and records the norm; read it after step()
     from deepspeed.runtime.utils import clip_grad_norm_
 

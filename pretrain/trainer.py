@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -19,7 +18,7 @@ from model.transformer import Transformer, megatron_config, parameter_count
 from . import checkpoint
 from .config import RecipeConfig, save_config
 from .ema import EMA
-from .engine import build_engine, clip_gradients
+from .engine import build_engine, clip_gradients, resolve_precision
 from .flops import device_peak_tflops, train_step_flops
 from .logger import MetricsLogger
 from .preemption import PreemptionHandler
@@ -33,15 +32,6 @@ def resolve_vocab(cfg: RecipeConfig, tokenizer) -> None:
         if tokenizer.mask_id is None:
             raise ValueError(f"data.tokenizer: {cfg.data.tokenizer!r} has no MASK token; set model.mask_id or use a tokenizer with one")
         cfg.model.mask_id = tokenizer.mask_id
-
-
-def autocast_context(cfg: RecipeConfig, device: torch.device):
-    p = cfg.train.precision
-    if p == "auto":
-        p = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
-    if p == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return nullcontext()
 
 
 def _all_reduce_sum(values: dict, group) -> dict:
@@ -81,7 +71,8 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)
         model = Transformer(cfg.model, megatron_config(p.tp, p.pp)).to(self.device)
         self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len)
-        self.engine, self.optimizer, self.scheduler = build_engine(model, cfg, self.world)
+        self.precision = resolve_precision(cfg, self.device)
+        self.engine, self.optimizer, self.scheduler = build_engine(model, cfg, self.world, self.precision)
         self.model = self.engine.module
         self.ema = EMA(self.model, cfg.train.ema) if cfg.train.ema > 0 else None
         # Orders and noise: one generator per data-parallel rank (same on its TP/PP peers).
@@ -170,8 +161,7 @@ class Trainer:
             if cfg.train.eval_batches and i >= cfg.train.eval_batches:
                 break
             inputs = self.objective.prepare(self._to_device(batch), gen)
-            with autocast_context(cfg, self.device):
-                logits = self.model(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
+            logits = self.model(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
             _, m = self.objective.loss(logits, inputs)
             _add(acc, m)
         self.model.train()
@@ -225,9 +215,8 @@ class Trainer:
             gnorm = None
             for micro in range(accum):
                 inputs = self.objective.prepare(self._to_device(next(train_iter)), self.generator)
-                with autocast_context(cfg, self.device):
-                    logits = self.engine(inputs.input_ids, inputs.position_ids, inputs.attn_mask,
-                                         logits_slice=inputs.logits_slice)
+                logits = self.engine(inputs.input_ids, inputs.position_ids, inputs.attn_mask,
+                                     logits_slice=inputs.logits_slice)
                 loss, m = self.objective.loss(logits, inputs)
                 self.engine.backward(loss)
                 if micro == accum - 1:
