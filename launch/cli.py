@@ -23,7 +23,7 @@ SUBCOMMANDS = {
     "sample": ("eval.sample", "main", "decode from a checkpoint (SetDLM, BD3-LM, MDLM, AR samplers)"),
     "data": ("data_pipeline.cli", "main", "prepare and inspect tokenized webdataset shards"),
     "eval": ("eval.cli", "main", "likelihood and sampling benchmarks from checkpoints"),
-    "convert": ("model.convert.cli", "main", "checkpoint conversion (Hugging Face, consolidation)"),
+    "convert": ("pretrain.hf_convert", "main", "checkpoint conversion (Hugging Face, reference checkpoints, consolidation)"),
     "launch": ("launch.runner", "main", "start a command on N local processes"),
 }
 
