@@ -15,6 +15,7 @@ import platform
 import sys
 import tempfile
 import time
+import warnings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
@@ -50,6 +51,19 @@ def bench_prepare(src: str, root: str, tokenizer: str, packing: str, seq_len: in
             "tok_s_steady": steady, "tok_s_proc": steady / num_proc}
 
 
+def bench_tokenize(docs: list[str], tok_dir: str, packing: str) -> dict:
+    """Tokenize + frame in this process on one core: the work of one `prepare` worker."""
+    from data_pipeline import prepare as prep
+
+    prep._init_worker(tok_dir, packing)
+    t = time.perf_counter()
+    n = 0
+    for i in range(0, len(docs), 8):
+        n += len(prep._tokenize(docs[i:i + 8])[0])
+    dt = time.perf_counter() - t
+    return {"tokens": n, "seconds": dt, "tok_s": n / dt}
+
+
 def bench_loader(cfg: DataConfig, tok, micro_batch: int, batches: int) -> dict:
     ld = build_loader(cfg, split="train", tokenizer=tok, micro_batch=micro_batch, dp_rank=0, dp_size=1, seed=0)
     t0 = time.perf_counter()
@@ -71,6 +85,7 @@ def main(argv=None) -> int:
     ap.add_argument("--micro-batch", type=int, default=8)
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
+    warnings.filterwarnings("ignore", message=".*worker processes in total.*")
     docs = builtin_text("pydoc_topics") * args.repeat
     rows, results = [], {}
     with tempfile.TemporaryDirectory() as root:
@@ -81,6 +96,14 @@ def main(argv=None) -> int:
         chars = sum(map(len, docs))
         for tokenizer, packing, L in (("gpt2", "wrapped", 1024), ("bert-base-uncased", "wrapped_bos_eos", 128)):
             for p in sorted({1, min(2, os.cpu_count() or 1)}):
+                if p == 1:
+                    r = bench_prepare(src, root, tokenizer, packing, L, 1)  # warm-up (imports, caches)
+                    t = bench_tokenize(docs, os.path.join(r["dir"], "tokenizer"), packing)
+                    rows.append((f"tokenize+pack {tokenizer}", "1 process, 1 core", f"{t['tok_s']:,.0f}",
+                                 "/process", f"{t['tokens']:,} tokens in {t['seconds']:.1f}s"))
+                    import shutil
+
+                    shutil.rmtree(r["dir"])
                 r = bench_prepare(src, root, tokenizer, packing, L, p)
                 results[f"prepare/{tokenizer}/{p}"] = r
                 rows.append((f"prepare {tokenizer} L={L}", f"{p} proc", f"{r['tok_s']:,.0f}",
@@ -99,7 +122,7 @@ def main(argv=None) -> int:
                 rows.append((f"loader {name}, micro-batch {args.micro_batch}", f"{w} workers", f"{r['tok_s']:,.0f}",
                              "per rank", f"first batch after {r['first_batch_s']:.2f}s"))
     print(f"\n{time.strftime('%Y-%m-%d')} | {platform.node()} | {platform.processor() or platform.machine()} | "
-          f"{os.cpu_count()} CPUs | Python {platform.python_version()}\n")
+          f"{os.cpu_count()} CPUs | load average {os.getloadavg()[0]:.1f} | Python {platform.python_version()}\n")
     print("| what | setting | tokens/s | | notes |\n|---|---|---:|---|---|")
     for r in rows:
         print("| " + " | ".join(r) + " |")

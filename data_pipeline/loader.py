@@ -218,7 +218,7 @@ class TokenLoader:
         self.epoch = 0
         self.skipped_shards = 0
         self.skipped_samples = 0
-        self._skip_base = (0, 0)
+        self._resume_pending = False
 
     def __len__(self) -> int:
         if self.split != "val":
@@ -226,9 +226,10 @@ class TokenLoader:
         return self._num_batches
 
     def __iter__(self):
-        if self.split == "val":  # every pass starts from the beginning
+        if self.split == "val" and not self._resume_pending:  # every pass starts from the beginning
             self._positions = [[0, 0] for _ in range(self._plan.n_workers)]
             self._batches = 0
+        self._resume_pending = False
         positions = [list(p) for p in self._positions]
         offset = self._batches % self._plan.n_workers
         if self.cfg.num_workers == 0:
@@ -285,6 +286,7 @@ class TokenLoader:
                        f"dp_size={state.get('dp_size')} and data.num_workers={state.get('num_workers')}, or "
                        f"start without loading the data loader state (the data order then restarts)")
         self._batches = int(state["batches"])
+        self._resume_pending = True
         self.skipped_shards = int(state.get("skipped_shards", 0))
         self.skipped_samples = int(state.get("skipped_samples", 0))
         if state.get("rank") == self.dp_rank:

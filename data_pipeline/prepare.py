@@ -27,13 +27,16 @@ from .tokenizers import load_tokenizer
 
 PRESETS = {
     "owt": {"tokenizer": "gpt2", "seq_len": 1024, "packing": "wrapped", "val_docs": 100_000,
+            "input": "Skylion007/openwebtext",
             "help": "OpenWebText: GPT-2 BPE, L=1024, documents joined with EOS and wrapped; val = the last "
-                    "100,000 documents of the train split (e.g. --input Skylion007/openwebtext)"},
+                    "100,000 documents of the train split; --input defaults to Skylion007/openwebtext"},
     "lm1b": {"tokenizer": "bert-base-uncased", "seq_len": 128, "packing": "wrapped_bos_eos", "val_split": "test",
              "help": "LM1B: bert-base-uncased, L=128, sentences as [CLS] ... [SEP] concatenated and wrapped; "
-                     "val = the dataset's own test split"},
+                     "val = the dataset's own test split (--val-split test), or --val-input FILES for local "
+                     "files; --input is required"},
 }
-DEFAULTS = {"tokenizer": "gpt2", "seq_len": 1024, "packing": "wrapped", "val_docs": 0, "val_split": None}
+DEFAULTS = {"tokenizer": "gpt2", "seq_len": 1024, "packing": "wrapped", "val_docs": 0, "val_split": None,
+            "input": None}
 
 # -- tokenization workers -----------------------------------------------------------------------------
 _WORKER = {}
@@ -157,7 +160,8 @@ def _valid_prefix(out: str, entries: list, log) -> list:
 # -- driver -----------------------------------------------------------------------------------------------
 def prepare(input: str, output: str, *, tokenizer: str = "gpt2", seq_len: int = 1024, packing: str = "wrapped",
             text_field: str = "text", split: str = "train", name: str | None = None, txt_unit: str = "line",
-            val_docs: int = 0, val_split: str | None = None, samples_per_shard: int = 4096,
+            val_docs: int = 0, val_split: str | None = None, val_input: str | None = None,
+            samples_per_shard: int = 4096,
             num_proc: int | None = None, docs_per_task: int = 256, max_docs: int | None = None,
             add_mask: bool = False, overwrite: bool = False, log=None) -> dict:
     """Prepare shards in `output`; returns the manifest. Raises ValueError naming the bad option."""
@@ -169,8 +173,8 @@ def prepare(input: str, output: str, *, tokenizer: str = "gpt2", seq_len: int = 
             raise ValueError(f"{opt}: must be an integer >= {lo}, got {v!r}")
     if packing not in PACKINGS:
         raise ValueError(f"--packing: {packing!r}; valid: {', '.join(PACKINGS)}")
-    if val_docs and val_split:
-        raise ValueError("--val-docs and --val-split: give at most one way to make the val split")
+    if val_docs and (val_split or val_input):
+        raise ValueError("--val-docs and --val-split/--val-input: give at most one way to make the val split")
     if max_docs is not None and (not isinstance(max_docs, int) or max_docs < 1):
         raise ValueError(f"--max-docs: must be a positive integer, got {max_docs!r}")
     try:
@@ -185,8 +189,9 @@ def prepare(input: str, output: str, *, tokenizer: str = "gpt2", seq_len: int = 
     sources = {"train": open_text(input, text_field=text_field, split=split, txt_unit=txt_unit, name=name)}
     if max_docs:
         sources["train"] = sources["train"].select(0, min(max_docs, len(sources["train"])), f"first {max_docs} docs")
-    if val_split:
-        sources["val"] = open_text(input, text_field=text_field, split=val_split, txt_unit=txt_unit, name=name)
+    if val_split or val_input:
+        sources["val"] = open_text(val_input or input, text_field=text_field, split=val_split or "train",
+                                   txt_unit=txt_unit, name=name)
         if max_docs:
             sources["val"] = sources["val"].select(0, min(max_docs, len(sources["val"])), f"first {max_docs} docs")
     elif val_docs:
@@ -311,8 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="setdlm data prepare", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="presets:\n" + "\n".join(f"  {k}: {v['help']}" for k, v in PRESETS.items()))
-    p.add_argument("--input", required=True, help="Hugging Face dataset name, local parquet/json/jsonl/txt file(s) "
-                   "or glob, a directory of them, or builtin:pydoc_topics")
+    p.add_argument("--input", help="Hugging Face dataset name, local parquet/json/jsonl/txt file(s) "
+                   "or glob, a directory of them, or builtin:pydoc_topics (required unless the preset names one)")
     p.add_argument("--output", "--out", required=True, help="directory for shards and manifest.json (local)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="field conventions (set tokenizer, L, packing, val split)")
     p.add_argument("--tokenizer", help=f"tokenizer name or directory (default {DEFAULTS['tokenizer']})")
@@ -325,6 +330,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--txt-unit", default="line", choices=TXT_UNITS, help="what a document is in .txt files")
     p.add_argument("--val-docs", type=int, help="hold out the last N documents of the train split as val")
     p.add_argument("--val-split", help="dataset split to use as val (e.g. test)")
+    p.add_argument("--val-input", help="val documents from another input (files, directory or dataset name; "
+                   "its --val-split split if given)")
     p.add_argument("--samples-per-shard", type=int, default=4096, help="sequences per shard (default 4096)")
     p.add_argument("--num-proc", type=int, default=None, help="tokenizer processes (default: all CPUs)")
     p.add_argument("--docs-per-task", type=int, default=256, help="documents per tokenization task")
@@ -339,14 +346,22 @@ def main(argv: list[str]) -> int:
     for k in ("tokenizer", "seq_len", "packing", "val_docs", "val_split"):
         if getattr(args, k) is not None:
             preset[k] = getattr(args, k)
-    if args.val_split and args.val_docs is None:
+    if (args.val_split or args.val_input) and args.val_docs is None:
         preset["val_docs"] = 0
-    if args.val_docs and args.val_split is None:
+    if args.val_docs is not None and args.val_split is None:
         preset["val_split"] = None
+    if args.val_input and args.val_split is None:
+        preset["val_split"] = None
+    source = args.input or preset.get("input")
+    if not source:
+        print("setdlm data prepare: error: --input: required" + (f" for preset {args.preset!r}" if args.preset
+              else "") + " (a dataset name, files, a directory or builtin:NAME)", file=sys.stderr)
+        return 2
     try:
-        m = prepare(args.input, args.output, tokenizer=preset["tokenizer"], seq_len=preset["seq_len"],
+        m = prepare(source, args.output, tokenizer=preset["tokenizer"], seq_len=preset["seq_len"],
                     packing=preset["packing"], text_field=args.text_field, split=args.split, name=args.name,
                     txt_unit=args.txt_unit, val_docs=preset["val_docs"] or 0, val_split=preset["val_split"],
+                    val_input=args.val_input,
                     samples_per_shard=args.samples_per_shard, num_proc=args.num_proc,
                     docs_per_task=args.docs_per_task, max_docs=args.max_docs, add_mask=args.add_mask,
                     overwrite=args.overwrite)

@@ -43,8 +43,9 @@ class BuiltinSource:
         self.seq_len = seq_len
         self.packing = packing
         self.description = f"builtin:{corpus} ({info['documents']} documents, {n} sequences)"
-        self.fingerprint = hashlib.sha256(
-            f"builtin:{corpus}|{tokenizer.sha256}|{seq_len}|{packing}|{n_val}".encode()).hexdigest()
+        h = hashlib.sha256(f"builtin:{corpus}|{tokenizer.sha256}|{seq_len}|{packing}|{n_val}|".encode())
+        h.update(np.ascontiguousarray(rows).tobytes())  # the text can change with the Python version
+        self.fingerprint = h.hexdigest()
         self.tokenizer_sha256 = tokenizer.sha256
 
     def counts(self, split: str) -> np.ndarray:

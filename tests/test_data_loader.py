@@ -183,3 +183,17 @@ def test_bad_arguments(gpt2, bert):
         build_loader(DataConfig(), split="train", tokenizer=gpt2, micro_batch=2, dp_rank=2, dp_size=2)
     ld = build_loader(DataConfig(packing="wrapped_bos_eos"), split="train", tokenizer=bert, micro_batch=2)
     assert ld.seq_len == 128 and next(iter(ld))["input_ids"].max() < bert.vocab_size
+
+
+def test_val_resume_mid_pass(gpt2):
+    cfg = DataConfig(seq_len=64, val_fraction=0.1)
+    ld = build_loader(cfg, split="val", tokenizer=gpt2, micro_batch=4)
+    full = [b["input_ids"] for b in ld]
+    it = iter(ld)
+    next(it), next(it)
+    state = ld.state_dict()
+    again = build_loader(cfg, split="val", tokenizer=gpt2, micro_batch=4)
+    again.load_state_dict(state)
+    rest = [b["input_ids"] for b in again]
+    assert len(rest) == len(full) - 2 and all(torch.equal(a, b) for a, b in zip(full[2:], rest))
+    assert len([b for b in again]) == len(full)  # the next pass starts from the beginning again

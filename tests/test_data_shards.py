@@ -70,16 +70,20 @@ def test_owt_round_trip(owt_dir, docs, gpt2):
 def test_lm1b_round_trip_bert(tmp_path):
     bert = load_tokenizer("bert-base-uncased")
     lines = [ln.strip() for d in builtin_text("pydoc_topics")[:8] for ln in d.splitlines() if ln.strip()][:300]
-    (tmp_path / "a.txt").write_text("\n".join(lines[:150]) + "\n")
-    (tmp_path / "b.txt").write_text("\n".join(lines[150:]) + "\n")
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "a.txt").write_text("\n".join(lines[:150]) + "\n")
+    (tmp_path / "train" / "b.txt").write_text("\n".join(lines[150:-40]) + "\n")
+    (tmp_path / "test.txt").write_text("\n".join(lines[-40:]) + "\n")
     out = tmp_path / "lm1b"
-    assert prep.main(["--input", str(tmp_path), "--output", str(out), "--preset", "lm1b", "--val-docs", "20",
-                      "--samples-per-shard", "16", "--num-proc", "1"]) == 0
+    assert prep.main(["--input", str(tmp_path / "train"), "--output", str(out), "--preset", "lm1b",
+                      "--val-input", str(tmp_path / "test.txt"), "--samples-per-shard", "16", "--num-proc", "1"]) == 0
     m = read_manifest(str(out))
     assert (m["seq_len"], m["packing"], m["tokenizer"]["name"]) == (128, "wrapped_bos_eos", "bert-base-uncased")
     flat = _rows(out, "train").reshape(-1).tolist()
-    expect = [t for s in lines[:-20] for t in [101] + bert.encode(s) + [102]]
-    assert flat == expect[: len(flat)] and len(expect) - len(flat) < 128
+    for split, part in (("train", lines[:-40]), ("val", lines[-40:])):
+        got = _rows(out, split).reshape(-1).tolist()
+        expect = [t for s in part for t in [101] + bert.encode(s) + [102]]
+        assert got == expect[: len(got)] and len(expect) - len(got) < 128
     # [CLS] ... [SEP] framing of every sentence
     starts = [i for i, t in enumerate(flat) if t == 101]
     ends = [i for i, t in enumerate(flat) if t == 102]
