@@ -30,7 +30,7 @@ class BlockDiffusionObjective(Objective):
         pos = torch.arange(L, device=x.device).expand(B, L)
         lw = masked.float()
         t_tok = t.repeat_interleave(bs, dim=1)
-        key_valid = None if bool(valid.all()) else torch.cat((valid, valid), 1)
+        key_valid = torch.cat((valid, valid), 1) if batch.get("valid_mask") is not None else None
         return ModelInputs(
             input_ids=torch.cat((xt, x), 1), position_ids=torch.cat((pos, pos), 1),
             attn_mask=self.mask("bd3lm", L, x.device, key_valid, block_size=bs), logits_slice=slice(0, L),

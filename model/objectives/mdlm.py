@@ -27,7 +27,7 @@ class MaskedDiffusionObjective(Objective):
         xt = torch.where(masked, torch.full_like(x, self.mask_id), x)
         pos = torch.arange(L, device=x.device).expand(B, L)
         lw = masked.float()
-        key_valid = None if bool(valid.all()) else valid
+        key_valid = valid if batch.get("valid_mask") is not None else None  # no host sync
         return ModelInputs(
             input_ids=xt, position_ids=pos, attn_mask=self.mask("bidirectional", L, x.device, key_valid),
             logits_slice=slice(0, L), targets=x, loss_weight=lw, nll_weight=lw / t,
