@@ -3,8 +3,9 @@
 #
 #   NP=16 GPUS_PER_NODE=8 HOSTFILE=hosts.txt bash launch/templates/mpirun_train.sh --config FILE [section.key=value ...]
 #
-# Every rank runs $TRAIN_CMD (default `setdlm pretrain`) with `--out $RUN_DIR` and this script's
-# arguments. launch/env.py reads OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; rank 0's address is
+# Every rank runs $TRAIN_CMD (default `setdlm pretrain`) with this script's arguments, plus
+# `--out $RUNS_DIR` / `--name $RUN_NAME` when those are set (run directory OUT/NAME; starting the same
+# command again resumes from its last checkpoint). launch/env.py reads OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; rank 0's address is
 # the first host of HOSTFILE (or this host), exported as MASTER_ADDR together with MASTER_PORT.
 # Inside a Slurm allocation mpirun finds the nodes itself (no HOSTFILE needed); prefer the sbatch
 # template there, which also handles preemption. mpirun forwards SIGUSR1/SIGUSR2 to the ranks
@@ -24,10 +25,8 @@ else
   FIRST_HOST=$( (command -v scontrol >/dev/null && [ -n "${SLURM_JOB_NODELIST:-}" ] && scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1) || hostname)
 fi
 NP=${NP:-$(( NNODES_DEFAULT * GPUS_PER_NODE ))}
-RUN_NAME=${RUN_NAME:-setdlm}
-RUNS_DIR=${RUNS_DIR:-$PWD/runs}
-RUN_DIR=${RUN_DIR:-$RUNS_DIR/$RUN_NAME}
-OUT_FLAG=${OUT_FLAG:---out}
+RUN_NAME=${RUN_NAME:-}                      # passed as --name when set (default: the recipe's run.name)
+RUNS_DIR=${RUNS_DIR:-}                      # passed as --out when set (default: the recipe's run.out_dir)
 MPIRUN=${MPIRUN:-mpirun}
 MPIRUN_ARGS=${MPIRUN_ARGS:-}                # e.g. "--allow-run-as-root --oversubscribe", "--mca btl_tcp_if_include ib0"
 
@@ -42,11 +41,11 @@ export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 export PYTHONUNBUFFERED=1
 
-mkdir -p "$RUN_DIR"
 read -r -a TRAIN <<<"$TRAIN_CMD"
 read -r -a EXTRA <<<"$MPIRUN_ARGS"
 ARGS=()
-[ -n "$OUT_FLAG" ] && ARGS+=("$OUT_FLAG" "$RUN_DIR")
+[ -n "$RUNS_DIR" ] && ARGS+=(--out "$RUNS_DIR")
+[ -n "$RUN_NAME" ] && ARGS+=(--name "$RUN_NAME")
 ARGS+=("$@")
 
 # pass these to remote ranks (local ranks inherit the whole environment anyway)
@@ -57,8 +56,8 @@ for v in MASTER_ADDR MASTER_PORT PATH LD_LIBRARY_PATH PYTHONPATH VIRTUAL_ENV OMP
   [ -n "${!v:-}" ] && XENV+=(-x "$v")
 done
 
-echo "[setdlm] mpirun np=$NP ranks/node=$GPUS_PER_NODE master=$MASTER_ADDR:$MASTER_PORT run_dir=$RUN_DIR $(date -Is)"
+echo "[setdlm] mpirun np=$NP ranks/node=$GPUS_PER_NODE master=$MASTER_ADDR:$MASTER_PORT run=${RUNS_DIR:-<recipe>}/${RUN_NAME:-<recipe>} $(date -Is)"
 exec "$MPIRUN" -np "$NP" ${HOSTFILE:+--hostfile "$HOSTFILE"} \
-  --map-by "ppr:${GPUS_PER_NODE}:node" --bind-to none --tag-output \
+  --map-by "ppr:${GPUS_PER_NODE}:node" --bind-to none \
   "${XENV[@]}" "${EXTRA[@]}" \
   "${TRAIN[@]}" "${ARGS[@]}"

@@ -280,3 +280,10 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
 
     def scancel(self, job_id: str, *args: str) -> None:
         self._run(["scancel", *args, str(job_id)])
+
+    def scontrol(self, *args: str) -> str:
+        return self._run(["scontrol", *map(str, args)]).stdout
+
+    def release(self, job_id: str) -> None:
+        """Start a requeued job now: Slurm otherwise holds it back (BeginTime) for about 2 minutes."""
+        self.scontrol("update", f"JobId={job_id}", "StartTime=now")

@@ -2,7 +2,7 @@
 
 Initialises torch.distributed through launch.env, all-reduces once per "step", installs the
 PreemptionHandler, checkpoints (a JSON step counter) on a stop signal, requeues under Slurm and
-resumes from the checkpoint when started again. Writes into --out:
+resumes from the checkpoint when started again. Writes into the run directory (--out, or --out/--name like `setdlm pretrain`):
   env-rank{r}.json   the DistEnv each rank detected (+ a few launcher variables)
   metrics.jsonl      one line per step (rank 0)
   checkpoint.json    last saved step (rank 0, atomic)
@@ -23,7 +23,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # repo root, when 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", required=True, help="runs directory (with --name) or the run directory")
+    ap.add_argument("--name", default=None, help="run name: the run directory is OUT/NAME")
     ap.add_argument("--steps", type=int, default=3)
     ap.add_argument("--step-time", type=float, default=0.0)
     ap.add_argument("--fail-rank", type=int, default=-1, help="this rank exits 3 after init")
@@ -39,7 +40,7 @@ def main() -> int:
 
     handler = PreemptionHandler().install()
     env = init_distributed(timeout_s=120)
-    out = Path(args.out)
+    out = Path(args.out) / args.name if args.name else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     info = env.to_dict()
     info.update(pid=os.getpid(), host=os.uname().nodename,

@@ -1,0 +1,18 @@
+"""Run under mpirun: print what launch.env detects, with and without the OMPI_COMM_WORLD_* variables.
+
+Without them only PMIX_RANK is left, so world size and local rank must come from mpi4py.
+"""
+import json
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from launch.env import detect_env  # noqa: E402
+
+full = detect_env()
+stripped = {k: v for k, v in os.environ.items()
+            if not k.startswith(("OMPI_COMM_WORLD_", "OMPI_UNIVERSE_SIZE", "MASTER_"))}
+fallback = detect_env(stripped)
+print(json.dumps({"full": full.to_dict(), "mpi4py": fallback.to_dict()}), flush=True)

@@ -1,0 +1,56 @@
+"""Training under mpirun (Open MPI) through launch/templates/mpirun_train.sh."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from tests.cluster.jobs import REPO, TEMPLATES, checkpoint_steps, job_env, metric_steps, tiny_train_args
+
+pytestmark = [pytest.mark.mpi, pytest.mark.slow]
+
+if shutil.which("mpirun") is None:
+    pytest.skip("mpirun not found (Debian: apt-get install openmpi-bin libopenmpi-dev; "
+                "`bash scripts/install.sh --test` as root does it)", allow_module_level=True)
+
+ROOT_ARGS = ["--allow-run-as-root"] if os.geteuid() == 0 else []
+
+
+def _mpirun_template(tmp_path, args, timeout=300, **env):
+    environ = {**os.environ, **job_env(GPUS_PER_NODE="2", NP="2", **env),
+               "MPIRUN_ARGS": " ".join([*ROOT_ARGS, "--oversubscribe"])}
+    return subprocess.run(["bash", str(TEMPLATES / "mpirun_train.sh"), *args], cwd=REPO, env=environ,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_launch_env_reads_open_mpi_variables_and_mpi4py_fallback():
+    pytest.importorskip("mpi4py")
+    res = subprocess.run(["mpirun", *ROOT_ARGS, "--oversubscribe", "-np", "2", sys.executable,
+                          str(REPO / "tests" / "cluster" / "mpi_env_probe.py")],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, **job_env()})
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = sorted((json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")),
+                  key=lambda r: r["full"]["rank"])
+    assert [r["full"]["rank"] for r in rows] == [0, 1]
+    for r in rows:
+        full, fb = r["full"], r["mpi4py"]
+        assert full["launcher"] == "mpi" and full["world_size"] == 2 and full["local_world_size"] == 2
+        assert full["local_rank"] == full["rank"] and full["master_addr"] == "127.0.0.1"
+        # only PMIX_RANK left: world size and local rank from mpi4py, same answer
+        assert (fb["launcher"], fb["rank"], fb["world_size"], fb["local_rank"], fb["local_world_size"]) == (
+            "mpi", full["rank"], 2, full["local_rank"], 2)
+    assert rows[0]["full"]["master_port"] == rows[1]["full"]["master_port"]  # derived from the MPI job id
+
+
+def test_training_under_mpirun_template(tmp_path):
+    res = _mpirun_template(tmp_path, tiny_train_args(6, save_every=3), RUNS_DIR=str(tmp_path), RUN_NAME="mpi-run")
+    out = res.stdout + res.stderr
+    assert res.returncode == 0, out[-5000:]
+    assert "world 2 " in out
+    run_dir = tmp_path / "mpi-run"
+    assert metric_steps(run_dir) == [1, 2, 3, 4, 5, 6]
+    assert checkpoint_steps(run_dir) == [3, 6]
