@@ -44,6 +44,7 @@ class ModelConfig:
     rope_base: float = 10000.0
     dropout: float = 0.1
     attention_dropout: float = 0.0
+    attention_backend: str = "auto"  # auto (flex on CUDA, sdpa elsewhere) | sdpa | flex
     vocab_size: int = 0  # 0: taken from the tokenizer (MASK included)
     mask_id: int = -1  # -1: taken from the tokenizer
     vocab_pad_multiple: int = 128  # padded vocabulary is independent of the TP size
@@ -74,6 +75,10 @@ class ModelConfig:
                 bad(name, f"must be a positive integer, got {getattr(self, name)}")
         if self.norm not in ("layernorm", "rmsnorm"):
             bad("norm", f"unknown norm {self.norm!r}; valid: layernorm, rmsnorm")
+        if self.attention_backend not in ("auto", "sdpa", "flex"):
+            bad("attention_backend", f"unknown backend {self.attention_backend!r}; valid: auto, sdpa, flex")
+        if self.attention_backend == "flex" and self.attention_dropout > 0:
+            bad("attention_dropout", "flex attention has no attention-probability dropout; use 0 or attention_backend=sdpa")
         if self.activation not in ("gelu", "swiglu"):
             bad("activation", f"unknown activation {self.activation!r}; valid: gelu, swiglu")
         if self.head_dim is None and self.hidden % self.n_heads:

@@ -16,10 +16,19 @@ Kinds:
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 
 MASK_KINDS = ("causal", "bidirectional", "setdlm", "bd3lm")
+
+
+class MaskSpec(NamedTuple):
+    """A static mask by name: lets the attention pick a structured kernel (flex attention on GPU)."""
+
+    kind: str
+    length: int  # L (the two-stream kinds span 2L tokens)
+    block_size: int = 0
 
 
 @functools.lru_cache(maxsize=32)

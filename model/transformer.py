@@ -9,11 +9,25 @@ Weight layouts are independent of the tensor-parallel size, so a TP=1 state dict
 - QKV rows are grouped per KV head: [q_0 .. q_{g-1}, k, v] x kv_heads (each block head_dim rows);
 - SwiGLU fc1 rows alternate gate/up: row 2j is gate j, row 2j+1 is up j;
 - the vocabulary is padded to a multiple of `vocab_pad_multiple`; padding and MASK logits are -inf.
+
+Initialisation is independent of the pipeline split too: each component (embedding, layer i, final
+norm, head) is initialised from its own generator seeded by (base seed, component name), the base
+seed being one draw from the global generator. So a model built after `torch.manual_seed(s)` has the
+same full weights under any TP x PP layout, and building a model leaves no trace on the global RNG
+beyond that one draw.
+
+Tied embeddings under pipeline parallelism follow Megatron-LM: a last stage that does not hold the
+input embedding keeps a copy of it (same name `embed.weight`, same seeded initialisation, hence equal
+values), marked `shared_embedding`; the training step all-reduces the copies' gradients over
+megatron's embedding group (first and last stage) so they stay equal, and gradient norms count the
+copy once (`ds_pipe_replicated`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import math
+import zlib
 
 import torch
 import torch.nn.functional as F
@@ -21,7 +35,9 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.model_parallel_config import ModelParallelConfig
 
 from .config import ModelConfig
+from . import flex
 from .kv_cache import KVCache
+from .masks import MaskSpec
 from .rotary import Rotary, apply_rotary
 
 
@@ -30,7 +46,7 @@ def megatron_config(tp: int = 1, pp: int = 1, params_dtype: torch.dtype = torch.
     # model under any TP size (and it is the only initialisation that works without CUDA).
     return ModelParallelConfig(
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, use_cpu_initialization=True,
-        perform_initialization=True, params_dtype=params_dtype, sequence_parallel=False,
+        perform_initialization=True, params_dtype=params_dtype, pipeline_dtype=params_dtype, sequence_parallel=False,
     )
 
 
@@ -42,6 +58,14 @@ def _norm(cfg: ModelConfig, dim: int) -> torch.nn.Module:
 
 def _init(std: float):
     return lambda w: torch.nn.init.normal_(w, mean=0.0, std=std)
+
+
+@contextlib.contextmanager
+def _seeded(base: int, name: str):
+    """Initialise one component from its own CPU generator state, restoring the global one after."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed((base * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1))
+        yield
 
 
 class Attention(torch.nn.Module):
@@ -76,9 +100,12 @@ class Attention(torch.nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.attend_kv(self.layer_id, k, v)
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0,
-            enable_gqa=self.q_per_group > 1)
+        if isinstance(mask, MaskSpec):  # static mask kind: flex attention with a cached block mask
+            out = flex.attention(q, k, v, mask.kind, mask.length, mask.block_size, enable_gqa=self.q_per_group > 1)
+        else:
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0,
+                enable_gqa=self.q_per_group > 1)
         out = out.transpose(1, 2).reshape(B, T, -1)
         out, _ = self.proj(out)
         return out
@@ -131,15 +158,26 @@ class Transformer(torch.nn.Module):
         self.pre_process, self.post_process = pre_process, post_process
         self.layer_range = layers if layers is not None else range(cfg.n_layers)
         V = cfg.padded_vocab_size
-        if pre_process:
-            self.embed = tensor_parallel.VocabParallelEmbedding(V, cfg.hidden, init_method=_init(cfg.init_std), config=self.mp)
+        base = int(torch.randint(0, 2**62, ()).item())  # the one draw from the global generator
+        if pre_process or (post_process and cfg.tie_embeddings):
+            with _seeded(base, "embed"):
+                self.embed = tensor_parallel.VocabParallelEmbedding(V, cfg.hidden, init_method=_init(cfg.init_std), config=self.mp)
+            if not pre_process:  # the last stage's copy of a tied embedding
+                self.embed.weight.shared_embedding = True
+                self.embed.weight.ds_pipe_replicated = True
         self.rotary = Rotary(cfg.dim_head, cfg.rope_base)
-        self.layers = torch.nn.ModuleDict({str(i): Block(cfg, self.mp, i) for i in self.layer_range})
+        blocks = {}
+        for i in self.layer_range:
+            with _seeded(base, f"layers.{i}"):
+                blocks[str(i)] = Block(cfg, self.mp, i)
+        self.layers = torch.nn.ModuleDict(blocks)
         if post_process:
             self.final_norm = _norm(cfg, cfg.hidden)
             if not cfg.tie_embeddings:
-                self.head = tensor_parallel.ColumnParallelLinear(
-                    cfg.hidden, V, config=self.mp, init_method=_init(cfg.init_std), bias=cfg.head_bias, gather_output=False)
+                with _seeded(base, "head"):
+                    self.head = tensor_parallel.ColumnParallelLinear(
+                        cfg.hidden, V, config=self.mp, init_method=_init(cfg.init_std), bias=cfg.head_bias,
+                        gather_output=False)
             tp = self.mp.tensor_model_parallel_size
             rank = parallel_state.get_tensor_model_parallel_rank() if tp > 1 else 0
             ids = torch.arange(rank * V // tp, (rank + 1) * V // tp)
@@ -162,23 +200,27 @@ class Transformer(torch.nn.Module):
         return logits.float() + self.logit_bias
 
     def shared_embedding_weight(self) -> torch.Tensor:
-        if not self.pre_process:
-            raise NotImplementedError("tied embeddings on a last pipeline stage without the embedding")
+        """The tied input/output embedding (on a last stage without the input embedding: its copy)."""
         return self.embed.weight
 
     # -- forward -----------------------------------------------------------------------------
     def forward(self, input_ids=None, position_ids=None, attn_mask=None, *, hidden_states=None,
-                cache: KVCache | None = None, commit: torch.Tensor | None = None, logits_slice: slice | None = None):
+                cache: KVCache | None = None, commit: torch.Tensor | None = None, logits_slice: slice | None = None,
+                mask_spec: MaskSpec | None = None):
         """Run this stage.
 
         input_ids/position_ids [B, T]; attn_mask bool [T, T] or [B, 1, T, T] (True = attend) among the
         given tokens. With `cache`, tokens also attend to the valid cached entries, and those with
         `commit` [B, T] True are appended to the cache. Returns vocab-parallel logits for the tokens in
-        `logits_slice` (all by default) on the last stage, hidden states otherwise.
+        `logits_slice` (all by default) on the last stage, hidden states otherwise. `mask_spec` names
+        the static mask `attn_mask` holds; with it the flex-attention backend (model.attention_backend)
+        uses a cached block mask instead of the dense one.
         """
         x = self.embed_tokens(input_ids) if self.pre_process else hidden_states
         rope = self.rotary(position_ids)
         mask = attn_mask
+        if mask_spec is not None and cache is None and self.use_flex(x.device):
+            mask = mask_spec
         if cache is not None:
             B, T = position_ids.shape
             cache.begin(commit if commit is not None else torch.zeros(B, T, dtype=torch.bool, device=x.device))
@@ -194,6 +236,12 @@ class Transformer(torch.nn.Module):
         if logits_slice is not None:
             x = x[:, logits_slice]
         return self.output_logits(x)
+
+    def use_flex(self, device: torch.device) -> bool:
+        backend = self.cfg.attention_backend
+        if backend == "auto":
+            return device.type == "cuda" and flex.available()
+        return backend == "flex"
 
     def new_cache(self, batch: int, capacity: int, dtype=None, device=None) -> KVCache:
         cfg, tp = self.cfg, self.mp.tensor_model_parallel_size

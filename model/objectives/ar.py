@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..masks import MaskSpec
 from .base import ModelInputs, Objective
 
 
@@ -18,4 +19,4 @@ class AutoregressiveObjective(Objective):
         w = (valid[:, 1:] & ~context[:, 1:]).float()
         return ModelInputs(
             input_ids=x, position_ids=pos, attn_mask=self.mask("causal", L, x.device),
-            logits_slice=slice(0, L - 1), targets=x[:, 1:], loss_weight=w, nll_weight=w, num_tokens=w.sum())
+            logits_slice=slice(0, L - 1), targets=x[:, 1:], loss_weight=w, nll_weight=w, num_tokens=w.sum(), mask_spec=MaskSpec("causal", L))

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from megatron.core import tensor_parallel
 
-from ..masks import build_mask, with_key_padding
+from ..masks import MaskSpec, build_mask, with_key_padding
 
 
 @dataclass
@@ -21,7 +21,12 @@ class ModelInputs:
     loss_weight: torch.Tensor  # [B, N] training-loss weight (0 = not predicted)
     nll_weight: torch.Tensor  # [B, N] weight of each token's CE in the NLL bound
     num_tokens: torch.Tensor  # scalar: tokens the NLL bound is normalised by
+    mask_spec: MaskSpec | None = None  # the static mask by name (None when per-row padding applies)
     extra: dict = field(default_factory=dict)
+
+    def model_kwargs(self) -> dict:
+        """Keyword arguments of Transformer.forward besides input_ids and position_ids."""
+        return {"attn_mask": self.attn_mask, "logits_slice": self.logits_slice, "mask_spec": self.mask_spec}
 
 
 class Objective:

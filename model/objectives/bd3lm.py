@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import torch
 
+from ..masks import MaskSpec
 from .base import ModelInputs, Objective
 from .mdlm import sample_t
 
@@ -35,4 +36,4 @@ class BlockDiffusionObjective(Objective):
             input_ids=torch.cat((xt, x), 1), position_ids=torch.cat((pos, pos), 1),
             attn_mask=self.mask("bd3lm", L, x.device, key_valid, block_size=bs), logits_slice=slice(0, L),
             targets=x, loss_weight=lw, nll_weight=lw / t_tok, num_tokens=(valid & ~context).float().sum(),
-            extra={"t": t})
+            extra={"t": t}, mask_spec=MaskSpec("bd3lm", L, bs) if key_valid is None else None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..masks import MaskSpec
 from .base import ModelInputs, Objective
 
 
@@ -31,4 +32,5 @@ class MaskedDiffusionObjective(Objective):
         return ModelInputs(
             input_ids=xt, position_ids=pos, attn_mask=self.mask("bidirectional", L, x.device, key_valid),
             logits_slice=slice(0, L), targets=x, loss_weight=lw, nll_weight=lw / t,
-            num_tokens=(valid & ~context).float().sum(), extra={"t": t[:, 0]})
+            num_tokens=(valid & ~context).float().sum(), extra={"t": t[:, 0]},
+            mask_spec=MaskSpec("bidirectional", L) if key_valid is None else None)

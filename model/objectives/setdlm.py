@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from ..schedule import SlidingWindow, sample_order
+from ..masks import MaskSpec
 from .base import ModelInputs, Objective
 
 
@@ -33,4 +34,4 @@ class SetDiffusionObjective(Objective):
         return ModelInputs(
             input_ids=torch.cat((clean, query), 1), position_ids=torch.cat((perm, perm), 1),
             attn_mask=self.mask("setdlm", L, x.device), logits_slice=slice(L, 2 * L), targets=clean,
-            loss_weight=w, nll_weight=w, num_tokens=w.sum(), extra={"perm": perm})
+            loss_weight=w, nll_weight=w, num_tokens=w.sum(), mask_spec=MaskSpec("setdlm", L), extra={"perm": perm})
