@@ -18,16 +18,30 @@ def _skip_cpu_shm_op() -> None:
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
+def _model_parallel_rank() -> int:
+    return torch.distributed.get_rank(group=parallel_state.get_model_parallel_group())
+
+
+def _model_parallel_world_size() -> int:
+    return torch.distributed.get_world_size(group=parallel_state.get_model_parallel_group())
+
+
 class MegatronMPU:
-    """DeepSpeed's `mpu` protocol over megatron-core's groups: "model parallel" means tensor parallel
-    (the convention of Megatron-DeepSpeed); data parallel is megatron's data-parallel group."""
+    """DeepSpeed's `mpu` protocol over megatron-core's groups.
+
+    "Model parallel" is megatron's model-parallel group, tensor x pipeline (as in Megatron-LM): DeepSpeed
+    names checkpoint files by its rank (`mp_rank_XX`: one file per TP x PP shard) and sums gradient
+    norms over it (so norms are reduced across pipeline stages). Which parameters are replicated is
+    decided by the *tensor*-parallel rank (DeepSpeed asks `get_tensor_model_parallel_rank`), and a
+    tied-embedding copy on the last stage is skipped through its `ds_pipe_replicated` flag. Data
+    parallel is megatron's data-parallel group."""
 
     get_data_parallel_group = staticmethod(parallel_state.get_data_parallel_group)
     get_data_parallel_rank = staticmethod(parallel_state.get_data_parallel_rank)
     get_data_parallel_world_size = staticmethod(parallel_state.get_data_parallel_world_size)
-    get_model_parallel_group = staticmethod(parallel_state.get_tensor_model_parallel_group)
-    get_model_parallel_rank = staticmethod(parallel_state.get_tensor_model_parallel_rank)
-    get_model_parallel_world_size = staticmethod(parallel_state.get_tensor_model_parallel_world_size)
+    get_model_parallel_group = staticmethod(parallel_state.get_model_parallel_group)
+    get_model_parallel_rank = staticmethod(_model_parallel_rank)
+    get_model_parallel_world_size = staticmethod(_model_parallel_world_size)
     get_tensor_model_parallel_group = staticmethod(parallel_state.get_tensor_model_parallel_group)
     get_tensor_model_parallel_rank = staticmethod(parallel_state.get_tensor_model_parallel_rank)
     get_tensor_model_parallel_world_size = staticmethod(parallel_state.get_tensor_model_parallel_world_size)
@@ -60,10 +74,18 @@ def deepspeed_config(cfg, world_size: int, precision: str = "fp32") -> dict:
     """bf16 is Megatron-style mixed precision: bf16 weights and activations, fp32 master weights and
     optimizer states held by DeepSpeed (its BF16 optimizer, or ZeRO's fp32 partitions)."""
     t, p = cfg.train, cfg.parallel
+    micro, accum = t.micro_batch, cfg.grad_accum(world_size)
+    bf16 = {"enabled": precision == "bf16"}
+    if p.pp > 1:
+        # megatron's pipeline schedule runs the micro-batches of a step (pretrain/pipeline.py): to
+        # DeepSpeed a step is one "micro-batch" of micro * accum sequences, and bf16 gradients go to
+        # fp32 accumulators as soon as each backward produces them (megatron's main_grad).
+        micro, accum = micro * accum, 1
+        bf16["immediate_grad_update"] = True
     return {
-        "bf16": {"enabled": precision == "bf16"},
-        "train_micro_batch_size_per_gpu": t.micro_batch,
-        "gradient_accumulation_steps": cfg.grad_accum(world_size),
+        "bf16": bf16,
+        "train_micro_batch_size_per_gpu": micro,
+        "gradient_accumulation_steps": accum,
         # fp32 ZeRO-0 clips without reporting the norm: we clip ourselves there (see clip_gradients).
         "gradient_clipping": t.grad_clip if p.zero_stage > 0 or precision == "bf16" else 0.0,
         "zero_optimization": {"stage": p.zero_stage},
@@ -89,17 +111,43 @@ def build_engine(model: torch.nn.Module, cfg, world_size: int, precision: str = 
     return engine, optimizer, scheduler
 
 
+def global_grad_norm(params) -> torch.Tensor:
+    """L2 norm of the whole model's gradients (call after the data-parallel reduction).
+
+    Tensor-parallel shards count on every TP rank, replicated parameters on TP rank 0 only, a
+    pipeline-replicated copy (the last stage's tied embedding) not at all; the sum of squares is then
+    reduced over the model-parallel (TP x PP) group, so every rank gets the same norm."""
+    import torch.distributed as dist
+
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    sq = None
+    for p in params:
+        if p.grad is None or getattr(p, "ds_pipe_replicated", False):
+            continue
+        if tp_rank == 0 or getattr(p, "tensor_model_parallel", False):
+            term = p.grad.detach().double().pow(2).sum()
+            sq = term if sq is None else sq + term
+    if sq is None:
+        sq = torch.zeros((), dtype=torch.float64, device=torch.cuda.current_device() if torch.cuda.is_available() else "cpu")
+    group = parallel_state.get_model_parallel_group()
+    if dist.get_world_size(group=group) > 1:
+        dist.all_reduce(sq, group=group)
+    return sq.sqrt()
+
+
 def clip_gradients(engine, max_norm: float) -> float | None:
     """Gradient norm of the step (after DP reduction), clipping to `max_norm` where DeepSpeed does not.
 
-    Call after the last backward of an optimizer step and before `engine.step()`."""
+    Call after the last backward of an optimizer step and before `engine.step()`. DeepSpeed's own
+    fp32 ZeRO-0 clipping decides replication by the model-parallel rank, which is wrong on pipeline
+    stages after the first; `global_grad_norm` is right under any TP x PP layout."""
     if engine.zero_optimization_stage() > 0 or engine.bfloat16_enabled():
         return None  # DeepSpeed clips and records the norm; read it after step()
-    from deepspeed.runtime.utils import clip_grad_norm_
-
     params = [p for p in engine.module.parameters() if p.grad is not None]
+    norm = global_grad_norm(params)
     if max_norm > 0:
-        return float(clip_grad_norm_(params, max_norm=max_norm, mpu=engine.mpu))
-    from deepspeed.runtime.utils import get_global_norm_of_tensors
-
-    return float(get_global_norm_of_tensors([p.grad for p in params], mpu=engine.mpu))
+        coef = max_norm / (float(norm) + 1e-6)
+        if coef < 1.0:
+            for p in params:
+                p.grad.detach().mul_(coef)
+    return float(norm)

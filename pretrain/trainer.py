@@ -13,14 +13,15 @@ from data_pipeline.loader import build_loader
 from data_pipeline.tokenizers import load_tokenizer
 from model.objectives import build_objective, summarize
 from model.parallel import ensure_model_parallel, ensure_process_group
-from model.transformer import Transformer, megatron_config, parameter_count
+from model.transformer import parameter_count
 
 from . import checkpoint
 from .config import RecipeConfig, save_config
 from .ema import EMA
-from .engine import build_engine, clip_gradients, resolve_precision
+from .engine import build_engine, resolve_precision
 from .flops import device_peak_tflops, train_step_flops
 from .logger import MetricsLogger
+from .pipeline import StepRunner, build_stage
 from .preemption import PreemptionHandler
 
 
@@ -62,18 +63,17 @@ class Trainer:
         self.dp_size = parallel_state.get_data_parallel_world_size()
         self.mp_rank = parallel_state.get_model_parallel_group().rank()
         self.dp_group = parallel_state.get_data_parallel_group()
-        if p.pp > 1:
-            raise NotImplementedError("pipeline parallelism is not wired into the trainer yet")
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
         self.run_dir = cfg.run_dir
         self.ckpt_root = self.run_dir / "checkpoints"
 
         torch.manual_seed(cfg.run.seed)
-        model = Transformer(cfg.model, megatron_config(p.tp, p.pp)).to(self.device)
+        model = build_stage(cfg.model, p.tp, p.pp).to(self.device)  # this rank's TP shard of its PP stage
         self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len)
         self.precision = resolve_precision(cfg, self.device)
         self.engine, self.optimizer, self.scheduler = build_engine(model, cfg, self.world, self.precision)
         self.model = self.engine.module
+        self.stepper = StepRunner(self.engine, self.objective, cfg)  # layout-specific steps (pretrain/pipeline.py)
         self.ema = EMA(self.model, cfg.train.ema) if cfg.train.ema > 0 else None
         # Orders and noise: one generator per data-parallel rank (same on its TP/PP peers).
         self.generator = torch.Generator(device=self.device).manual_seed(cfg.run.seed * 1009 + self.dp_rank)
@@ -156,21 +156,19 @@ class Trainer:
             backup = {n: p.detach().clone() for n, p in self.model.named_parameters() if n in self.ema.shadow}
             self.ema.copy_to(self.model)
         self.model.eval()
-        acc: dict = {}
+        micro = []
         for i, batch in enumerate(loader):
             if cfg.train.eval_batches and i >= cfg.train.eval_batches:
                 break
-            inputs = self.objective.prepare(self._to_device(batch), gen)
-            logits = self.model(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
-            _, m = self.objective.loss(logits, inputs)
-            _add(acc, m)
+            micro.append(self.objective.prepare(self._to_device(batch), gen))
+        acc = self.stepper.eval_step(micro)
         self.model.train()
         if backup is not None:
             with torch.no_grad():
                 for n, p in self.model.named_parameters():
                     if n in backup:
                         p.copy_(backup[n])
-        total = _all_reduce_sum(acc, self.dp_group) if acc else {}
+        total = self.stepper.reduce(acc)
         s = summarize(total)
         return {"val/nll": s.get("nll"), "val/bpt": s.get("bpt"), "val/ppl": s.get("ppl"),
                 "val/tokens": total.get("nll_tokens", 0.0)}
@@ -212,17 +210,9 @@ class Trainer:
         window_loss: dict = {}
         preempted = False
         while self.step < t.max_steps:
-            gnorm = None
-            for micro in range(accum):
-                inputs = self.objective.prepare(self._to_device(next(train_iter)), self.generator)
-                logits = self.engine(inputs.input_ids, inputs.position_ids, inputs.attn_mask,
-                                     logits_slice=inputs.logits_slice)
-                loss, m = self.objective.loss(logits, inputs)
-                self.engine.backward(loss)
-                if micro == accum - 1:
-                    gnorm = clip_gradients(self.engine, t.grad_clip)
-                self.engine.step()
-                _add(window_loss, {"loss_sum": m["loss_sum"], "loss_count": m["loss_count"]})
+            micro = [self.objective.prepare(self._to_device(next(train_iter)), self.generator) for _ in range(accum)]
+            m, gnorm = self.stepper.train_step(micro)
+            _add(window_loss, m)
             self.step += 1
             self.tokens_seen += seq_tokens
             window_steps += 1
@@ -232,9 +222,7 @@ class Trainer:
             metrics = {}
             if self.step % t.log_every == 0 or self.step == t.max_steps:
                 elapsed = time.perf_counter() - window_t
-                red = _all_reduce_sum(window_loss, self.dp_group)
-                if gnorm is None:
-                    gnorm = self.engine.get_global_grad_norm()
+                red = self.stepper.reduce(window_loss)
                 tps = window_steps * seq_tokens / elapsed
                 metrics = {"train/loss": red["loss_sum"] / max(red["loss_count"], 1.0),
                            "train/lr": self.scheduler.get_last_lr()[0],

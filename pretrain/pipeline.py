@@ -1,0 +1,229 @@
+"""Layout-specific stepping: one optimizer step and one evaluation pass under any TP x PP x DP layout.
+
+The trainer hands `StepRunner` the micro-batches of a step (already prepared `ModelInputs`, the same
+on every TP/PP peer of a data-parallel rank) and gets back the summed loss metrics and the gradient
+norm; `reduce` turns per-rank metric sums into run-wide ones. Who does what:
+
+- pp = 1: the DeepSpeed engine runs each micro-batch (forward, `engine.backward`, `engine.step`):
+  gradient accumulation, data-parallel reduction and ZeRO 0-3 are DeepSpeed's.
+- pp > 1: megatron-core's non-interleaved 1F1B schedule (`get_forward_backward_func`) runs the
+  micro-batches through the stages, sending activations and their gradients point to point. After it,
+  the tied-embedding copies' gradients are summed over megatron's embedding group (first and last
+  stage), DeepSpeed reduces gradients over the data-parallel group (ZeRO 0 or 1; to DeepSpeed the whole
+  step is one micro-batch), the gradient norm is taken over the model-parallel group and the engine
+  steps. On a CPU-only torch the schedule runs inside `model.compat_cpu.cpu_compat()`.
+
+Why megatron's schedules rather than DeepSpeed's pipeline engine: the model stays our `Transformer`
+with global layer names (state dicts and checkpoints are the same under any split, so consolidation
+and re-layout are a concatenation), stage boundaries carry one hidden-state tensor, and the schedule is
+the one Megatron-LM users run. DeepSpeed still owns the optimizer, data parallelism and checkpoints.
+See docs/parallelism.md.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state
+
+from model.compat_cpu import megatron_compat
+from model.transformer import Transformer, megatron_config
+
+from .engine import clip_gradients, global_grad_norm
+
+
+# -- stages -----------------------------------------------------------------------------------------
+def stage_layers(n_layers: int, pp: int, stage: int) -> range:
+    """Global layer indices of pipeline stage `stage`: contiguous, sizes differing by at most one, the
+    extra layers on the first stages (the last stage also carries the output head and the loss)."""
+    if not 1 <= pp <= n_layers:
+        raise ValueError(f"parallel.pp: {pp} stages for {n_layers} layers")
+    base, extra = divmod(n_layers, pp)
+    start = stage * base + min(stage, extra)
+    return range(start, start + base + (1 if stage < extra else 0))
+
+
+def build_stage(model_cfg, tp: int, pp: int) -> Transformer:
+    """This rank's part of the model: its pipeline stage's layers, tensor-parallel over `tp` ranks
+    (megatron's parallel state must be initialised for (tp, pp))."""
+    stage = parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else 0
+    return Transformer(model_cfg, megatron_config(tp, pp), pre_process=stage == 0, post_process=stage == pp - 1,
+                       layers=stage_layers(model_cfg.n_layers, pp, stage))
+
+
+def schedule_config(cfg, dtype: torch.dtype):
+    """The megatron `TransformerConfig` its schedules read (shapes, dtypes, p2p options); the model's
+    layers use their own `ModelParallelConfig` (model.transformer.megatron_config)."""
+    from megatron.core.transformer import TransformerConfig
+
+    m = cfg.model
+    return TransformerConfig(
+        num_layers=m.n_layers, hidden_size=m.hidden, num_attention_heads=m.n_heads, ffn_hidden_size=m.ffn_hidden,
+        tensor_model_parallel_size=cfg.parallel.tp, pipeline_model_parallel_size=cfg.parallel.pp,
+        pipeline_dtype=dtype, params_dtype=dtype, use_cpu_initialization=True, sequence_parallel=False,
+        batch_p2p_comm=torch.cuda.is_available(),  # gloo: plain isend/irecv pairs
+    )
+
+
+class _Stage:
+    """What megatron's schedules look up on a model (`config`, `model_type`, `set_input_tensor`)."""
+
+    def __init__(self, module: Transformer, config):
+        from megatron.core.enums import ModelType
+
+        self.module, self.config, self.model_type = module, config, ModelType.encoder_or_decoder
+        self.input_tensor = None
+
+    def set_input_tensor(self, tensors) -> None:
+        self.input_tensor = tensors[0] if isinstance(tensors, (list, tuple)) else tensors
+
+
+# -- stepping ---------------------------------------------------------------------------------------
+class StepRunner:
+    def __init__(self, engine, objective, cfg):
+        self.engine, self.objective, self.cfg = engine, objective, cfg
+        self.module: Transformer = engine.module
+        self.pp = cfg.parallel.pp
+        self.dp_group = parallel_state.get_data_parallel_group()
+        self.is_last = self.pp == 1 or parallel_state.is_pipeline_last_stage()
+        if self.pp > 1:
+            from megatron.core.pipeline_parallel import get_forward_backward_func
+
+            if engine.zero_optimization_stage() > 1:
+                raise ValueError(f"parallel.zero_stage: ZeRO-{engine.zero_optimization_stage()} cannot be combined "
+                                 "with pipeline parallelism; use zero_stage 0 or 1")
+            # Gradients are produced by megatron's schedule, outside engine.backward(): DeepSpeed's
+            # ZeRO-1 must build its reduction buckets itself, as under its own pipeline engine.
+            engine.pipeline_parallelism = True
+            self.pp_group = parallel_state.get_pipeline_model_parallel_group()
+            self.last_rank = parallel_state.get_pipeline_model_parallel_last_rank()
+            self.fb = get_forward_backward_func()
+            self.stage = _Stage(self.module, schedule_config(cfg, next(self.module.parameters()).dtype))
+            self.tied = cfg.model.tie_embeddings and parallel_state.is_rank_in_embedding_group()
+
+    # -- train ------------------------------------------------------------------------------------
+    def train_step(self, micro: list) -> tuple[dict, float | None]:
+        """One optimizer step over `micro` (this data-parallel rank's micro-batches, in order).
+
+        Returns (summed loss metrics of the micro-batches on the last stage, {} elsewhere; grad norm)."""
+        if self.pp == 1:
+            return self._train_step_engine(micro)
+        return self._train_step_pipeline(micro)
+
+    def _train_step_engine(self, micro):
+        acc: dict = {}
+        gnorm = None
+        for i, inputs in enumerate(micro):
+            logits = self.engine(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
+            loss, m = self.objective.loss(logits, inputs)
+            self.engine.backward(loss)
+            if i == len(micro) - 1:
+                gnorm = clip_gradients(self.engine, self.cfg.train.grad_clip)
+            self.engine.step()
+            _add(acc, {"loss_sum": m["loss_sum"], "loss_count": m["loss_count"]})
+        if gnorm is None:
+            gnorm = self._engine_norm()
+        return acc, gnorm
+
+    def _train_step_pipeline(self, micro):
+        for p in self.module.parameters():  # as engine.backward does at the start of a step
+            p.grad = None
+        out = self._schedule(micro, forward_only=False)
+        self._sync_tied_embedding_grads()
+        self.engine.allreduce_gradients()  # data-parallel reduction (ZeRO-0 all-reduce, ZeRO-1 reduce-scatter)
+        gnorm = clip_gradients(self.engine, self.cfg.train.grad_clip)
+        self.engine.step()
+        if gnorm is None:
+            gnorm = self._engine_norm()
+        acc: dict = {}
+        for m in out:
+            _add(acc, {"loss_sum": m["loss_sum"], "loss_count": m["loss_count"]})
+        return acc, gnorm
+
+    def _engine_norm(self) -> float | None:
+        norm = self.engine.get_global_grad_norm()
+        return None if norm is None else float(norm)
+
+    def _sync_tied_embedding_grads(self) -> None:
+        """Sum the gradients of the tied embedding's copies (first and last stage), as Megatron-LM does."""
+        if not self.tied:
+            return
+        p = self.module.embed.weight
+        grad = p.grad if p.grad is not None else getattr(p, "_hp_grad", None)  # bf16: fp32 accumulator
+        if grad is None:
+            grad = p.grad = torch.zeros_like(p)
+        dist.all_reduce(grad, group=parallel_state.get_embedding_group())
+
+    # -- evaluate ---------------------------------------------------------------------------------
+    @torch.no_grad()
+    def eval_step(self, micro: list) -> dict:
+        """Forward only over `micro`; summed objective metrics on the last stage, {} elsewhere."""
+        acc: dict = {}
+        if self.pp == 1:
+            for inputs in micro:
+                logits = self.module(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
+                _add(acc, self.objective.loss(logits, inputs)[1])
+            return acc
+        chunk = max(2 * self.pp, 1)  # a few micro-batches in flight keep every stage busy
+        for i in range(0, len(micro), chunk):
+            for m in self._schedule(micro[i:i + chunk], forward_only=True):
+                _add(acc, m)
+        return acc
+
+    # -- megatron schedule ------------------------------------------------------------------------
+    def _schedule(self, micro: list, forward_only: bool) -> list[dict]:
+        if not micro:
+            return []
+        B, T = micro[0].position_ids.shape
+        self.stage.config.pipeline_dtype = next(self.module.parameters()).dtype
+        with megatron_compat():
+            return self.fb(forward_step_func=self._forward_step, data_iterator=iter(micro), model=[self.stage],
+                           num_microbatches=len(micro), seq_length=T, micro_batch_size=B, forward_only=forward_only)
+
+    def _forward_step(self, data_iterator, stage: _Stage):
+        inputs = next(data_iterator)
+        mod = stage.module
+        # Stage boundaries carry megatron's [sequence, batch, hidden] layout; the model works in [B, T, H].
+        hidden = None if mod.pre_process else stage.input_tensor.transpose(0, 1)
+        out = mod(inputs.input_ids if mod.pre_process else None, inputs.position_ids, inputs.attn_mask,
+                  hidden_states=hidden, logits_slice=inputs.logits_slice)
+        if not mod.post_process:
+            return out.transpose(0, 1).contiguous(), None
+        return out, functools.partial(self._loss, inputs)
+
+    def _loss(self, inputs, logits):
+        loss, m = self.objective.loss(logits, inputs)
+        return loss, {k: v.detach() if torch.is_tensor(v) else v for k, v in m.items()}
+
+    # -- metrics ----------------------------------------------------------------------------------
+    def reduce(self, values: dict) -> dict:
+        """Run-wide sums of per-rank metric sums: summed over data-parallel ranks; under pipeline
+        parallelism taken from the last stage (which alone computes the loss) and given to every
+        rank, so rank 0 (a first stage) logs the right values. TP peers hold equal values: not summed."""
+        if self.pp > 1:
+            keys = [sorted(values) if self.is_last else None]
+            dist.broadcast_object_list(keys, src=self.last_rank, group=self.pp_group)
+            keys = keys[0]
+        else:
+            keys = sorted(values)
+        if not keys:
+            return {}
+        t = torch.tensor([float(values.get(k, 0.0)) if self.is_last else 0.0 for k in keys], dtype=torch.float64)
+        if torch.cuda.is_available():
+            t = t.cuda()
+        if dist.get_world_size(group=self.dp_group) > 1:
+            dist.all_reduce(t, group=self.dp_group)
+        if self.pp > 1:
+            dist.all_reduce(t, group=self.pp_group)
+        return dict(zip(keys, t.tolist()))
+
+
+def _add(acc: dict, metrics: dict) -> None:
+    for k, v in metrics.items():
+        acc[k] = acc.get(k, 0.0) + float(v)
+
+
+__all__ = ["StepRunner", "build_stage", "stage_layers", "global_grad_norm", "math"]
