@@ -28,6 +28,9 @@ class BD3LMDecoder(SetDLMDecoder):
     def slot_count(self) -> int:
         return self.cfg.block_size
 
+    def pending_count(self) -> int:
+        return self.cfg.block_size
+
     def step_template(self) -> torch.Tensor:
         w = self.w
         t = torch.ones(2 * w, 2 * w, dtype=torch.bool)

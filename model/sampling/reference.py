@@ -141,13 +141,14 @@ class Reference:
         active = [row.todo(p) for p in slots]
         c = len(row.committed)
         n = c + len(slots)
-        grp = [g for _, _, g in row.committed]
         cpos = [p for _, p, _ in row.committed]
+        grp = torch.tensor([g for _, _, g in row.committed], dtype=torch.long)
+        blk = torch.tensor(cpos, dtype=torch.long) // B
+        gi, gj = grp[:, None], grp[None, :]
         mask = torch.zeros(n, n, dtype=torch.bool)
-        for i in range(c):  # prefill (group 0): block-causal by position; each later block: bidirectional
-            for j in range(c):
-                if grp[j] < grp[i] or (grp[j] == grp[i] and (grp[i] > 0 or cpos[j] // B <= cpos[i] // B)):
-                    mask[i, j] = True
+        # token i sees token j of an earlier group; within the prefill (group 0) block-causally, within a
+        # completed block (later groups) bidirectionally
+        mask[:c, :c] = (gj < gi) | ((gj == gi) & ((gi > 0) | (blk[None, :] <= blk[:, None])))
         mask[c:, :] = True
         ids = [t for t, _, _ in row.committed] + [row.canvas[p] for p in slots]
         logits = _forward(self.model, ids, cpos + slots, mask, len(slots))

@@ -1,10 +1,11 @@
 """SW-SetDLM decoding with a KV cache (SETDLM.md section 5), batched with ragged progress.
 
-One forward per step over 2w tokens per row: the w `pending` slots (tokens accepted last step, packed
+One forward per step over p + w tokens per row: p `pending` slots (tokens accepted last step, packed
 left in ascending position order, causal among themselves, committed to the cache by this forward)
 followed by w query slots (MASK at the masked positions of [start, start + w), each seeing the cache,
-the valid pending tokens and itself; dropped from the cache). Everything is computed on the device;
-the step has fixed shapes [B, 2w] (only the cache's attended prefix grows).
+the valid pending tokens and itself; dropped from the cache). p = w with a threshold below 1, p = 1
+without one (then exactly one token is accepted per step). Everything is computed on the device; the
+step has fixed shapes [B, p + w] (only the cache's attended prefix grows).
 """
 
 from __future__ import annotations
@@ -20,14 +21,15 @@ class SetDLMDecoder(Decoder):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         self.w = self.slot_count()
-        w, dev = self.w, self.device
+        self.p = self.pending_count()
+        w, p, dev = self.w, self.p, self.device
         B = len(self.reqs)
         self.offsets = torch.arange(w, device=dev)
-        self.pend_ids = torch.full((B, w), self.mask_id, dtype=torch.long, device=dev)
-        self.pend_pos = torch.zeros(B, w, dtype=torch.long, device=dev)
-        self.pend_valid = torch.zeros(B, w, dtype=torch.bool, device=dev)
+        self.pend_ids = torch.full((B, p), self.mask_id, dtype=torch.long, device=dev)
+        self.pend_pos = torch.zeros(B, p, dtype=torch.long, device=dev)
+        self.pend_valid = torch.zeros(B, p, dtype=torch.bool, device=dev)
         self.template = self.step_template().to(dev)
-        self.eye = torch.eye(2 * w, dtype=torch.bool, device=dev)
+        self.eye = torch.eye(p + w, dtype=torch.bool, device=dev)
         self.query_mask_ids = torch.full((B, w), self.mask_id, dtype=torch.long, device=dev)
         self.no_commit = torch.zeros(B, w, dtype=torch.bool, device=dev)
         capacity = max((len(r.visible) + r.span for r in self.reqs), default=0)
@@ -38,13 +40,18 @@ class SetDLMDecoder(Decoder):
     def slot_count(self) -> int:
         return self.cfg.window_size
 
+    def pending_count(self) -> int:
+        """Most tokens one step can accept (host-known, so shapes stay static)."""
+        thr = self.cfg.threshold
+        return self.w if thr is not None and thr < 1.0 else 1
+
     def step_template(self) -> torch.Tensor:
-        """[2w, 2w] attention among (pending, query) slots before key validity: pending causal,
+        """[p + w, p + w] attention among (pending, query) slots before key validity: pending causal,
         queries see every pending slot; the diagonal is added separately."""
-        w = self.w
-        t = torch.zeros(2 * w, 2 * w, dtype=torch.bool)
-        t[:w, :w] = torch.ones(w, w, dtype=torch.bool).tril()
-        t[w:, :w] = True
+        p, w = self.p, self.w
+        t = torch.zeros(p + w, p + w, dtype=torch.bool)
+        t[:p, :p] = torch.ones(p, p, dtype=torch.bool).tril()
+        t[p:, :p] = True
         return t
 
     def prefill_mask(self, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
@@ -63,7 +70,7 @@ class SetDLMDecoder(Decoder):
 
     def next_pending(self, tok, pos, accept):
         """Tokens to commit next step: the accepted ones, packed left in ascending position order."""
-        order = torch.sort((~accept).to(torch.int8), dim=1, stable=True).indices
+        order = torch.sort((~accept).to(torch.int8), dim=1, stable=True).indices[:, : self.p]
         return tok.gather(1, order), pos.gather(1, order), accept.gather(1, order)
 
     # -- decoding ---------------------------------------------------------------------------------
@@ -76,7 +83,7 @@ class SetDLMDecoder(Decoder):
         self.cache.bound = self.bound
 
     def step(self, step: int) -> None:
-        w = self.w
+        p, w = self.p, self.w
         q_ids, q_pos, pos, active, q_keys = self.queries()
         pv = self.pend_valid & (self.pend_pos < self.span_end[:, None])
         ids = torch.cat((self.pend_ids, q_ids), 1)
@@ -84,9 +91,9 @@ class SetDLMDecoder(Decoder):
         keys = torch.cat((pv, q_keys), 1)
         mask = ((self.template[None] & keys[:, None, :]) | self.eye[None])[:, None]
         logits = self.logits(ids, positions, mask, cache=self.cache, commit=torch.cat((pv, self.no_commit), 1),
-                             logits_slice=slice(w, 2 * w))
-        # At most w entries were appended: keep the attended prefix tight (the forward assumed 2w).
-        self.bound = min(self.cache.capacity, self.bound + w)
+                             logits_slice=slice(p, p + w))
+        # At most p entries were appended: keep the attended prefix tight (the forward assumed p + w).
+        self.bound = min(self.cache.capacity, self.bound + p)
         self.cache.bound = self.bound
         tok, conf = self.choose(logits)
         accept = self.accept(conf, active)
