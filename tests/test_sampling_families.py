@@ -20,7 +20,7 @@ def model(model_parallel):
 
 
 def _key(outs):
-    return [(o.tokens, o.commit_step, o.steps) for o in outs]
+    return [(o.tokens, o.commit_step, o.steps, o.sequence) for o in outs]
 
 
 BD3 = [dict(block_size=4), dict(block_size=4, threshold=0.7), dict(block_size=8, steps_per_block=3),
@@ -84,6 +84,10 @@ def test_infill_never_changes_context_and_fills_the_span(model, family):
     for o, p in zip(out, INFILL):
         assert len(o.tokens) == p.length and o.stop_reason == "length" and o.masks_dropped == 0
         assert all(0 <= t < 49 for t in o.tokens)
+        if family == "ar":  # conditions on the prefix only
+            assert o.sequence == p.prefix + o.tokens
+        else:
+            assert o.sequence == p.prefix + o.tokens + p.suffix
 
 
 @pytest.mark.parametrize("family", ["setdlm", "bd3lm"])

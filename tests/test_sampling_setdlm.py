@@ -23,6 +23,7 @@ def _same(a, b):
     assert [o.tokens for o in a] == [o.tokens for o in b]
     assert [o.commit_step for o in a] == [o.commit_step for o in b]
     assert [o.steps for o in a] == [o.steps for o in b]
+    assert [o.sequence for o in a] == [o.sequence for o in b]
 
 
 @pytest.mark.parametrize("threshold", [None, 0.7, 0.0])
@@ -79,6 +80,7 @@ def test_infill_keeps_context(model):
     out = generate(model, INFILL, SamplingConfig(family="setdlm", window=4, threshold=0.5), eos_id=7)
     for o, p in zip(out, INFILL):
         assert len(o.tokens) == p.length and 49 not in o.tokens and o.masks_dropped == 0
+        assert o.sequence == p.prefix + o.tokens + p.suffix
 
 
 def test_prompt_tokens_are_never_changed_and_mask_never_emitted(model):

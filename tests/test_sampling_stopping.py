@@ -46,8 +46,8 @@ def test_eos_stops_and_matches_reference(model, family, kw):
         [(o.tokens, o.steps, o.stop_reason, o.masks_dropped) for o in ref]
     stopped = [o for o in out if o.stopped_early]
     assert stopped, "the test EOS never fired"
-    for o in out:
-        assert eos not in o.tokens
+    for p, o in zip(PROMPTS, out):
+        assert eos not in o.tokens and o.sequence == p + o.tokens
         if o.stopped_early:
             assert o.stop_reason == "eos" and len(o.tokens) < 16
             if family == "ar":

@@ -127,7 +127,9 @@ class SampleOutput:
     from the start of `generate` (prefill included) until this sequence finished; stopped_early: a
     stop criterion fired before the span was full, stop_reason: "length" (span full), "eos",
     "stop_string" or "regex"; masks_dropped: positions still masked when it stopped (dropped);
-    commit_step: for each output token the step that committed it (1-based).
+    commit_step: for each output token the step that committed it (1-based); prompt_tokens: visible
+    context tokens; sequence: the whole decoded sequence as the model saw it (prompt + tokens, or
+    prefix + span + suffix), cut at a stop like `tokens`.
     """
 
     tokens: list[int]
@@ -140,6 +142,7 @@ class SampleOutput:
     masks_dropped: int = 0
     commit_step: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
+    sequence: list[int] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("tokens", "text", "steps", "tokens_per_step", "seconds",

@@ -229,7 +229,8 @@ class Decoder:
             self.outputs[row] = SampleOutput(
                 tokens=toks, text=text, steps=n_steps, tokens_per_step=len(toks) / n_steps if n_steps else 0.0,
                 seconds=elapsed, stopped_early=reason != "length", stop_reason=reason, masks_dropped=dropped,
-                commit_step=commit[i, a:e].tolist(), prompt_tokens=len(r.visible))
+                commit_step=commit[i, a:e].tolist(), prompt_tokens=len(r.visible),
+                sequence=canvas[i, :e].tolist() + canvas[i, e0 : r.length].tolist())
 
     def _check_stop_strings(self) -> None:
         todo, canvas = self.todo.cpu(), self.canvas.cpu()

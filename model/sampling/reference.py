@@ -89,7 +89,8 @@ class Reference:
         return SampleOutput(tokens=toks, text=text, steps=row.steps,
                             tokens_per_step=len(toks) / row.steps if row.steps else 0.0, seconds=seconds,
                             stopped_early=reason != "length", stop_reason=reason, masks_dropped=dropped,
-                            commit_step=row.commit_step[row.start:row.end], prompt_tokens=len(row.r.visible))
+                            commit_step=row.commit_step[row.start:row.end], prompt_tokens=len(row.r.visible),
+                            sequence=row.canvas[:row.end] + row.canvas[row.end0:])
 
     # -- families ---------------------------------------------------------------------------------
     def run(self, r: Request) -> SampleOutput:
