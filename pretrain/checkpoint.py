@@ -78,6 +78,33 @@ def clean_partial(ckpt_root: Path) -> None:
         shutil.rmtree(p, ignore_errors=True)
 
 
+def shard_info(engine) -> dict:
+    """How this rank's model file is cut out of the full model (read by pretrain/consolidate.py): its
+    tensor/pipeline ranks, each parameter's tensor-parallel split dimension (-1: replicated), the
+    parameters that are copies of another stage's (a tied embedding on the last stage) and, for a
+    client torch optimizer saved in the model file, the parameter names in the optimizer's order."""
+    from megatron.core import parallel_state
+
+    module = engine.module
+    init = parallel_state.model_parallel_is_initialized()
+    names = {id(p): n for n, p in module.named_parameters()}
+    order = None
+    opt = getattr(engine, "optimizer", None)
+    if isinstance(opt, torch.optim.Optimizer):
+        ids = [id(p) for g in opt.param_groups for p in g["params"]]
+        order = [names[i] for i in ids] if all(i in names for i in ids) else None
+    return {
+        "tp": parallel_state.get_tensor_model_parallel_world_size() if init else 1,
+        "pp": parallel_state.get_pipeline_model_parallel_world_size() if init else 1,
+        "tp_rank": parallel_state.get_tensor_model_parallel_rank() if init else 0,
+        "pp_rank": parallel_state.get_pipeline_model_parallel_rank() if init else 0,
+        "partition": {n: int(p.partition_dim) if getattr(p, "tensor_model_parallel", False) else -1
+                      for n, p in module.named_parameters()},
+        "copies": [n for n, p in module.named_parameters() if getattr(p, "shared_embedding", False)],
+        "optimizer_order": order,
+    }
+
+
 def save(engine, ckpt_root: Path, step: int, *, meta: dict, extra: dict, ema_state: dict | None,
          keep_last: int, mp_rank: int, dp_rank: int, rank: int) -> Path:
     ckpt_root = Path(ckpt_root)
@@ -87,7 +114,8 @@ def save(engine, ckpt_root: Path, step: int, *, meta: dict, extra: dict, ema_sta
         ckpt_root.mkdir(parents=True, exist_ok=True)
         shutil.rmtree(ckpt_root / tmp_tag, ignore_errors=True)
     _barrier()
-    engine.save_checkpoint(str(ckpt_root), tag=tmp_tag, client_state={"step": step}, save_latest=False)
+    engine.save_checkpoint(str(ckpt_root), tag=tmp_tag, client_state={"step": step, "shard": shard_info(engine)},
+                           save_latest=False)
     tmp = ckpt_root / tmp_tag
     torch.save(extra, tmp / f"extra_rank{rank:05d}.pt")
     if ema_state is not None and dp_rank == 0:
@@ -116,6 +144,20 @@ def prune(ckpt_root: Path, keep_last: int) -> None:
             shutil.rmtree(p, ignore_errors=True)
 
 
+def read_meta(path: Path) -> dict:
+    return json.loads((Path(path) / "meta.json").read_text())
+
+
+def set_scheduler_step(scheduler, step: int) -> None:
+    """Put a fresh LR scheduler at optimizer step `step` (as if it had stepped `step` times)."""
+    import warnings
+
+    scheduler.last_epoch = step - 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()"
+        scheduler.step()
+
+
 def load(engine, path: Path, *, rank: int, mp_rank: int) -> tuple[dict, dict, dict | None]:
     """Restore engine state from `path`; returns (meta, this rank's extra, EMA state or None)."""
     path = Path(path)
@@ -129,6 +171,106 @@ def load(engine, path: Path, *, rank: int, mp_rank: int) -> tuple[dict, dict, di
     ema_file = path / f"ema_mp_rank_{mp_rank:02d}.pt"
     ema = torch.load(ema_file, weights_only=False) if ema_file.is_file() else None
     return meta, extra, ema
+
+
+def _local_shard(full: torch.Tensor, p: torch.nn.Parameter, tp: int, tp_rank: int) -> torch.Tensor:
+    """This tensor-parallel rank's piece of a full (TP=1) tensor for parameter `p`."""
+    if getattr(p, "tensor_model_parallel", False) and tp > 1:
+        full = full.chunk(tp, dim=p.partition_dim)[tp_rank]
+    return full
+
+
+def load_consolidated(engine, state: dict, *, ema=None, optimizer: bool = True) -> list[str]:
+    """Load a consolidated (TP=1, PP=1; pretrain/consolidate.py) state into this rank's shard of the
+    model, its fp32 master weights and, when present, the Adam moments; `ema` (an EMA) gets its slice
+    of the consolidated EMA. Works under any TP x PP x DP layout and ZeRO stage. Returns notes."""
+    import deepspeed
+    from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
+    from megatron.core import parallel_state
+
+    tp = parallel_state.get_tensor_model_parallel_world_size()
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    module, notes = engine.module, []
+    weights = state["module"]
+    params = list(module.named_parameters())
+    missing = [n for n, _ in params if n not in weights]
+    if missing:
+        raise ValueError(f"consolidated checkpoint: no weights for {missing[:3]} (a different model?)")
+    zero3 = engine.zero_optimization_stage() == 3
+    with torch.no_grad():
+        for n, p in params:
+            value = _local_shard(weights[n], p, tp, tp_rank)
+            shape = tuple(p.ds_shape) if zero3 else tuple(p.shape)
+            if tuple(value.shape) != shape:
+                raise ValueError(f"consolidated checkpoint: {n} has shape {tuple(value.shape)} here, the model "
+                                 f"expects {shape} (a different model configuration?)")
+            if zero3:
+                with deepspeed.zero.GatheredParameters([p], modifier_rank=0):
+                    p.data.copy_(value.to(p.dtype))
+            else:
+                p.data.copy_(value.to(p.dtype))
+            safe_set_full_fp32_param(p, value.float())  # ZeRO / bf16 fp32 masters (no-op without them)
+    opt = state.get("optimizer") if optimizer else None
+    if opt:
+        step = int(opt["step"])
+        inner = engine.optimizer
+        client = isinstance(inner, torch.optim.Optimizer) and not any(hasattr(p, "_hp_mapping") or hasattr(p, "ds_id")
+                                                                      for _, p in params)
+        for n, p in params:
+            if n not in opt["exp_avg"]:
+                continue
+            moments = {k: _local_shard(opt[k][n], p, tp, tp_rank).float() for k in ("exp_avg", "exp_avg_sq")}
+            if client:
+                group = next(g for g in inner.param_groups if any(q is p for q in g["params"]))
+                on_device = group.get("fused") or group.get("capturable")
+                inner.state[p] = {"step": torch.tensor(float(step), dtype=torch.float32, device=p.device if on_device else "cpu"),
+                                  **{k: v.to(p.device, p.dtype).view_as(p) for k, v in moments.items()}}
+            else:
+                for k, v in moments.items():
+                    safe_set_full_optimizer_state(p, v, k)
+        if not client:  # flat fp32 partitions: one step count per group
+            base = getattr(inner, "optimizer", inner)
+            for st in base.state.values():
+                if "step" in st:
+                    st["step"] = torch.full_like(st["step"], float(step)) if torch.is_tensor(st["step"]) else step
+    else:
+        notes.append("optimizer moments not in the consolidated checkpoint: AdamW starts from zero moments")
+    if ema is not None:
+        if state.get("ema"):
+            with torch.no_grad():
+                for n, p in params:
+                    if n in ema.shadow and n in state["ema"]:
+                        ema.shadow[n].copy_(_local_shard(state["ema"][n], p, tp, tp_rank))
+        else:
+            notes.append("no EMA weights in the consolidated checkpoint: EMA restarts from the weights")
+    return notes
+
+
+def load_relayout(engine, path: Path, *, ema, dp_rank: int, dp_size: int) -> tuple[dict, dict, list[str]]:
+    """Continue a run saved under another TP/PP/DP layout from its consolidated.pt: weights, fp32
+    masters, Adam moments, EMA (load_consolidated); returns (meta, extra, notes) where extra holds the
+    RNG state of the old rank 0 and, when the data-parallel size is unchanged, the data position and
+    order generator of the old rank with this data-parallel rank."""
+    path = Path(path)
+    meta = json.loads((path / "meta.json").read_text())
+    cons = path / "consolidated.pt"
+    saved = meta["layout"]
+    if not cons.is_file():
+        raise ValueError(f"checkpoint {path}: saved with tp={saved['tp']} pp={saved['pp']} dp={saved['dp']}; to continue "
+                         f"under another layout consolidate it first (setdlm convert consolidate --checkpoint {path})")
+    state = torch.load(cons, map_location="cpu", weights_only=False)
+    notes = load_consolidated(engine, state, ema=ema)
+    extras = [torch.load(f, weights_only=False) for f in sorted(path.glob("extra_rank*.pt"))]
+    extra = {"rng": extras[0]["rng"]} if extras else {}
+    if saved["dp"] == dp_size:
+        for e in extras:
+            if e.get("data", {}).get("rank") == dp_rank:
+                extra.update(generator=e["generator"], data=e["data"])
+                break
+    else:
+        notes.append(f"data-parallel size changed ({saved['dp']} -> {dp_size}): the data order restarts from the "
+                     "beginning of the training split")
+    return meta, extra, notes
 
 
 def resolve_checkpoint(path: str | os.PathLike) -> Path:

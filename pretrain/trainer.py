@@ -82,6 +82,7 @@ class Trainer:
         self.step = 0
         self.tokens_seen = 0
         self.wandb_id = None
+        self.relayout_notes: list[str] = []
 
     # -- checkpoints ---------------------------------------------------------------------------
     def meta(self) -> dict:
@@ -105,18 +106,23 @@ class Trainer:
         path = checkpoint.latest_checkpoint(self.ckpt_root) if self.ckpt_root.is_dir() else None
         if path is None:
             return False
-        meta, extra, ema = checkpoint.load(self.engine, path, rank=self.rank, mp_rank=self.mp_rank)
-        saved = meta["layout"]
-        if (saved["tp"], saved["pp"], saved["dp"]) != (self.cfg.parallel.tp, self.cfg.parallel.pp, self.dp_size):
-            raise ValueError(f"checkpoint {path}: saved with tp={saved['tp']} pp={saved['pp']} dp={saved['dp']}, "
-                             f"resuming with tp={self.cfg.parallel.tp} pp={self.cfg.parallel.pp} dp={self.dp_size}; "
-                             "resume exactly with the same layout or consolidate and load the weights")
+        saved = checkpoint.read_meta(path)["layout"]
+        if (saved["tp"], saved["pp"], saved["dp"], saved.get("zero_stage", 0)) == (
+                self.cfg.parallel.tp, self.cfg.parallel.pp, self.dp_size, self.cfg.parallel.zero_stage):
+            meta, extra, ema = checkpoint.load(self.engine, path, rank=self.rank, mp_rank=self.mp_rank)
+            if self.ema is not None and ema is not None:
+                self.ema.load_state_dict(ema)
+        else:  # another layout: continue from the consolidated checkpoint (pretrain/consolidate.py)
+            meta, extra, notes = checkpoint.load_relayout(self.engine, path, ema=self.ema, dp_rank=self.dp_rank,
+                                                          dp_size=self.dp_size)
+            checkpoint.set_scheduler_step(self.scheduler, meta["step"])
+            self.relayout_notes = [f"re-layout: {saved} -> this run's layout, from {path}/consolidated.pt", *notes]
         self.step, self.tokens_seen, self.wandb_id = meta["step"], meta["tokens_seen"], meta.get("wandb_id")
         checkpoint.set_rng_state(extra["rng"])
-        self.generator.set_state(extra["generator"])
-        self.train_loader.load_state_dict(extra["data"])
-        if self.ema is not None and ema is not None:
-            self.ema.load_state_dict(ema)
+        if "generator" in extra:
+            self.generator.set_state(extra["generator"])
+        if "data" in extra:
+            self.train_loader.load_state_dict(extra["data"])
         return True
 
     # -- evaluation ----------------------------------------------------------------------------
@@ -200,6 +206,11 @@ class Trainer:
         step_flops = train_step_flops(cfg.model, cfg.objective.name, cfg.data.seq_len, t.global_batch)
         peak = device_peak_tflops(t.peak_tflops)
         last = {}
+        for note in self.relayout_notes:
+            self.logger.write(note)
+        if self.relayout_notes and t.eval_every > 0:  # the loaded weights, to compare with the saved run's
+            last = self.validate()
+            self.logger.log(self.step, {**last, "relayout": 1})
         if not resumed and t.eval_every > 0:
             last = self.validate()
             last["val/unigram_nll"] = self.unigram_nll()

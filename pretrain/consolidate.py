@@ -1,0 +1,238 @@
+"""Consolidate a sharded checkpoint (any TP x PP x DP layout, ZeRO 0-3) into one unsharded state dict.
+
+    setdlm convert consolidate --checkpoint RUN_OR_CKPT [--out FILE] [--no-optimizer] [--overwrite]
+
+writes CKPT/consolidated.pt (atomically) holding
+
+    module     {name: full fp32 tensor}  the TP=1, PP=1 state dict of the whole model
+    ema        {name: full tensor} or None
+    optimizer  {"step": int, "exp_avg": {name: full}, "exp_avg_sq": {name: full}} or None (AdamW moments)
+    meta       step, tokens seen, the layout it came from
+
+Sources, per TP x PP shard (DeepSpeed names files by the model-parallel rank, `mp_rank_XX`):
+- weights: the fp32 master partitions of the ZeRO-1/2 (and DeepSpeed bf16) optimizer files, cut per
+  parameter by their `param_slice_mappings` and concatenated over data-parallel ranks; otherwise the
+  module weights of `mp_rank_XX_model_states.pt`; ZeRO-3 through DeepSpeed's `zero_to_fp32`;
+- tensor-parallel shards are concatenated along each parameter's split dimension, recorded at save
+  time in the model file (`shard`, see pretrain/checkpoint.py: no name patterns), which is exact
+  because the model's weight layouts do not depend on the TP size (model/transformer.py);
+- pipeline stages are a union (layer names are global); the last stage's copy of a tied embedding
+  equals the first stage's and is dropped.
+
+`load_model` (inference, eval, HF export) reads consolidated.pt, and `setdlm pretrain` continues
+training from it under a different TP/PP/DP layout (pretrain/checkpoint.py: `load_consolidated`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import torch
+
+CONSOLIDATED = "consolidated.pt"
+MOMENTS = ("exp_avg", "exp_avg_sq")
+
+
+def _load(path: Path):
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+# -- merging shards ---------------------------------------------------------------------------------
+def merge_tp(shards: list[tuple[dict, dict]]) -> dict:
+    """[(shard info, {name: tensor})] of one pipeline stage, any order -> full tensors."""
+    shards = sorted(shards, key=lambda s: s[0]["tp_rank"])
+    info0, first = shards[0]
+    out = {}
+    for name, value in first.items():
+        dim = info0["partition"].get(name, -1)
+        if dim >= 0 and torch.is_tensor(value) and len(shards) > 1:
+            out[name] = torch.cat([s[1][name] for s in shards], dim=dim)
+        else:
+            out[name] = value
+    return out
+
+
+def merge_stages(stages: list[tuple[dict, dict]]) -> dict:
+    """[(shard info of the stage, its TP-merged tensors)] -> one state dict; copies are dropped."""
+    out: dict = {}
+    for info, state in sorted(stages, key=lambda s: s[0]["pp_rank"]):
+        copies = set(info.get("copies", []))
+        for name, value in state.items():
+            if name in copies or name in out:
+                continue
+            out[name] = value
+    return out
+
+
+def merge(shards: list[tuple[dict, dict]]) -> dict:
+    """All (shard info, tensors) of a checkpoint (one per TP x PP rank) -> the full state dict."""
+    by_stage = defaultdict(list)
+    for info, state in shards:
+        by_stage[info["pp_rank"]].append((info, state))
+    return merge_stages([(group[0][0], merge_tp(group)) for group in by_stage.values()])
+
+
+# -- reading one shard ------------------------------------------------------------------------------
+def _flat_partitions(files: list[Path], shapes: dict) -> tuple[dict, dict, int] | None:
+    """fp32 masters and Adam moments of ZeRO-1/2 (or DeepSpeed bf16) optimizer files of one TP x PP
+    shard, one file per data-parallel rank: ({name: master}, {moment: {name: tensor}}, step)."""
+    pieces: dict = defaultdict(list)
+    moments: dict = {k: defaultdict(list) for k in MOMENTS}
+    step = 0
+    for f in files:
+        osd = _load(f)["optimizer_state_dict"]
+        mappings = osd.get("param_slice_mappings")
+        fp32 = osd.get("single_partition_of_fp32_groups")
+        if mappings is None or fp32 is None:
+            return None
+        base = osd.get("base_optimizer_state", {}).get("state", {})
+        for g, mapping in enumerate(mappings):
+            state = base.get(g, {})
+            step = max(step, int(state.get("step", 0)))
+            for name, frag in mapping.items():
+                pieces[name].append(fp32[g].narrow(0, frag.start, frag.numel))
+                for k in MOMENTS:
+                    if k in state:
+                        moments[k][name].append(state[k].narrow(0, frag.start, frag.numel))
+
+    def join(parts):
+        return {n: torch.cat(v).view(shapes[n]).clone() for n, v in parts.items()}
+
+    return join(pieces), {k: join(v) for k, v in moments.items() if v}, step
+
+
+def _torch_moments(optimizer_state: dict, order: list[str] | None) -> tuple[dict, int] | None:
+    """Adam moments of a client torch optimizer saved in the model file (ZeRO-0, fp32)."""
+    if not optimizer_state or not order or "state" not in optimizer_state:
+        return None
+    ids = [i for g in optimizer_state["param_groups"] for i in g["params"]]
+    if len(ids) != len(order):
+        return None
+    out = {k: {} for k in MOMENTS}
+    step = 0
+    for idx, name in zip(ids, order):
+        st = optimizer_state["state"].get(idx, {})
+        for k in MOMENTS:
+            if k in st:
+                out[k][name] = st[k].clone()
+        if "step" in st:
+            step = max(step, int(float(st["step"])))
+    return out, step
+
+
+def read_shards(ckpt: Path, *, optimizer: bool = True):
+    """Per TP x PP shard: (info, weights, ema or None, moments or None, step)."""
+    ckpt = Path(ckpt)
+    meta = json.loads((ckpt / "meta.json").read_text())
+    layout = meta.get("layout", {})
+    model_files = sorted(ckpt.glob("mp_rank_*_model_states.pt"))
+    if layout.get("zero_stage", 0) >= 3:
+        return _read_zero3(ckpt, meta)
+    if not model_files:
+        raise FileNotFoundError(f"checkpoint {ckpt}: no mp_rank_*_model_states.pt files")
+    out = []
+    for f in model_files:
+        mp = f.name[len("mp_rank_"):-len("_model_states.pt")]
+        state = _load(f)
+        info = state.get("shard") or _single_shard_info(state["module"], layout)
+        weights = dict(state["module"])
+        moments, step = None, 0
+        shapes = {}
+        for group in state.get("param_shapes") or []:
+            shapes.update(group)
+        optim_files = sorted(ckpt.glob(f"zero_pp_rank_*_mp_rank_{mp}_optim_states.pt"),
+                             key=lambda p: int(p.name.split("_")[3]))
+        flat = _flat_partitions(optim_files, shapes) if optim_files and shapes else None
+        if flat is not None:
+            masters, moments, step = flat
+            weights.update(masters)  # fp32 masters (exact for fp32 training, better than bf16 weights)
+        elif optimizer:
+            got = _torch_moments(state.get("optimizer"), info.get("optimizer_order"))
+            if got is not None:
+                moments, step = got
+        weights = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in weights.items()}
+        ema_file = ckpt / f"ema_mp_rank_{mp}.pt"
+        ema = _load(ema_file)["shadow"] if ema_file.is_file() else None
+        out.append((info, weights, ema, moments if optimizer else None, step))
+    return out
+
+
+def _single_shard_info(module_state: dict, layout: dict) -> dict:
+    if layout.get("tp", 1) != 1 or layout.get("pp", 1) != 1:
+        raise ValueError("checkpoint: sharded (tp/pp > 1) but written without shard information "
+                         "(saved by an older setdlm); it cannot be consolidated")
+    return {"tp": 1, "pp": 1, "tp_rank": 0, "pp_rank": 0, "partition": {}, "copies": []}
+
+
+def _read_zero3(ckpt: Path, meta: dict):
+    from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+    files = sorted(ckpt.glob("zero_pp_rank_*_mp_rank_00_model_states.pt"))
+    if not files:
+        raise FileNotFoundError(f"checkpoint {ckpt}: no ZeRO-3 model files")
+    state = _load(files[0])
+    weights = {k: v for k, v in state["module"].items() if not torch.is_tensor(v)}  # megatron extra states
+    weights.update({k: v.float() for k, v in get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name).items()})
+    ema_file = ckpt / "ema_mp_rank_00.pt"
+    ema = _load(ema_file)["shadow"] if ema_file.is_file() else None
+    info = state.get("shard") or _single_shard_info(weights, meta.get("layout", {}))
+    return [(info, weights, ema, None, 0)]
+
+
+# -- the command ------------------------------------------------------------------------------------
+def consolidate(path, *, out=None, optimizer: bool = True, overwrite: bool = True, log=print) -> Path:
+    """Write the consolidated state dict of checkpoint `path` (a run dir, its checkpoints/ or one
+    checkpoint); returns the file written."""
+    from .checkpoint import resolve_checkpoint
+
+    ckpt = resolve_checkpoint(path)
+    meta = json.loads((ckpt / "meta.json").read_text())
+    target = Path(out) if out else ckpt / CONSOLIDATED
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} exists (pass --overwrite to replace it)")
+    shards = read_shards(ckpt, optimizer=optimizer)
+    module = merge([(s[0], s[1]) for s in shards])
+    ema = merge([(s[0], s[2]) for s in shards]) if all(s[2] is not None for s in shards) else None
+    opt = None
+    if optimizer and shards and all(s[3] for s in shards):
+        opt = {"step": max(s[4] for s in shards)}
+        for k in MOMENTS:
+            opt[k] = merge([(s[0], s[3][k]) for s in shards])
+    layout = meta.get("layout", {})
+    state = {"module": module, "ema": ema, "optimizer": opt,
+             "meta": {"step": meta.get("step"), "tokens_seen": meta.get("tokens_seen"), "layout": layout,
+                      "source": str(ckpt)}}
+    tmp = target.with_name(target.name + ".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, target)
+    n = sum(v.numel() for v in module.values() if torch.is_tensor(v))
+    log(f"setdlm convert consolidate: {ckpt} (tp={layout.get('tp', 1)} pp={layout.get('pp', 1)} "
+        f"dp={layout.get('dp', 1)} ZeRO-{layout.get('zero_stage', 0)}, step {meta.get('step')}) -> {target}: "
+        f"{len(module)} tensors, {n / 1e6:.2f}M parameters, EMA {'yes' if ema else 'no'}, "
+        f"optimizer moments {'yes' if opt else 'no'}")
+    return target
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="setdlm convert consolidate",
+                                     description="Merge a sharded (TP/PP/DP, ZeRO 0-3) checkpoint into one state dict.")
+    parser.add_argument("--checkpoint", required=True, help="run directory, its checkpoints/ folder, or one checkpoint")
+    parser.add_argument("--out", help="output file (default: CHECKPOINT/consolidated.pt, read by load_model and re-layout)")
+    parser.add_argument("--no-optimizer", action="store_true", help="leave out the Adam moments (weights and EMA only)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
+    args = parser.parse_args(argv)
+    try:
+        consolidate(args.checkpoint, out=args.out, optimizer=not args.no_optimizer, overwrite=args.overwrite or not args.out)
+    except (FileNotFoundError, FileExistsError, ValueError, RuntimeError) as e:
+        print(f"setdlm convert consolidate: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
