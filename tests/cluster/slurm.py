@@ -4,8 +4,9 @@ Needs root and Debian's ``slurm-wlm`` and ``munge`` packages (``scripts/install.
 installs them as root). Everything lives in a private directory: the configuration is found
 through ``SLURM_CONF`` (exported to the clients and, by ``sbatch``'s default ``--export=ALL``,
 to the jobs), daemons listen on free ports, and state/log/spool files stay in that directory, so
-the system's ``/etc/slurm`` is never touched. ``munged`` is started (as the ``munge`` user) only
-when no working one is running, and stopped again by :meth:`SlurmCluster.stop` if we started it.
+the system's ``/etc/slurm`` is never touched. A private ``munged`` (run as the ``munge`` user, its
+own random key and socket, ``AuthInfo=socket=...``) serves only this cluster, so ``/run/munge`` and
+``/etc/munge`` are not needed and concurrent test sessions do not interfere.
 
 Usage::
 
@@ -13,8 +14,8 @@ Usage::
         job = cluster.sbatch(["script.sbatch", "arg"], extra=["--ntasks=2"])
         state = cluster.wait(job, timeout=120)
 
-Known pitfalls handled here (see ENVIRONMENT.md): /run/munge must exist and munged must run as
-munge; ``CgroupPlugin=cgroup/v1`` on hybrid cgroup hosts; ``NodeName=localhost``;
+Known pitfalls handled here: munged must run as munge (and its socket directory must be
+reachable by all); ``CgroupPlugin=cgroup/v1`` on hybrid cgroup hosts; ``NodeName=localhost``;
 ``proctrack/linuxproc`` and ``task/none`` (no cgroups, no systemd needed); small ``MinJobAge``.
 """
 from __future__ import annotations
@@ -26,6 +27,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -79,7 +81,8 @@ class SlurmCluster:
         self.conf = self.root / "slurm.conf"
         self.env = dict(os.environ, SLURM_CONF=str(self.conf))
         self._procs: list[subprocess.Popen] = []
-        self._started_munged = False
+        self.munge_dir: Path | None = None
+        self.munge_socket: Path | None = None
 
     # -- lifecycle ----------------------------------------------------------------------------
     def __enter__(self) -> "SlurmCluster":
@@ -119,51 +122,56 @@ class SlurmCluster:
                 p.kill()
                 p.wait()
         self._procs.clear()
-        if self._started_munged:
-            pidfile = Path("/run/munge/munged.pid")
-            try:
-                os.kill(int(pidfile.read_text().strip()), signal.SIGTERM)
-            except (OSError, ValueError):
-                pass
-            self._started_munged = False
+        self._stop_munge()
 
     # -- munge --------------------------------------------------------------------------------
-    @staticmethod
-    def munge_works() -> bool:
+    def munge_works(self) -> bool:
         try:
-            cred = subprocess.run([_which("munge"), "-n"], capture_output=True, timeout=10)
+            cred = subprocess.run([_which("munge"), "-S", str(self.munge_socket), "-n"], capture_output=True, timeout=10)
             if cred.returncode != 0:
                 return False
-            back = subprocess.run([_which("unmunge")], input=cred.stdout, capture_output=True, timeout=10)
+            back = subprocess.run([_which("unmunge"), "-S", str(self.munge_socket)], input=cred.stdout,
+                                  capture_output=True, timeout=10)
             return back.returncode == 0
         except (OSError, subprocess.SubprocessError):
             return False
 
     def _start_munge(self) -> None:
-        if self.munge_works():
-            return
+        """A private munged (own key, own socket) so that nothing on the host is touched or shared:
+        two test sessions can run side by side and stopping ours never breaks anybody else's."""
         munge = pwd.getpwnam("munge")
-        for d, mode in (("/run/munge", 0o755), ("/var/lib/munge", 0o700), ("/var/log/munge", 0o700),
-                        ("/etc/munge", 0o700)):
-            Path(d).mkdir(parents=True, exist_ok=True)
-            os.chown(d, munge.pw_uid, munge.pw_gid)
-            os.chmod(d, mode)
-        key = Path("/etc/munge/munge.key")
-        if not key.exists():
-            key.write_bytes(os.urandom(128))
-            os.chown(key, munge.pw_uid, munge.pw_gid)
-            os.chmod(key, 0o400)
-        for stale in ("/run/munge/munge.socket.2", "/run/munge/munge.socket.2.lock", "/run/munge/munged.pid"):
-            Path(stale).unlink(missing_ok=True)
-        res = subprocess.run(["runuser", "-u", "munge", "--", _which("munged")], capture_output=True, text=True)
+        d = Path(tempfile.mkdtemp(prefix="setdlm-munge-"))  # not under pytest's 0700 tmp: munge must reach it
+        os.chown(d, munge.pw_uid, munge.pw_gid)
+        os.chmod(d, 0o711)  # munged insists on execute permission for all on the socket directory
+        key = d / "munge.key"
+        key.write_bytes(os.urandom(1024))
+        os.chown(key, munge.pw_uid, munge.pw_gid)
+        os.chmod(key, 0o400)
+        self.munge_dir, self.munge_socket = d, d / "munge.sock"
+        res = subprocess.run(
+            ["runuser", "-u", "munge", "--", _which("munged"), f"--socket={self.munge_socket}",
+             f"--key-file={key}", f"--pid-file={d / 'munged.pid'}", f"--log-file={d / 'munged.log'}",
+             f"--seed-file={d / 'munged.seed'}"],
+            capture_output=True, text=True, timeout=30)
         if res.returncode != 0:
-            raise SlurmUnavailable(f"munged did not start: {res.stderr.strip() or res.stdout.strip()}")
-        self._started_munged = True
+            log = (d / "munged.log").read_text(errors="replace") if (d / "munged.log").exists() else ""
+            raise SlurmUnavailable(f"munged did not start: {res.stderr.strip() or res.stdout.strip()}\n{log[-2000:]}")
         deadline = time.monotonic() + 15
         while not self.munge_works():
             if time.monotonic() > deadline:
                 raise SlurmUnavailable("munged started but `munge -n | unmunge` fails")
             time.sleep(0.2)
+
+    def _stop_munge(self) -> None:
+        if self.munge_dir is None:
+            return
+        try:
+            os.kill(int((self.munge_dir / "munged.pid").read_text().strip()), signal.SIGTERM)
+        except (OSError, ValueError):
+            pass
+        time.sleep(0.2)
+        shutil.rmtree(self.munge_dir, ignore_errors=True)
+        self.munge_dir = None
 
     # -- configuration ------------------------------------------------------------------------
     def _write_config(self) -> None:
@@ -178,6 +186,7 @@ SlurmdPort={_free_port()}
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=socket={self.munge_socket}
 StateSaveLocation={r}/state
 SlurmdSpoolDir={r}/spool
 SlurmctldPidFile={r}/slurmctld.pid
