@@ -1,12 +1,502 @@
-"""`setdlm convert`: Hugging Face export/import of training checkpoints (docs/convert.md)."""
+"""`setdlm convert`: training checkpoints to and from Hugging Face exports, and the importer for the
+reference implementation's DiT checkpoints (docs/convert.md).
+
+    setdlm convert to-hf --checkpoint RUN_OR_CKPT --out DIR [--ema/--no-ema] [--dtype fp32|bf16]
+                         [--max-shard-size 5GB] [--results FILE ...] [--overwrite]
+    setdlm convert from-hf --model DIR --out RUN_DIR [--overwrite] [section.key=value ...]
+    setdlm convert from-reference --model PATH --out RUN_DIR [--family F] [--set-size D] [--seq-len L]
+                         [--n-heads N] [--tokenizer gpt2] [--ema/--no-ema] [--sigma 0] [section.key=value ...]
+    setdlm convert consolidate ...      (sharded TP/PP/ZeRO-3 checkpoints; pretrain.consolidate)
+
+The weight mapping itself is pure tensor code in model/convert/; this module reads and writes run
+directories (pretrain/checkpoint.py layout).
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+
+from model.convert.card import render_card
+from model.convert.hf_format import (CODE_FILES, HF_CODE_DIR, RECIPE_FILE, ConvertError, cast, configs_from_hf,
+                                     from_hf_state_dict, hf_config, parameter_total, parse_size, read_json,
+                                     read_weights, to_hf_state_dict, write_weights)
+
+EXPORT_SUBDIR = "hf"  # train.export_hf writes RUN/hf
+
+
+# -- reading training checkpoints ------------------------------------------------------------------
+def read_checkpoint(path, *, ema: bool = True):
+    """(checkpoint dir, meta, RecipeConfig, tp=1 weights, whether EMA weights were used)."""
+    from .checkpoint import resolve_checkpoint
+    from .config import from_dict
+
+    try:
+        ckpt = resolve_checkpoint(path)
+    except FileNotFoundError as e:
+        raise ConvertError(str(e)) from None
+    meta = read_json(ckpt / "meta.json", "checkpoint metadata")
+    if "config" not in meta:
+        raise ConvertError(f"{ckpt / 'meta.json'}: no `config` (not a setdlm checkpoint)")
+    cfg = from_dict(meta["config"])
+    layout = meta.get("layout", {})
+    used_ema = False
+    consolidated = ckpt / "consolidated.pt"
+    sharded = layout.get("tp", 1) != 1 or layout.get("pp", 1) != 1 or (layout.get("zero_stage") or 0) >= 3
+    if consolidated.is_file() or sharded:
+        if consolidated.is_file():
+            state = torch.load(consolidated, map_location="cpu", weights_only=False)
+        else:  # merge the shards on the fly (pretrain/consolidate.py), leaving the checkpoint untouched
+            from .consolidate import consolidate
+
+            with tempfile.TemporaryDirectory(prefix="setdlm-consolidate-") as t:
+                try:
+                    f = consolidate(ckpt, out=Path(t) / "consolidated.pt", optimizer=False, log=lambda m: None)
+                except (FileNotFoundError, ValueError, RuntimeError) as e:
+                    raise ConvertError(f"checkpoint {ckpt}: saved sharded ({layout}) and cannot be consolidated: {e}") from None
+                state = torch.load(f, map_location="cpu", weights_only=False)
+        weights = state["module"]
+        if ema and state.get("ema"):
+            weights, used_ema = {**weights, **state["ema"]}, True
+    else:
+        model_file = ckpt / "mp_rank_00_model_states.pt"
+        if not model_file.is_file():
+            raise ConvertError(f"checkpoint {ckpt}: no model weights ({model_file.name} or consolidated.pt)")
+        weights = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
+        ema_file = ckpt / "ema_mp_rank_00.pt"
+        if ema and ema_file.is_file():
+            weights, used_ema = {**weights, **torch.load(ema_file, map_location="cpu", weights_only=False)["shadow"]}, True
+    weights = {k: v for k, v in weights.items() if torch.is_tensor(v)}
+    return ckpt, meta, cfg, weights, used_ema
+
+
+def checkpoint_tokenizer(ckpt: Path, cfg, meta: dict):
+    from data_pipeline.tokenizers import BUILTIN, load_tokenizer
+
+    want = meta.get("tokenizer_sha256")
+    if cfg.data.tokenizer in BUILTIN:  # built from package files and cached per process: cheap when it matches
+        tok = load_tokenizer(cfg.data.tokenizer)
+        if want is None or tok.sha256 == want:
+            return tok
+    tok_dir = ckpt.parent.parent / "tokenizer"
+    tok = load_tokenizer(str(tok_dir) if tok_dir.is_dir() else cfg.data.tokenizer)
+    if want and tok.sha256 != want:
+        raise ConvertError(f"checkpoint {ckpt}: tokenizer hash {tok.sha256[:12]} differs from the one it was "
+                           f"trained with ({meta['tokenizer_sha256'][:12]})")
+    return tok
+
+
+def collect_results(run_dir: Path, step: int, files=()) -> list[tuple[str, object]]:
+    """Evaluation results for the model card: the validation metrics logged at (or before) `step` in
+    metrics.jsonl, and scalar fields of metrics JSON files (given, and RUN/eval/**/metrics*.json)."""
+    rows: list[tuple[str, object]] = []
+    metrics = Path(run_dir) / "metrics.jsonl"
+    if metrics.is_file():
+        last = None
+        for line in metrics.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            if row.get("val/nll") is not None and row.get("step", 0) <= step:
+                last = row
+        if last is not None:
+            s = last["step"]
+            rows += [(f"validation NLL bound (nats/token, step {s})", last["val/nll"]),
+                     (f"validation bits per token (step {s})", last.get("val/bpt")),
+                     (f"validation perplexity bound (step {s})", last.get("val/ppl"))]
+            if last.get("val/tokens"):
+                rows.append((f"validation tokens (step {s})", int(last["val/tokens"])))
+    found = [Path(f) for f in files]
+    eval_dir = Path(run_dir) / "eval"
+    if eval_dir.is_dir():
+        found += sorted(eval_dir.rglob("metrics*.json"))
+    for f in found:
+        data = read_json(f, "evaluation results")
+        flat: list[tuple[str, object]] = []
+
+        def walk(prefix, v):
+            if isinstance(v, dict):
+                for k, x in v.items():
+                    walk(f"{prefix}/{k}" if prefix else str(k), x)
+            elif isinstance(v, (int, float)) and not isinstance(v, bool):
+                flat.append((f"{f.stem}: {prefix}", v))
+
+        walk("", data)
+        rows += flat[:40]
+    return rows
+
+
+# -- writing ---------------------------------------------------------------------------------------
+@contextmanager
+def staging(out: Path, overwrite: bool, what: str):
+    """Write into a temporary sibling and rename it to `out` at the end (never a half-written `out`)."""
+    out = Path(out)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
+        raise ConvertError(f"--out {out}: already exists and is not empty; choose another {what} or pass --overwrite")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    old = None
+    if out.exists():
+        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        os.replace(out, old)
+    os.replace(tmp, out)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def _write_json(path: Path, data: dict) -> None:
+    path.write_text(json.dumps(data, indent=2, default=str) + "\n")
+
+
+def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32", max_shard_size="5GB",
+                      results=(), overwrite: bool = False, log=print) -> Path:
+    """`to-hf`: write a Hugging Face export of a training checkpoint to `out`."""
+    import transformers
+
+    from model.convert.hf_format import DTYPES
+
+    if dtype not in DTYPES:
+        raise ConvertError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    shard_bytes = parse_size(max_shard_size)
+    ckpt, meta, cfg, weights, used_ema = read_checkpoint(checkpoint, ema=ema)
+    tokenizer = checkpoint_tokenizer(ckpt, cfg, meta)
+    hf = cast(to_hf_state_dict(weights, cfg.model), dtype)
+    config = hf_config(cfg.model, cfg.objective, cfg.data.seq_len, tokenizer_meta=tokenizer.meta(), dtype=dtype,
+                       extra={"transformers_version": transformers.__version__})
+    step = int(meta.get("step", 0))
+    recipe = {"format_version": config["setdlm_format_version"], "recipe": cfg.to_dict(), "step": step,
+              "tokens_seen": meta.get("tokens_seen"), "weights": "ema" if used_ema else "raw",
+              "source_checkpoint": str(ckpt), "layout": meta.get("layout"), "tokenizer_sha256": tokenizer.sha256}
+    sd = config["set_diffusion"]
+    generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
+                  "pad_token_id": config["pad_token_id"], "mask_token_id": config["mask_token_id"],
+                  "do_sample": False, "max_new_tokens": 128,
+                  "set_diffusion": {"family": sd["family"], "window": sd.get("set_size") if sd["family"] == "setdlm" else 1,
+                                    "confidence_threshold": None, "block_size": sd.get("block_size")},
+                  "transformers_version": transformers.__version__}
+    training = {"steps trained": step, "tokens seen": meta.get("tokens_seen"),
+                "exported weights": "EMA" if used_ema else "raw (no EMA)"}
+    res = collect_results(ckpt.parent.parent, step, results)
+    name = Path(out).name or "setdlm-model"
+    card = render_card(config, name=name, recipe=cfg.to_dict(), training=training, results=res,
+                       params=parameter_total(hf), source=f"{cfg.run.name} step {step}")
+    with staging(Path(out), overwrite, "output directory") as tmp:
+        files = write_weights(hf, tmp, shard_bytes)
+        _write_json(tmp / "config.json", config)
+        _write_json(tmp / "generation_config.json", generation)
+        _write_json(tmp / RECIPE_FILE, recipe)
+        tokenizer.save(tmp)
+        tok_cfg = read_json(tmp / "tokenizer_config.json", "tokenizer config")
+        tok_cfg["model_max_length"] = int(cfg.data.seq_len)
+        _write_json(tmp / "tokenizer_config.json", tok_cfg)
+        for f in CODE_FILES:
+            shutil.copyfile(HF_CODE_DIR / f, tmp / f)
+        (tmp / "README.md").write_text(card)
+    log(f"setdlm convert: wrote {out} ({len(files)} weight file(s), {parameter_total(hf) / 1e6:.2f}M parameters, "
+        f"{dtype}, {'EMA' if used_ema else 'raw'} weights of {ckpt})")
+    return Path(out)
+
+
+def _normalize_weights(cfg, weights: dict) -> dict:
+    """Load weights into a tp=1 Transformer of `cfg` (checking names and shapes); its state dict."""
+    from model.parallel import ensure_model_parallel
+    from model.transformer import Transformer, megatron_config
+
+    ensure_model_parallel(1, 1)
+    weights = {k: v for k, v in weights.items() if torch.is_tensor(v)}
+    with torch.random.fork_rng(devices=[]):  # the initial values are overwritten; leave the caller's RNG alone
+        model = Transformer(cfg.model, megatron_config())
+    own = model.state_dict()
+    for k, v in weights.items():
+        if k in own and torch.is_tensor(own[k]) and tuple(own[k].shape) != tuple(v.shape):
+            raise ConvertError(f"weights: tensor {k!r} has shape {tuple(v.shape)}, the model expects {tuple(own[k].shape)}")
+    missing, unexpected = model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise ConvertError(f"weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
+    return model, model.state_dict()
+
+
+def write_run(out: Path, cfg, weights: dict, tokenizer, *, info: dict, overwrite: bool = False, log=print) -> Path:
+    """A run directory holding one checkpoint (step 0) with `weights` as a consolidated state dict
+    (pretrain/consolidate.py format): `load_model` reads it, and `setdlm pretrain --config RUN/config.yaml`
+    continues from it under any TP/PP/DP layout and ZeRO stage (the re-layout path of
+    pretrain/checkpoint.py: fresh AdamW moments, LR schedule from step 0, data from the beginning)."""
+    from . import checkpoint
+    from .config import save_config
+
+    out = Path(out).resolve()
+    cfg.run.out_dir, cfg.run.name = str(out.parent), out.name
+    cfg.model.validate()
+    cfg.objective.validate(cfg.data.seq_len)
+    if cfg.data.seq_len > cfg.model.max_seq_len:
+        raise ConvertError(f"data.seq_len: {cfg.data.seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")
+    _, state = _normalize_weights(cfg, weights)
+    # No layout can equal this one, so the trainer always takes the consolidated (re-layout) path.
+    layout = {"world": None, "tp": 1, "pp": 1, "dp": None, "zero_stage": None, "imported": True}
+    meta = {"step": 0, "tokens_seen": 0, "wandb_id": None, "layout": layout, "tokenizer": tokenizer.name,
+            "tokenizer_sha256": tokenizer.sha256, "objective": cfg.objective.name, "config": cfg.to_dict(),
+            "imported": info}
+    with staging(out, overwrite, "run directory") as tmp:
+        save_config(cfg, tmp / "config.yaml")
+        tokenizer.save(tmp / "tokenizer")
+        root = tmp / "checkpoints"
+        ck = root / checkpoint.tag_for(0)
+        ck.mkdir(parents=True)
+        torch.save({"module": state, "ema": None, "optimizer": None,
+                    "meta": {"step": 0, "tokens_seen": 0, "layout": layout, "source": info.get("path")}},
+                   ck / "consolidated.pt")
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(cfg.run.seed)
+            torch.save({"rng": checkpoint.rng_state(), "step": 0}, ck / "extra_rank00000.pt")
+        _write_json(ck / "meta.json", meta)
+        (ck / checkpoint.COMPLETE).touch()
+        (root / checkpoint.LATEST).write_text(checkpoint.tag_for(0))
+    log(f"setdlm convert: wrote run {out} (load_model reads it; continue training with "
+        f"setdlm pretrain --config {out / 'config.yaml'} [overrides])")
+    return out
+
+
+def _run_config(raw: dict, overrides, out: Path):
+    from .config import _merge, from_dict, parse_overrides
+
+    raw = _merge(raw, parse_overrides(list(overrides)))
+    try:
+        return from_dict(raw)
+    except ValueError as e:
+        raise ConvertError(str(e)) from None
+
+
+def import_hf(model_dir, out, *, overrides=(), overwrite: bool = False, log=print) -> Path:
+    """`from-hf`: an export directory back into a training run directory."""
+    from data_pipeline.tokenizers import BUILTIN, TokenizerError, load_tokenizer
+
+    d = Path(model_dir)
+    if not d.is_dir():
+        raise ConvertError(f"--model {d}: no such directory")
+    config = read_json(d / "config.json", "not a Hugging Face model directory")
+    if config.get("model_type") != "setdlm":
+        raise ConvertError(f"{d / 'config.json'}: model_type is {config.get('model_type')!r}, not 'setdlm'; for the "
+                           "reference implementation's checkpoints use `setdlm convert from-reference`")
+    model_sec, obj_sec, seq_len = configs_from_hf(config)
+    recipe_file = d / RECIPE_FILE
+    saved = read_json(recipe_file, "recipe") if recipe_file.is_file() else {}
+    raw = {k: dict(v) for k, v in (saved.get("recipe") or {}).items() if isinstance(v, dict)}
+    raw["model"] = {**model_sec, "preset": None}
+    if raw.get("objective", {}).get("name") != obj_sec["name"]:
+        raw["objective"] = obj_sec
+    raw.setdefault("data", {})["seq_len"] = seq_len
+    if not (d / "tokenizer.json").is_file():
+        raise ConvertError(f"{d}: tokenizer.json is missing (incomplete export: the tokenizer files are needed)")
+    cfg = _run_config(raw, overrides, Path(out))
+    hf = read_weights(d)
+    weights = from_hf_state_dict({k: v.float() for k, v in hf.items()}, cfg.model, where=str(d))
+    try:
+        tokenizer = load_tokenizer(str(d.resolve()))
+    except TokenizerError as e:
+        raise ConvertError(f"{d}: the tokenizer cannot be loaded ({e})") from None
+    if tokenizer.vocab_size != model_sec["vocab_size"] or tokenizer.mask_id != model_sec["mask_id"]:
+        raise ConvertError(f"{d}: the tokenizer (vocabulary {tokenizer.vocab_size}, MASK {tokenizer.mask_id}) does not "
+                           f"match config.json (vocab_size {model_sec['vocab_size']}, mask_token_id {model_sec['mask_id']})")
+    name, same = cfg.data.tokenizer, False
+    if name in BUILTIN or Path(name).is_dir():  # never a hub lookup here
+        try:
+            same = load_tokenizer(name).sha256 == tokenizer.sha256
+        except Exception:  # noqa: BLE001 - a name that does not resolve here: use the run's copy
+            same = False
+    if not same:
+        cfg.data.tokenizer = str(Path(out).resolve() / "tokenizer")
+    info = {"from": "hf", "path": str(d.resolve()), "source_step": saved.get("step"), "weights": saved.get("weights")}
+    return write_run(Path(out), cfg, weights, tokenizer, info=info, overwrite=overwrite, log=log)
+
+
+def _read_reference(path: Path):
+    """(state dict or Lightning checkpoint object, config.json or {}) of a reference checkpoint."""
+    config: dict = {}
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            config = read_json(path / "config.json", "model config")
+        for name in ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin"):
+            if (path / name).is_file():
+                return read_weights(path), config
+        files = sorted([*path.glob("*.ckpt"), *path.glob("*.pt")])
+        if not files:
+            raise ConvertError(f"--model {path}: no weights (model.safetensors, pytorch_model.bin, *.ckpt or *.pt)")
+        path = files[-1]
+    if not path.is_file():
+        raise ConvertError(f"--model {path}: no such file or directory")
+    if path.suffix == ".safetensors":
+        from safetensors.torch import load_file
+
+        return load_file(str(path)), config
+    try:
+        obj = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as e:  # noqa: BLE001
+        raise ConvertError(f"--model {path}: cannot be read as a torch checkpoint ({type(e).__name__}: {e})") from None
+    return obj, config
+
+
+def import_reference(path, out, *, family: str | None = None, set_size: int | None = None, seq_len: int | None = None,
+                     n_heads: int | None = None, tokenizer: str = "gpt2", ema: bool = True, sigma: float = 0.0,
+                     overrides=(), overwrite: bool = False, log=print) -> Path:
+    """`from-reference`: a reference-implementation DiT checkpoint into a training run directory."""
+    from data_pipeline.tokenizers import load_tokenizer
+    from model.convert import reference as ref
+    from model.convert.hf_format import _pad_rows
+
+    obj, config = _read_reference(Path(path))
+    shadow = None
+    if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):  # Lightning
+        shadow = (obj.get("ema") or {}).get("shadow_params")
+        obj = obj["state_dict"]
+    elif isinstance(obj, dict) and isinstance(obj.get("state"), dict) and isinstance(obj["state"].get("model"), dict):
+        obj = obj["state"]["model"]  # Composer
+    if not isinstance(obj, dict):
+        raise ConvertError(f"--model {path}: not a state dict")
+    sd = ref.strip_prefixes(obj)
+    used_ema = False
+    if ema and shadow:
+        sd, used_ema = ref.ema_state(sd, shadow), True
+    bc = config.get("backbone_config") or {}
+    arch = ref.describe(sd, n_heads or bc.get("n_heads"))
+    family = family or ref.family_from_config(config)
+    if family not in ("setdlm", "bd3lm", "mdlm", "ar"):
+        raise ConvertError("--family: cannot tell the model's objective from the checkpoint; pass --family "
+                           "setdlm|bd3lm|mdlm|ar")
+    tok = load_tokenizer(tokenizer)
+    if arch["vocab"] < tok.vocab_size:
+        raise ConvertError(f"--tokenizer {tokenizer}: its vocabulary ({tok.vocab_size} with MASK) is larger than the "
+                           f"checkpoint's embedding ({arch['vocab']} rows)")
+    want_mask = (config.get("tokenization_config") or {}).get("mask_token_id", config.get("mask_token_id"))
+    if want_mask is not None and int(want_mask) != tok.mask_id:
+        raise ConvertError(f"--tokenizer {tokenizer}: MASK id {tok.mask_id} differs from the checkpoint's {want_mask}")
+    L = int(seq_len or bc.get("length") or config.get("max_length") or 1024)
+    objective: dict = {"name": family}
+    if family == "setdlm":
+        if not set_size:
+            raise ConvertError("--set-size: the SetDLM set size D is not recorded in the checkpoint; pass it "
+                               "(the reference's model names carry it: owt-setdlm-d4 is D=4; smax8 is D=4)")
+        objective.update(set_size=int(set_size))  # S_max = 2 D, k from the budget (SETDLM.md section 2)
+    elif family == "bd3lm":
+        objective["block_size"] = int(set_size or bc.get("block_size") or 4)
+    train_sd = ref.dit_to_training(sd, arch, sigma)
+    V = tok.vocab_size
+    if arch["vocab"] > V:
+        log(f"setdlm convert: the checkpoint has {arch['vocab']} embedding rows for a {V}-token vocabulary; "
+            "dropping the extra rows")
+    model_sec = ref.model_section(arch, V, tok.mask_id, L)
+    raw = {"model": model_sec, "objective": objective,
+           "data": {"tokenizer": tokenizer, "seq_len": L}, "train": {"ema": 0.0}}
+    cfg = _run_config(raw, overrides, Path(out))
+    Vp = cfg.model.padded_vocab_size
+    for k in ("embed.weight", "head.weight", "head.bias"):
+        train_sd[k] = _pad_rows(train_sd[k][:V], Vp)
+    if arch["adaln"]:
+        log(f"setdlm convert: time conditioning (adaLN) folded at sigma={sigma}: exact for models trained without "
+            "time conditioning (the reference's default)")
+    info = {"from": "reference", "path": str(Path(path).resolve()), "family": family, "adaln_sigma": sigma if arch["adaln"] else None,
+            "weights": "ema" if used_ema else "raw"}
+    return write_run(Path(out), cfg, train_sd, tok, info=info, overwrite=overwrite, log=log)
+
 
 def export_at_end(run_dir) -> str:
-    """Export the run's latest checkpoint to RUN/hf (train.export_hf); returns a log line."""
-    return f"(train.export_hf: the Hugging Face exporter is not available yet; run `setdlm convert to-hf --checkpoint {run_dir}` later)"
+    """train.export_hf: export the run's latest checkpoint (EMA weights when present) to RUN/hf."""
+    run_dir = Path(run_dir)
+    try:
+        out = export_checkpoint(run_dir, run_dir / EXPORT_SUBDIR, ema=True, overwrite=True, log=lambda m: None)
+        return f"Hugging Face export: {out} (AutoModelForMaskedLM.from_pretrained(..., trust_remote_code=True))"
+    except Exception as e:  # noqa: BLE001 - training is done and saved; report and let the user rerun
+        return (f"Hugging Face export failed ({type(e).__name__}: {e}); the checkpoint is saved, rerun "
+                f"`setdlm convert to-hf --checkpoint {run_dir} --out {run_dir / EXPORT_SUBDIR}`")
 
 
-def main(argv=None) -> int:
-    raise SystemExit("setdlm convert: not available yet")
+# -- command line ----------------------------------------------------------------------------------
+def _bool_flag(p, name: str, default: bool, help_: str) -> None:
+    p.add_argument(f"--{name}", dest=name.replace("-", "_"), action=argparse.BooleanOptionalAction, default=default,
+                   help=help_)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="setdlm convert", description="Checkpoint conversion (docs/convert.md).")
+    sub = parser.add_subparsers(dest="command", metavar="{to-hf,from-hf,from-reference,consolidate}")
+    p = sub.add_parser("to-hf", help="export a training checkpoint as a Hugging Face model directory")
+    p.add_argument("--checkpoint", required=True, help="run directory, its checkpoints/ folder, or one checkpoint")
+    p.add_argument("--out", required=True, help="output directory")
+    _bool_flag(p, "ema", True, "export the EMA weights when the checkpoint has them (default) or the raw weights")
+    p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="weights dtype (default fp32)")
+    p.add_argument("--max-shard-size", default="5GB", help="split model.safetensors above this size (default 5GB)")
+    p.add_argument("--results", nargs="*", default=[], help="metrics JSON files to list in the model card")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing output directory")
+    p = sub.add_parser("from-hf", help="turn an export back into a training run directory")
+    p.add_argument("--model", required=True, help="directory written by `setdlm convert to-hf`")
+    p.add_argument("--out", required=True, help="run directory to create")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    p.add_argument("overrides", nargs="*", help="section.key=value recipe overrides (e.g. data.source=DIR train.lr=1e-4)")
+    p = sub.add_parser("from-reference", help="import a checkpoint of the reference implementation (DiT backbone)")
+    p.add_argument("--model", required=True, help="HF-style directory (config.json + weights) or a .ckpt/.pt/.bin file")
+    p.add_argument("--out", required=True, help="run directory to create")
+    p.add_argument("--family", choices=("setdlm", "bd3lm", "mdlm", "ar"), help="objective (default: from config.json)")
+    p.add_argument("--set-size", type=int, help="SetDLM D (S_max = 2D), or the BD3-LM block size")
+    p.add_argument("--seq-len", type=int, help="training sequence length L (default: config.json, else 1024)")
+    p.add_argument("--n-heads", type=int, help="attention heads (default: config.json or the rotary buffer)")
+    p.add_argument("--tokenizer", default="gpt2", help="gpt2 (MASK appended as 50257), bert-base-uncased, or a directory")
+    _bool_flag(p, "ema", True, "use the EMA weights of a Lightning checkpoint when present")
+    p.add_argument("--sigma", type=float, default=0.0, help="noise level at which adaLN time conditioning is folded")
+    p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
+    p.add_argument("overrides", nargs="*", help="section.key=value recipe overrides")
+    sub.add_parser("consolidate", help="consolidate a sharded (TP/PP/ZeRO-3) checkpoint", add_help=False)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] == "consolidate":
+        try:
+            from . import consolidate
+        except ImportError:
+            print("setdlm convert consolidate: not available in this version (pretrain/consolidate.py is missing)",
+                  file=sys.stderr)
+            return 2
+        if not hasattr(consolidate, "main"):
+            print("setdlm convert consolidate: pretrain.consolidate has no main(argv)", file=sys.stderr)
+            return 2
+        return int(consolidate.main(argv[1:]) or 0)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 2
+    try:
+        if args.command == "to-hf":
+            export_checkpoint(args.checkpoint, args.out, ema=args.ema, dtype=args.dtype, max_shard_size=args.max_shard_size,
+                              results=args.results, overwrite=args.overwrite)
+        elif args.command == "from-hf":
+            import_hf(args.model, args.out, overrides=args.overrides, overwrite=args.overwrite)
+        else:
+            import_reference(args.model, args.out, family=args.family, set_size=args.set_size, seq_len=args.seq_len,
+                             n_heads=args.n_heads, tokenizer=args.tokenizer, ema=args.ema, sigma=args.sigma,
+                             overrides=args.overrides, overwrite=args.overwrite)
+    except (ConvertError, ValueError, FileNotFoundError) as e:
+        print(f"setdlm convert {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""The model card (README.md) of a Hugging Face export: usage, architecture, schedule, recipe, results."""
+
+from __future__ import annotations
+
+_FAMILY = {
+    "setdlm": "sliding-window set diffusion (SW-SetDLM)",
+    "bd3lm": "block diffusion (BD3-LM)",
+    "mdlm": "masked diffusion (MDLM)",
+    "ar": "autoregressive",
+}
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    if v is None:
+        return "-"
+    return str(v)
+
+
+def _table(rows: list[tuple[str, object]], head=("", "")) -> str:
+    lines = [f"| {head[0]} | {head[1]} |", "|---|---|"]
+    lines += [f"| {k} | {_fmt(v)} |" for k, v in rows]
+    return "\n".join(lines)
+
+
+def render_card(config: dict, *, name: str, recipe: dict | None = None, training: dict | None = None,
+                results: list[tuple[str, object]] | None = None, params: int | None = None,
+                source: str | None = None) -> str:
+    """Markdown model card from the export's config.json, the training recipe (RecipeConfig.to_dict),
+    training facts (step, tokens seen, weights) and evaluation results [(metric, value)]."""
+    sd = config.get("set_diffusion", {})
+    family = sd.get("family", "setdlm")
+    tags = ["setdlm", "set-diffusion", family, "custom_code"]
+    if family != "ar":
+        tags.append("diffusion-language-model")
+    out = ["---", "library_name: transformers", "pipeline_tag: fill-mask", "tags:"]
+    out += [f"- {t}" for t in tags]
+    out += ["---", "", f"# {name}", ""]
+    out.append(f"A {_FAMILY.get(family, family)} language model trained with "
+               f"setdlm and exported by `setdlm convert to-hf`. The modeling code ships with "
+               "the weights (`trust_remote_code=True`); it needs only `torch` and `transformers`.")
+    if source:
+        out += ["", f"Converted from `{source}`."]
+    window = sd.get("set_size", 4) if family == "setdlm" else 1
+    out += ["", "## Usage", "", "```python", "import torch",
+            "from transformers import AutoModelForMaskedLM, AutoTokenizer", "",
+            'path = "PATH_OR_REPO"',
+            "tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)",
+            "model = AutoModelForMaskedLM.from_pretrained(path, trust_remote_code=True).eval()", ""]
+    out.append('prompt = tok("The meaning of life is", add_special_tokens=False).input_ids')
+    if family in ("setdlm", "ar"):
+        out += [f"out = model.set_diffusion_generate([prompt], max_new_tokens=64, window={window}, threshold=None)",
+                "print(tok.decode(out.sequences[0]), out.tokens_per_step[0])"]
+    out += ["", "# logits at given positions under a given attention pattern or mask (True = may attend):",
+            "ids = torch.tensor([prompt])",
+            'logits = model(ids, position_ids=torch.arange(ids.shape[1])[None], attention_type="causal").logits',
+            "```", ""]
+    if family == "setdlm":
+        out.append("`set_diffusion_generate` predicts the masked positions of a window of `window` positions "
+                   "(default D) per step, accepts the most confident one plus every one whose probability reaches "
+                   "`threshold`, and caches accepted tokens; `suffix_ids=` fills a span between a prefix and a suffix.")
+    elif family == "ar":
+        out.append("For this AR model `set_diffusion_generate` decodes left to right (greedy or sampled).")
+    else:
+        out.append("Decoding for this family is provided by the setdlm package (`model.sampling.generate`); the "
+                   "export gives logits for any layout through `forward`.")
+    arch = [("parameters", f"{params / 1e6:.1f}M" if params else None),
+            ("layers", config.get("num_hidden_layers")), ("hidden size", config.get("hidden_size")),
+            ("attention heads (KV heads)", f"{config.get('num_attention_heads')} ({config.get('num_key_value_heads')})"),
+            ("head dim", config.get("head_dim")), ("MLP", f"{config.get('mlp_type')} x {config.get('intermediate_size')}"),
+            ("norm", f"{config.get('norm_type')} (eps {config.get('norm_eps')})"), ("QK-norm", config.get("qk_norm")),
+            ("rotary theta", config.get("rope_theta")), ("vocabulary (MASK id)", f"{config.get('vocab_size')} ({config.get('mask_token_id')})"),
+            ("tied embeddings", config.get("tie_word_embeddings")), ("output-head bias", config.get("lm_head_bias")),
+            ("weights dtype", config.get("dtype"))]
+    out += ["", "## Model", "", _table(arch, ("field", "value"))]
+    sched = [("family", family), ("sequence length L", sd.get("length"))]
+    if family == "setdlm":
+        sched += [("set size D", sd.get("set_size")), ("window S_max", sd.get("s_max")), ("k", sd.get("k")),
+                  ("interval width b", sd.get("b")), ("expected tokens per step", sd.get("expected_budget")),
+                  ("order", sd.get("order"))]
+    if family == "bd3lm":
+        sched += [("block size", sd.get("block_size"))]
+    if family in ("mdlm", "bd3lm"):
+        sched += [("noise eps", sd.get("eps"))]
+    sched += [("MASK token id", sd.get("mask_token_id"))]
+    out += ["", "## Set schedule", "", _table(sched, ("field", "value"))]
+    if recipe or training:
+        out += ["", "## Training recipe", ""]
+        rows: list[tuple[str, object]] = []
+        t = dict(training or {})
+        rows += [(k, v) for k, v in t.items()]
+        if recipe:
+            d, tr, p = recipe.get("data", {}), recipe.get("train", {}), recipe.get("parallel", {})
+            rows += [("data source", d.get("source")), ("tokenizer", d.get("tokenizer")), ("sequence length", d.get("seq_len")),
+                     ("global batch (micro batch)", f"{tr.get('global_batch')} ({tr.get('micro_batch')})"),
+                     ("max steps", tr.get("max_steps")), ("optimizer", f"AdamW, lr {tr.get('lr')}, betas "
+                                                                        f"({tr.get('beta1')}, {tr.get('beta2')}), weight decay {tr.get('weight_decay')}"),
+                     ("LR schedule", f"{tr.get('lr_schedule')} after {tr.get('warmup_steps')} warm-up steps"),
+                     ("grad clip", tr.get("grad_clip")), ("EMA decay", tr.get("ema")), ("precision", tr.get("precision")),
+                     ("dropout", recipe.get("model", {}).get("dropout")),
+                     ("layout", f"tp {p.get('tp')}, pp {p.get('pp')}, ZeRO-{p.get('zero_stage')}"),
+                     ("seed", recipe.get("run", {}).get("seed"))]
+        out.append(_table(rows, ("field", "value")))
+        if recipe:
+            out += ["", "The full recipe is in `setdlm_recipe.json`; `setdlm convert from-hf` turns this directory "
+                        "back into a training run."]
+    out += ["", "## Evaluation", ""]
+    if results:
+        out.append(_table(results, ("metric", "value")))
+    else:
+        out.append("No evaluation results were recorded with this checkpoint.")
+    return "\n".join(out) + "\n"
+
+
+__all__ = ["render_card"]

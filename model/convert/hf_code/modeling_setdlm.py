@@ -1,0 +1,479 @@
+"""A set diffusion language model for Hugging Face transformers, exported by `setdlm convert to-hf`.
+
+Self-contained: depends only on torch and transformers, so
+
+    model = AutoModelForMaskedLM.from_pretrained(DIR, trust_remote_code=True)
+    logits = model(input_ids, position_ids=..., attention_mask=...).logits
+
+works without the setdlm package. One decoder-only transformer serves every set schedule (AR, MDLM,
+BD3-LM, SW-SetDLM); what differs is the attention mask and the positions, so `forward` takes both:
+
+* `position_ids` [B, T]: the original sequence position of every token (rotary phases). Set-diffusion
+  layouts permute tokens, so positions need not be increasing. Default: 0..T-1.
+* `attention_mask`: a boolean [T, T], [B, T, T] or [B, 1, T, T] matrix (True = may attend), a float
+  additive mask of the same shapes, or a Hugging Face [B, T] padding mask (1 = token, 0 = padding)
+  combined with `attention_type`. `attention_type` ("causal", "bidirectional", "block_causal",
+  "setdlm", "bd3lm") builds the mask when no full matrix is given; the default is the family's
+  inference pattern (causal for AR and SW-SetDLM, bidirectional for MDLM, block-causal for BD3-LM).
+  `build_attention_mask(kind, length)` returns the training layouts (the two-stream "setdlm" and
+  "bd3lm" masks over 2L tokens).
+
+Logits cover the whole vocabulary; the MASK token's logit is -inf (it is never a prediction).
+
+`set_diffusion_generate(...)` decodes with the sliding-window set sampler (SW-SetDLM): each step
+predicts every masked position of a window of `w` positions starting at the leftmost masked one,
+accepts the most confident prediction plus every one whose confidence reaches `threshold`, and caches
+the keys and values of accepted tokens (causal among themselves, after everything decoded earlier).
+AR models decode one token at a time with the same method. Rows are decoded one after another.
+
+Weight layout (Llama/Qwen-style names): model.embed_tokens, model.layers.N.{input_layernorm,
+self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, post_attention_layernorm, mlp.{gate,up,down}_proj
+(SwiGLU) or mlp.{up,down}_proj (GELU, tanh approximation)}, model.norm, lm_head (absent when tied).
+Rotary embeddings use the rotate-half convention with inv_freq = rope_theta^(-2i/head_dim).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers.modeling_outputs import MaskedLMOutput
+
+from .configuration_setdlm import SetDLMConfig
+
+MASK_KINDS = ("causal", "bidirectional", "block_causal", "setdlm", "bd3lm")
+_DEFAULT_ATTENTION = {"ar": "causal", "setdlm": "causal", "mdlm": "bidirectional", "bd3lm": "block_causal"}
+
+
+# -- masks ---------------------------------------------------------------------------------------
+def build_attention_mask(kind: str, length: int, block_size: int = 1, device=None) -> torch.Tensor:
+    """Boolean attention mask (True = may attend).
+
+    causal / bidirectional / block_causal: [L, L]. Two-stream training layouts, [2L, 2L]:
+    setdlm  clean stream [0, L) then MASK queries [L, 2L), both in generation order: clean r sees
+            clean s <= r; query r sees clean s < r and itself.
+    bd3lm   noisy x_t [0, L) then clean x_0 [L, 2L), blocks of `block_size`: x_t sees its own block
+            and clean earlier blocks; x_0 is block-causal.
+    """
+    L = int(length)
+    i = torch.arange(L, device=device)
+    if kind == "causal":
+        return i[:, None] >= i[None, :]
+    if kind == "bidirectional":
+        return torch.ones(L, L, dtype=torch.bool, device=device)
+    if kind == "block_causal":
+        blk = i // max(int(block_size), 1)
+        return blk[:, None] >= blk[None, :]
+    m = torch.zeros(2 * L, 2 * L, dtype=torch.bool, device=device)
+    if kind == "setdlm":
+        m[:L, :L] = i[:, None] >= i[None, :]
+        m[L:, :L] = i[:, None] > i[None, :]
+        m[L:, L:] = torch.eye(L, dtype=torch.bool, device=device)
+        return m
+    if kind == "bd3lm":
+        blk = i // max(int(block_size), 1)
+        m[:L, :L] = blk[:, None] == blk[None, :]
+        m[:L, L:] = blk[:, None] > blk[None, :]
+        m[L:, L:] = blk[:, None] >= blk[None, :]
+        return m
+    raise ValueError(f"attention mask kind {kind!r}: valid kinds are {', '.join(MASK_KINDS)}")
+
+
+# -- layers --------------------------------------------------------------------------------------
+class SetDLMRMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x):
+        if hasattr(F, "rms_norm"):
+            return F.rms_norm(x, (x.shape[-1],), self.weight, self.eps)
+        dtype = x.dtype  # pragma: no cover - torch < 2.4
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (x * self.weight.float()).to(dtype)
+
+
+class SetDLMLayerNorm(nn.LayerNorm):
+    def __init__(self, dim: int, eps: float, bias: bool):
+        super().__init__(dim, eps=eps, elementwise_affine=True, bias=bias)
+
+
+def _norm(config: SetDLMConfig, dim: int) -> nn.Module:
+    if config.norm_type == "rmsnorm":
+        return SetDLMRMSNorm(dim, config.norm_eps)
+    return SetDLMLayerNorm(dim, config.norm_eps, config.bias)
+
+
+def rotary_cos_sin(position_ids: torch.Tensor, head_dim: int, theta: float):
+    """[B, T] positions -> (cos, sin), each [B, 1, T, head_dim // 2] in float32."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float64, device=position_ids.device) / head_dim))
+    freqs = position_ids.float()[..., None] * inv_freq.float()
+    return freqs.cos()[:, None], freqs.sin()[:, None]
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate-half convention: pairs (i, i + d/2) rotate together; computed in float32."""
+    dtype = x.dtype
+    x = x.float()
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1).to(dtype)
+
+
+def _sdpa(q, k, v, mask, dropout_p, groups):
+    if groups > 1:
+        try:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, enable_gqa=True)
+        except TypeError:  # pragma: no cover - torch < 2.5
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p)
+
+
+class SetDLMAttention(nn.Module):
+    def __init__(self, config: SetDLMConfig, layer_idx: int):
+        super().__init__()
+        self.layer_idx = layer_idx
+        self.n_heads, self.n_kv = config.num_attention_heads, config.num_key_value_heads
+        self.head_dim, self.theta = config.head_dim, config.rope_theta
+        h, d = config.hidden_size, config.head_dim
+        self.q_proj = nn.Linear(h, self.n_heads * d, bias=config.bias)
+        self.k_proj = nn.Linear(h, self.n_kv * d, bias=config.bias)
+        self.v_proj = nn.Linear(h, self.n_kv * d, bias=config.bias)
+        self.o_proj = nn.Linear(self.n_heads * d, h, bias=config.bias)
+        if config.qk_norm:
+            self.q_norm = SetDLMRMSNorm(d, config.norm_eps)
+            self.k_norm = SetDLMRMSNorm(d, config.norm_eps)
+        self.qk_norm = config.qk_norm
+        self.dropout = config.attention_dropout
+
+    def forward(self, x, cos, sin, mask, cache=None, commit: int = 0):
+        B, T, _ = x.shape
+        q = self.q_proj(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(B, T, self.n_kv, self.head_dim).transpose(1, 2)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
+        if cache is not None:
+            k_all, v_all = cache.attend(self.layer_idx, k, v, commit)
+        else:
+            k_all, v_all = k, v
+        out = _sdpa(q, k_all, v_all, mask, self.dropout if self.training else 0.0, self.n_heads // self.n_kv)
+        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+
+
+class SetDLMMLP(nn.Module):
+    def __init__(self, config: SetDLMConfig):
+        super().__init__()
+        h, f = config.hidden_size, config.intermediate_size
+        self.swiglu = config.mlp_type == "swiglu"
+        if self.swiglu:
+            self.gate_proj = nn.Linear(h, f, bias=config.bias)
+        self.up_proj = nn.Linear(h, f, bias=config.bias)
+        self.down_proj = nn.Linear(f, h, bias=config.bias)
+
+    def forward(self, x):
+        if self.swiglu:
+            return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(F.gelu(self.up_proj(x), approximate="tanh"))
+
+
+class SetDLMDecoderLayer(nn.Module):
+    def __init__(self, config: SetDLMConfig, layer_idx: int):
+        super().__init__()
+        self.input_layernorm = _norm(config, config.hidden_size)
+        self.self_attn = SetDLMAttention(config, layer_idx)
+        self.post_attention_layernorm = _norm(config, config.hidden_size)
+        self.mlp = SetDLMMLP(config)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+
+    def forward(self, x, cos, sin, mask, cache=None, commit: int = 0):
+        x = x + self.dropout(self.self_attn(self.input_layernorm(x), cos, sin, mask, cache, commit))
+        return x + self.dropout(self.mlp(self.post_attention_layernorm(x)))
+
+
+class SetDLMKVCache:
+    """Keys/values (rotary applied) of committed tokens, per layer; new tokens attend to the cache and
+    themselves, and the first `commit` of them are appended after the forward."""
+
+    def __init__(self):
+        self.k: dict[int, torch.Tensor] = {}
+        self.v: dict[int, torch.Tensor] = {}
+
+    def length(self) -> int:
+        return next(iter(self.k.values())).shape[2] if self.k else 0
+
+    def attend(self, layer: int, k, v, commit: int):
+        if layer in self.k:
+            k_all, v_all = torch.cat((self.k[layer], k), 2), torch.cat((self.v[layer], v), 2)
+        else:
+            k_all, v_all = k, v
+        if commit:
+            n = self.length_of(layer)
+            self.k[layer] = k_all[:, :, : n + commit]
+            self.v[layer] = v_all[:, :, : n + commit]
+        return k_all, v_all
+
+    def length_of(self, layer: int) -> int:
+        return self.k[layer].shape[2] if layer in self.k else 0
+
+
+# -- models --------------------------------------------------------------------------------------
+class SetDLMPreTrainedModel(PreTrainedModel):
+    config_class = SetDLMConfig
+    base_model_prefix = "model"
+    _no_split_modules = ["SetDLMDecoderLayer"]
+    _supports_sdpa = True
+
+    def _init_weights(self, module):
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, (SetDLMRMSNorm, SetDLMLayerNorm)):
+            nn.init.ones_(module.weight)
+            if getattr(module, "bias", None) is not None:
+                nn.init.zeros_(module.bias)
+
+
+class SetDLMModel(SetDLMPreTrainedModel):
+    """The decoder stack: embeddings, layers, final norm (hidden states out)."""
+
+    def __init__(self, config: SetDLMConfig):
+        super().__init__(config)
+        self.embed_tokens = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList([SetDLMDecoderLayer(config, i) for i in range(config.num_hidden_layers)])
+        self.norm = _norm(config, config.hidden_size)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.embed_tokens = value
+
+    def forward(self, input_ids=None, position_ids=None, mask=None, inputs_embeds=None, cache=None, commit: int = 0):
+        x = self.embed_tokens(input_ids) if inputs_embeds is None else inputs_embeds
+        cos, sin = rotary_cos_sin(position_ids, self.config.head_dim, self.config.rope_theta)
+        for layer in self.layers:
+            x = layer(x, cos, sin, mask, cache, commit)
+        return self.norm(x)
+
+
+@dataclass
+class SetDiffusionOutput:
+    """Output of `set_diffusion_generate`: per row, the generated tokens (cut before EOS; the span for
+    infilling), the number of decoding steps (model forwards after the prefill) and tokens per step."""
+
+    sequences: list = field(default_factory=list)
+    steps: list = field(default_factory=list)
+    tokens_per_step: list = field(default_factory=list)
+
+
+class SetDLMForMaskedLM(SetDLMPreTrainedModel):
+    """Logits over the vocabulary for every input token (MASK logit -inf), plus the set sampler."""
+
+    def __init__(self, config: SetDLMConfig):
+        super().__init__(config)
+        self.model = SetDLMModel(config)
+        if not config.tie_word_embeddings:
+            self.lm_head = nn.Linear(config.hidden_size, config.vocab_size, bias=config.lm_head_bias)
+        self.post_init()
+
+    def get_input_embeddings(self):
+        return self.model.embed_tokens
+
+    def set_input_embeddings(self, value):
+        self.model.embed_tokens = value
+
+    def get_output_embeddings(self):
+        return None if self.config.tie_word_embeddings else self.lm_head
+
+    # -- forward -----------------------------------------------------------------------------
+    def _mask(self, attention_mask, attention_type, B, T, device, dtype):
+        """A full [T, T] (bool), [B, T, T] or [B, 1, T, T] matrix is used as given (bool: True = attend;
+        float: additive); any other 2-D mask is a [B, T] padding mask applied to `attention_type`."""
+        m = attention_mask
+        if m is not None and (m.dim() in (3, 4) or (m.dim() == 2 and m.dtype == torch.bool and m.shape == (T, T))):
+            if m.shape[-2:] != (T, T):
+                raise ValueError(f"attention_mask: a {m.dim()}-D attention matrix must end in [T, T] = [{T}, {T}], "
+                                 f"got shape {tuple(m.shape)}")
+            m = m.to(device)
+            m = m[:, None] if m.dim() == 3 else m
+            return m if m.dtype == torch.bool else m.to(dtype)
+        kind = attention_type or _DEFAULT_ATTENTION[self.config.family]
+        block = int(self.config.set_diffusion.get("block_size") or 1)
+        two_stream = kind in ("setdlm", "bd3lm")
+        if two_stream and T % 2:
+            raise ValueError(f"attention_type={kind!r} needs an even number of tokens (two streams of L), got {T}")
+        pattern = build_attention_mask(kind, T // 2 if two_stream else T, block, device)
+        if m is None:
+            return pattern
+        if m.dim() != 2 or tuple(m.shape) != (B, T):
+            raise ValueError(f"attention_mask: expected a [B, T] = [{B}, {T}] padding mask or a bool [T, T] / "
+                             f"[B, T, T] / [B, 1, T, T] attention matrix, got shape {tuple(m.shape)}")
+        keep = m.to(device) != 0
+        full = pattern[None, None] & keep[:, None, None, :]
+        return full | torch.eye(T, dtype=torch.bool, device=device)[None, None]  # padded rows keep themselves
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None, labels=None,
+                attention_type: str | None = None, return_dict: bool | None = None, **kwargs):
+        ref = input_ids if input_ids is not None else inputs_embeds
+        if ref is None:
+            raise ValueError("forward: pass input_ids or inputs_embeds")
+        B, T = ref.shape[:2]
+        device = ref.device
+        if position_ids is None:
+            position_ids = torch.arange(T, device=device).expand(B, T)
+        mask = self._mask(attention_mask, attention_type, B, T, device, self.model.embed_tokens.weight.dtype)
+        hidden = self.model(input_ids, position_ids.to(device), mask, inputs_embeds)
+        logits = self.logits(hidden)
+        loss = None
+        if labels is not None:
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1).to(device), ignore_index=-100)
+        if return_dict is False:
+            return (loss, logits) if loss is not None else (logits,)
+        return MaskedLMOutput(loss=loss, logits=logits)
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        if self.config.tie_word_embeddings:
+            out = F.linear(hidden, self.model.embed_tokens.weight)
+        else:
+            out = self.lm_head(hidden)
+        out = out.float()
+        if self.config.mask_token_id is not None:
+            out[..., int(self.config.mask_token_id)] = float("-inf")
+        return out
+
+    # -- decoding ----------------------------------------------------------------------------
+    def _step(self, cache, ids, pos, mask, commit, n_out):
+        dev = self.model.embed_tokens.weight.device
+        ids_t = torch.tensor([ids], dtype=torch.long, device=dev)
+        pos_t = torch.tensor([pos], dtype=torch.long, device=dev)
+        keys = torch.ones(len(ids), cache.length(), dtype=torch.bool, device=dev)
+        full = torch.cat((keys, mask.to(dev)), 1)[None, None]
+        hidden = self.model(ids_t, pos_t, full, cache=cache, commit=commit)
+        return self.logits(hidden[:, len(ids) - n_out:]) if n_out else None
+
+    def _choose(self, logits, temperature, generator):
+        if temperature and temperature > 0:
+            probs = (logits / temperature).softmax(-1)
+            tok = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).view(probs.shape[:-1])
+            return tok, probs.gather(-1, tok[..., None])[..., 0]
+        probs = logits.softmax(-1)
+        conf, tok = probs.max(-1)
+        return tok, conf
+
+    @torch.no_grad()
+    def set_diffusion_generate(self, input_ids, max_new_tokens: int = 128, window: int | None = None,
+                               threshold: float | None = None, eos_token_id: int | None = None,
+                               stop_on_eos: bool = True, suffix_ids=None, temperature: float = 0.0,
+                               generator: torch.Generator | None = None) -> SetDiffusionOutput:
+        """Decode after each prompt (a list of token-id lists, or a [B, P] tensor without padding).
+
+        SW-SetDLM (family "setdlm"): `window` w (default: the model's D) masked positions from the
+        leftmost one are predicted per step; the most confident is accepted plus every one whose
+        probability is >= `threshold` (None: exactly one per step). Tokens are chosen greedily
+        (`temperature` 0) or sampled. `suffix_ids` (one list per row) turns a row into infilling:
+        prefix + `max_new_tokens` MASK + suffix, with prefix and suffix visible (cached) and no EOS
+        stop. AR models ("ar") decode left to right. A generated EOS ends a plain row (`stop_on_eos`).
+        """
+        family = self.config.family
+        if family not in ("setdlm", "ar"):
+            raise NotImplementedError(f"set_diffusion_generate: decoding a {family!r} model is not implemented here; "
+                                      "use the setdlm package's sampler (model.sampling.generate) for BD3-LM and MDLM")
+        mask_id = self.config.mask_token_id
+        if mask_id is None:
+            raise ValueError("set_diffusion_generate: config.mask_token_id is not set")
+        if eos_token_id is None:
+            eos_token_id = self.config.eos_token_id if isinstance(self.config.eos_token_id, int) else None
+        w = int(window or self.config.set_diffusion.get("set_size") or 4)
+        if hasattr(input_ids, "tolist"):
+            input_ids = input_ids.tolist()
+        if input_ids and isinstance(input_ids[0], int):
+            raise TypeError("set_diffusion_generate: input_ids must be a batch (list of lists or a [B, P] tensor)")
+        suffixes = suffix_ids if suffix_ids is not None else [None] * len(input_ids)
+        was_training = self.training
+        self.eval()
+        out = SetDiffusionOutput()
+        try:
+            for prefix, suffix in zip(input_ids, suffixes):
+                prefix = [int(t) for t in prefix]
+                suffix = None if suffix is None else [int(t) for t in (suffix.tolist() if hasattr(suffix, "tolist") else suffix)]
+                run = self._decode_ar if family == "ar" else self._decode_set
+                toks, steps = run(prefix, suffix, int(max_new_tokens), w, threshold, mask_id,
+                                  eos_token_id if stop_on_eos and suffix is None else None, temperature, generator)
+                out.sequences.append(toks)
+                out.steps.append(steps)
+                out.tokens_per_step.append(len(toks) / steps if steps else 0.0)
+        finally:
+            self.train(was_training)
+        return out
+
+    def _decode_set(self, prefix, suffix, n, w, threshold, mask_id, eos, temperature, generator):
+        P = len(prefix)
+        canvas = prefix + [mask_id] * n + (suffix or [])
+        todo = [False] * P + [True] * n + [False] * len(suffix or [])
+        end = P + n
+        cache = SetDLMKVCache()
+        visible = list(range(P)) + list(range(P + n, len(canvas)))
+        if visible:
+            V = len(visible)
+            self._step(cache, [canvas[p] for p in visible], visible, torch.ones(V, V, dtype=torch.bool).tril(), V, 0)
+        pend_tok, pend_pos = [], []
+        steps = 0
+        while True:
+            start = next((p for p in range(P, end) if todo[p]), None)
+            if start is None:
+                break
+            q = [p for p in range(start, min(start + w, end)) if todo[p]]
+            c, m = len(pend_tok), len(q)
+            mask = torch.zeros(c + m, c + m, dtype=torch.bool)
+            mask[:c, :c] = torch.ones(c, c, dtype=torch.bool).tril()
+            mask[c:, :c] = True
+            mask[c:, c:] = torch.eye(m, dtype=torch.bool)
+            logits = self._step(cache, pend_tok + [mask_id] * m, pend_pos + q, mask, c, m)[0]
+            steps += 1
+            tok, conf = self._choose(logits, temperature, generator)
+            best = int(conf.argmax())
+            accept = [i == best or (threshold is not None and threshold < 1.0 and float(conf[i]) >= threshold)
+                      for i in range(m)]
+            pend_tok, pend_pos = [], []
+            for i, p in enumerate(q):
+                if accept[i]:
+                    t = int(tok[i])
+                    canvas[p], todo[p] = t, False
+                    if eos is not None and t == eos:
+                        end = min(end, p)
+            for i, p in enumerate(q):
+                if accept[i] and p < end:
+                    pend_tok.append(canvas[p])
+                    pend_pos.append(p)
+        return canvas[P:end], steps
+
+    def _decode_ar(self, prefix, suffix, n, w, threshold, mask_id, eos, temperature, generator):
+        if not prefix:
+            raise ValueError("set_diffusion_generate: AR decoding needs at least one prompt token")
+        cache = SetDLMKVCache()
+        P = len(prefix)
+        logits = self._step(cache, prefix, list(range(P)), torch.ones(P, P, dtype=torch.bool).tril(), P, 1)[0]
+        out, steps = [], 0
+        for i in range(n):
+            tok, _ = self._choose(logits, temperature, generator)
+            t = int(tok[-1])
+            steps += 1
+            if eos is not None and t == eos:
+                break
+            out.append(t)
+            if i + 1 < n:
+                logits = self._step(cache, [t], [P + i], torch.ones(1, 1, dtype=torch.bool), 1, 1)[0]
+        return out, steps
+
