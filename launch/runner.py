@@ -1,5 +1,8 @@
 """Local multi-process runner: ``setdlm launch local -n N -- CMD ...``.
 
+(``setdlm launch slurm`` and ``setdlm launch mpirun`` print the path and usage of the batch templates
+in ``launch/templates/``.)
+
 Starts N copies of a command on this machine with the torchrun-style environment (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), so that
 ``launch.env.init_distributed`` builds a gloo (CPU) or NCCL (one GPU per process) group. It is a
@@ -182,8 +185,27 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
     return p
 
 
+TEMPLATES = Path(__file__).resolve().parent / "templates"
+_TEMPLATE_HELP = {
+    "slurm": ("slurm_train.sbatch",
+              "sbatch --nodes=N --job-name=RUN_NAME {path} --config RECIPE.yaml [section.key=value ...]"),
+    "mpirun": ("mpirun_train.sh",
+               "NP=16 GPUS_PER_NODE=8 HOSTFILE=hosts RUN_NAME=NAME bash {path} --config RECIPE.yaml [...]"),
+}
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    """``setdlm launch local -n N -- CMD`` (the word ``local`` is optional); ``setdlm launch slurm`` /
+    ``setdlm launch mpirun`` print where the batch templates are and how to submit them."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in _TEMPLATE_HELP:
+        name, usage = _TEMPLATE_HELP[argv[0]]
+        path = TEMPLATES / name
+        print(f"template: {path}\nusage:    {usage.format(path=path)}\nsee docs/cluster.md for the settings")
+        return 0
+    if argv and argv[0] == "local":
+        argv = argv[1:]
+    args = build_parser().parse_args(argv)
     cmd = list(args.cmd)
     if cmd and cmd[0] == "--":
         cmd = cmd[1:]

@@ -39,6 +39,27 @@ def test_main_rejects_missing_command(capsys):
     assert "no command" in capsys.readouterr().err
 
 
+def test_launch_subcommands_print_templates(capsys):
+    assert runner.main(["slurm"]) == 0
+    out = capsys.readouterr().out
+    assert "slurm_train.sbatch" in out and "sbatch" in out
+    assert (runner.TEMPLATES / "slurm_train.sbatch").exists() and (runner.TEMPLATES / "mpirun_train.sh").exists()
+    assert runner.main(["mpirun"]) == 0
+    assert "mpirun_train.sh" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_setdlm_launch_local_command(tmp_path):
+    """The installed console script: `setdlm launch local -n 2 -- CMD`."""
+    setdlm = Path(sys.executable).parent / "setdlm"
+    if not setdlm.exists():
+        pytest.skip("setdlm console script not installed in this environment")
+    res = subprocess.run([str(setdlm), "launch", "local", "-n", "2", "--timeout", "120", "--",
+                          TOY, "--out", str(tmp_path), "--steps", "1"], env=_env(), capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.glob("env-rank*.json")) == ["env-rank0.json", "env-rank1.json"]
+
+
 @pytest.mark.slow
 def test_two_processes_all_reduce(tmp_path):
     rc = runner.main(["-n", "2", "--log-dir", str(tmp_path / "logs"), "--timeout", "120", "--",
