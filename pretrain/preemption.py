@@ -33,6 +33,21 @@ log = logging.getLogger(__name__)
 DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
+def _env_rank() -> int:
+    """This process's rank from the launcher variables, without a process group (same precedence
+    as launch.env.detect_env; kept here because pretrain must not import launch)."""
+    env = os.environ
+    candidates = ["RANK", "OMPI_COMM_WORLD_RANK"]
+    if env.get("SLURM_STEP_ID") is not None or env.get("SLURM_STEPID") is not None:
+        candidates.append("SLURM_PROCID")
+    candidates += ["PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"]
+    for name in candidates:
+        value = env.get(name, "").strip()
+        if value.isdigit():
+            return int(value)
+    return 0
+
+
 class PreemptionHandler:
     """Record preemption signals; agree across ranks at step boundaries; requeue under Slurm."""
 
@@ -137,9 +152,7 @@ class PreemptionHandler:
                 if dist.get_world_size() > 1:
                     dist.barrier()
             else:
-                from launch.env import detect_env
-
-                rank = detect_env(use_mpi4py=False).rank
+                rank = _env_rank()
         except Exception as err:  # noqa: BLE001 - requeue must never crash a clean stop
             log.warning("preemption: could not synchronise before requeue (%s)", err)
         if rank != 0:
