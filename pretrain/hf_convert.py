@@ -273,7 +273,7 @@ def write_run(out: Path, cfg, weights: dict, tokenizer, *, info: dict, overwrite
     return out
 
 
-def _run_config(raw: dict, overrides, out: Path):
+def _run_config(raw: dict, overrides):
     from .config import _merge, from_dict, parse_overrides
 
     raw = _merge(raw, parse_overrides(list(overrides)))
@@ -304,7 +304,7 @@ def import_hf(model_dir, out, *, overrides=(), overwrite: bool = False, log=prin
     raw.setdefault("data", {})["seq_len"] = seq_len
     if not (d / "tokenizer.json").is_file():
         raise ConvertError(f"{d}: tokenizer.json is missing (incomplete export: the tokenizer files are needed)")
-    cfg = _run_config(raw, overrides, Path(out))
+    cfg = _run_config(raw, overrides)
     hf = read_weights(d)
     weights = from_hf_state_dict({k: v.float() for k, v in hf.items()}, cfg.model, where=str(d))
     try:
@@ -403,7 +403,7 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
     model_sec = ref.model_section(arch, V, tok.mask_id, L)
     raw = {"model": model_sec, "objective": objective,
            "data": {"tokenizer": tokenizer, "seq_len": L}, "train": {"ema": 0.0}}
-    cfg = _run_config(raw, overrides, Path(out))
+    cfg = _run_config(raw, overrides)
     Vp = cfg.model.padded_vocab_size
     for k in ("embed.weight", "head.weight", "head.bias"):
         train_sd[k] = _pad_rows(train_sd[k][:V], Vp)

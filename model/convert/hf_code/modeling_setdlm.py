@@ -11,8 +11,8 @@ BD3-LM, SW-SetDLM); what differs is the attention mask and the positions, so `fo
 * `position_ids` [B, T]: the original sequence position of every token (rotary phases). Set-diffusion
   layouts permute tokens, so positions need not be increasing. Default: 0..T-1.
 * `attention_mask`: a boolean [T, T], [B, T, T] or [B, 1, T, T] matrix (True = may attend), a float
-  additive mask of the same shapes, or a Hugging Face [B, T] padding mask (1 = token, 0 = padding)
-  combined with `attention_type`. `attention_type` ("causal", "bidirectional", "block_causal",
+  additive [B, T, T] / [B, 1, T, T] mask, or a Hugging Face [B, T] padding mask (1 = token,
+  0 = padding) combined with `attention_type`. `attention_type` ("causal", "bidirectional", "block_causal",
   "setdlm", "bd3lm") builds the mask when no full matrix is given; the default is the family's
   inference pattern (causal for AR and SW-SetDLM, bidirectional for MDLM, block-causal for BD3-LM).
   `build_attention_mask(kind, length)` returns the training layouts (the two-stream "setdlm" and
@@ -34,7 +34,6 @@ Rotary embeddings use the rotate-half convention with inv_freq = rope_theta^(-2i
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 import torch
