@@ -19,7 +19,7 @@ def test_tp2_checkpoint_round_trip(tmp_path, model_parallel):
     recipe = write_recipe(tmp_path / "r.yaml", model={"n_heads": 4, "tie_embeddings": False},
                           train={"max_steps": 2, "save_every": 2, "eval_every": 0, "ema": 0.5})
     common = ["--config", recipe, "--out", tmp_path, "parallel.tp=2"]
-    r = setdlm("launch", "-n", "2", "--", "-m", "launch.cli", "pretrain", *common, timeout=400)
+    r = setdlm("launch", "local", "-n", "2", "--", "-m", "launch.cli", "pretrain", *common, timeout=400)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     run = tmp_path / "tiny"
     hf = export_checkpoint(run, tmp_path / "hf", log=lambda s: None)  # shards merged on the fly
@@ -34,7 +34,7 @@ def test_tp2_checkpoint_round_trip(tmp_path, model_parallel):
     model2, _, _ = load_model(back)
     _close(_logits(model2, ids, pos, mask), ref)
     # The re-imported run continues under TP=2 (consolidated checkpoint, re-layout path).
-    r = setdlm("launch", "-n", "2", "--", "-m", "launch.cli", "pretrain", "--config", back / "config.yaml",
+    r = setdlm("launch", "local", "-n", "2", "--", "-m", "launch.cli", "pretrain", "--config", back / "config.yaml",
                "parallel.tp=2", "train.max_steps=1", "train.save_every=1", "train.eval_every=0", timeout=400)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     assert (back / "checkpoints" / "latest").read_text() == "step_00000001"
