@@ -71,7 +71,7 @@ def _seeded(base: int, name: str):
 class Attention(torch.nn.Module):
     def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, layer_id: int):
         super().__init__()
-        tp = mp.tensor_model_parallel_size
+        tp = self.tp = mp.tensor_model_parallel_size
         self.layer_id = layer_id
         self.head_dim = cfg.dim_head
         self.groups = cfg.kv_heads // tp  # KV heads on this rank
@@ -87,6 +87,15 @@ class Attention(torch.nn.Module):
         self.k_norm = torch.nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.dropout_p = cfg.attention_dropout
 
+    def _head_norm(self, norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
+        """QK-norm. Its weight is replicated over TP ranks but each rank normalises only its own heads:
+        the weight's gradient is the sum over TP ranks (all-reduced in backward, like a sequence-parallel
+        norm in Megatron-LM), else the replicas would drift apart."""
+        if self.tp == 1:
+            return norm(x)
+        weight = tensor_parallel.copy_to_tensor_model_parallel_region(norm.weight)
+        return F.rms_norm(x, norm.normalized_shape, weight, norm.eps)
+
     def forward(self, x, rope, mask, cache: KVCache | None = None):
         B, T, _ = x.shape
         qkv, _ = self.qkv(x)
@@ -95,7 +104,7 @@ class Attention(torch.nn.Module):
         k = qkv[:, :, :, -2].transpose(1, 2)
         v = qkv[:, :, :, -1].transpose(1, 2)
         if self.q_norm is not None:
-            q, k = self.q_norm(q), self.k_norm(k)
+            q, k = self._head_norm(self.q_norm, q), self._head_norm(self.k_norm, k)
         cos, sin = rope
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:

@@ -100,6 +100,9 @@ class RecipeConfig:
             raise ValueError(f"parallel.tp/parallel.pp: tp*pp = {p.tp}*{p.pp} does not divide the world size {world_size}")
         if p.pp > 1 and p.zero_stage > 1:
             raise ValueError(f"parallel.zero_stage: ZeRO-{p.zero_stage} cannot be combined with pipeline parallelism (parallel.pp={p.pp}); use zero_stage 0 or 1")
+        if p.tp > 1 and p.zero_stage == 3:
+            raise ValueError(f"parallel.zero_stage: ZeRO-3 is supported with tensor parallelism off (parallel.tp={p.tp}); "
+                             "use zero_stage 0, 1 or 2 with tp > 1, or tp=1 with ZeRO-3")
         dp = world_size // (p.tp * p.pp)
         if t.micro_batch < 1:
             raise ValueError(f"train.micro_batch: must be >= 1, got {t.micro_batch}")
