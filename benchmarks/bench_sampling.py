@@ -41,6 +41,9 @@ def parse(argv=None):
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: stable on shared machines)")
+    p.add_argument("--clock", choices=["auto", "wall", "cpu"], default="auto",
+                   help="cpu: process CPU time (auto on CPU with 1 thread: immune to other processes on a shared "
+                        "machine; equals wall time on an idle one); wall: elapsed time (auto on GPU)")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check the script runs")
     p.add_argument("--no-reference", action="store_true", help="skip the recomputing reference")
     p.add_argument("--markdown", action="store_true", help="print a markdown table")
@@ -71,12 +74,15 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+CLOCK = time.perf_counter
+
+
 def timed(fn, model, prompts, cfg, device):
     sync(device)
-    t = time.perf_counter()
+    t = CLOCK()
     outs = fn(model, prompts, cfg)
     sync(device)
-    return time.perf_counter() - t, outs
+    return CLOCK() - t, outs
 
 
 def measure(fn, model, batches, cfg, device, repeat=1, warmup=True):
@@ -98,8 +104,11 @@ def measure(fn, model, batches, cfg, device, repeat=1, warmup=True):
 
 
 def main(argv=None) -> int:
+    global CLOCK
     args = parse(argv)
     torch.set_num_threads(args.threads)
+    cpu_clock = args.clock == "cpu" or (args.clock == "auto" and args.device == "cpu" and args.threads == 1)
+    CLOCK = time.process_time if cpu_clock else time.perf_counter
     from model.sampling import SamplingConfig, generate
     from model.sampling.reference import generate_reference
 
@@ -122,7 +131,8 @@ def main(argv=None) -> int:
 
     dev_name = torch.cuda.get_device_name() if str(args.device).startswith("cuda") else platform.processor() or platform.machine()
     print(f"# bench_sampling {datetime.datetime.now().isoformat(timespec='seconds')} | {platform.node()} | "
-          f"{args.device} ({dev_name}), torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} cores")
+          f"{args.device} ({dev_name}), torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} cores, "
+          f"{'process CPU' if cpu_clock else 'wall'} clock, load average {os.getloadavg()[0]:.1f}")
     print(f"# model: {args.layers} layers x {args.hidden}, vocab {args.vocab}, {args.dtype}, random weights; "
           f"prompt {args.prompt_len} tokens (batch {args.batch}: {min(lens)}-{max(lens)}), {args.new_tokens} new tokens, greedy")
     head = ["sampler", "b1 tok/s", "b1 tok/step", f"b{args.batch} tok/s", f"b{args.batch} tok/step",
