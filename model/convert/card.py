@@ -34,6 +34,7 @@ def render_card(config: dict, *, name: str, recipe: dict | None = None, training
     tags = ["setdlm", "set-diffusion", family, "custom_code"]
     if family != "ar":
         tags.append("diffusion-language-model")
+    tags = list(dict.fromkeys(tags))
     out = ["---", "library_name: transformers", "pipeline_tag: fill-mask", "tags:"]
     out += [f"- {t}" for t in tags]
     out += ["---", "", f"# {name}", ""]
