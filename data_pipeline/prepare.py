@@ -12,7 +12,6 @@ import multiprocessing as mp
 import os
 import shutil
 import sys
-import threading
 import time
 from collections import deque
 
@@ -53,11 +52,9 @@ def _init_worker(tok_dir: str, packing: str) -> None:
 
 
 def _mp_context():
-    """fork where it is safe (Linux, no other Python threads): workers start in milliseconds instead of
-    re-importing the program; spawn otherwise."""
-    if sys.platform.startswith("linux") and threading.active_count() == 1:
-        return mp.get_context("fork")
-    return mp.get_context("spawn")
+    """fork on Linux: workers start in milliseconds instead of re-importing the program (the children
+    only tokenize; `tokenizers` is fork-aware); spawn elsewhere."""
+    return mp.get_context("fork" if sys.platform.startswith("linux") else "spawn")
 
 
 def _tokenize(texts: list[str]):
