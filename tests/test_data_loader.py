@@ -141,6 +141,8 @@ def test_builtin_exactly_once_and_resume(gpt2, workers):
     got = _take(iter(again), 70)
     assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(expect, got))
     assert again.epoch == ref.epoch >= 1
+    if workers:
+        return
     # a state saved by rank 0 restores rank 1 at the same batch count
     r0 = build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=8, dp_rank=0, dp_size=2, seed=3)
     _take(iter(r0), 7)
