@@ -1,0 +1,120 @@
+"""Checkpoints under parallel layouts, through the real trainer on several processes (CPU, gloo).
+
+- Resume parity: PP=2 with ZeRO-1 (per-stage model files, ZeRO optimizer files) trained 4 steps
+  straight vs 2 steps + save + fresh processes + 2 steps: identical losses, gradient norms, validation.
+- Re-layout: a TP=2 checkpoint, consolidated, continues under TP=1 (in this process) and under PP=2:
+  the validation NLL of the loaded weights equals the TP=2 run's at that step, and the next steps'
+  losses match the TP=2 run (weights, Adam moments, LR schedule, data position and RNG carried over).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, cli_env, read_metrics, write_recipe
+from pretrain import checkpoint
+from pretrain.config import load_config
+from pretrain.consolidate import main as consolidate_main
+from pretrain.trainer import Trainer
+
+pytestmark = pytest.mark.slow
+
+REL = 1e-5
+# Dropout masks are drawn per pipeline stage, so only a dropout-free run continues identically under PP.
+NO_DROPOUT = ["model.dropout=0.0"]
+
+
+def recipe(tmp_path: Path, **train) -> Path:
+    return write_recipe(tmp_path / "r.yaml", model={"n_layers": 2, "dropout": 0.1},
+                        train={"max_steps": 4, "save_every": 2, "eval_every": 2, "eval_batches": 2, "keep_last": 3,
+                               "micro_batch": 2, "global_batch": 4, **train})
+
+
+def pretrain(nproc: int, recipe_path: Path, out: Path, *overrides: str) -> str:
+    args = ["-m", "launch.cli", "pretrain", "--config", str(recipe_path), "--out", str(out), *overrides]
+    cmd = [sys.executable, *args] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *args]
+    r = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    return r.stdout + r.stderr
+
+
+def close(a, b, rel=REL):
+    return abs(a - b) <= rel * max(abs(a), abs(b))
+
+
+def test_pipeline_zero1_resume_matches_uninterrupted_run(tmp_path):
+    r = recipe(tmp_path)
+    layout = ["parallel.pp=2", "parallel.zero_stage=1"]
+    pretrain(2, r, tmp_path / "straight", *layout)
+    pretrain(2, r, tmp_path / "resumed", *layout, "train.max_steps=2")
+    out = pretrain(2, r, tmp_path / "resumed", *layout)
+    assert "resumed at step 2" in out
+    a, b = read_metrics(tmp_path / "straight" / "tiny"), read_metrics(tmp_path / "resumed" / "tiny")
+    for step in range(1, 5):
+        assert b[step]["train/loss"] == a[step]["train/loss"], step
+        assert b[step]["train/grad_norm"] == a[step]["train/grad_norm"], step
+    assert b[4]["val/nll"] == a[4]["val/nll"]
+    ckpt = tmp_path / "resumed" / "tiny" / "checkpoints" / "step_00000004"
+    assert sorted(p.name for p in ckpt.glob("mp_rank_*")) == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
+
+
+@pytest.fixture(scope="module")
+def tp2_run(tmp_path_factory):
+    """A TP=2 run of 4 steps with checkpoints at 2 and 4, and its step-2 checkpoint consolidated."""
+    tmp = tmp_path_factory.mktemp("tp2")
+    r = recipe(tmp)
+    pretrain(2, r, tmp / "runs", "parallel.tp=2", *NO_DROPOUT)
+    return r, tmp / "runs" / "tiny"
+
+
+def _from_step_2(run: Path, dest: Path) -> Path:
+    """A copy of `run` as it was after its step-2 save, with that checkpoint consolidated."""
+    shutil.copytree(run, dest)
+    metrics = dest / "metrics.jsonl"
+    metrics.write_text("".join(line for line in metrics.read_text().splitlines(keepends=True)
+                               if json.loads(line)["step"] <= 2))
+    root = dest / "checkpoints"
+    shutil.rmtree(root / "step_00000004")
+    (root / checkpoint.LATEST).write_text("step_00000002")
+    assert consolidate_main(["--checkpoint", str(dest)]) == 0
+    assert (root / "step_00000002" / "consolidated.pt").is_file()
+    return dest
+
+
+def _check_continuation(saved: dict, cont: dict) -> None:
+    assert cont[2].get("relayout") == 1, cont[2]
+    assert close(cont[2]["val/nll"], saved[2]["val/nll"], 1e-6), (cont[2]["val/nll"], saved[2]["val/nll"])
+    for step in (3, 4):
+        assert close(cont[step]["train/loss"], saved[step]["train/loss"]), (step, cont[step], saved[step])
+    assert close(cont[4]["val/nll"], saved[4]["val/nll"]), (cont[4]["val/nll"], saved[4]["val/nll"])
+
+
+def test_tp2_checkpoint_continues_under_tp1(tp2_run, tmp_path, model_parallel):
+    r, run = tp2_run
+    run1 = _from_step_2(run, tmp_path / "tiny")
+    cfg = load_config(r, [f"run.out_dir={tmp_path}", *NO_DROPOUT])
+    Trainer(cfg).train()
+    _check_continuation(read_metrics(run), read_metrics(run1))
+
+
+def test_tp2_checkpoint_continues_under_pp2(tp2_run, tmp_path):
+    r, run = tp2_run
+    run2 = _from_step_2(run, tmp_path / "tiny")
+    out = pretrain(2, r, tmp_path, "parallel.pp=2", *NO_DROPOUT)
+    assert "re-layout" in out
+    _check_continuation(read_metrics(run), read_metrics(run2))
+
+
+def test_relayout_without_consolidation_fails_clearly(tp2_run, tmp_path, model_parallel):
+    r, run = tp2_run
+    shutil.copytree(run, tmp_path / "tiny")
+    cfg = load_config(r, [f"run.out_dir={tmp_path}", *NO_DROPOUT])
+    with pytest.raises(ValueError, match="setdlm convert consolidate"):
+        Trainer(cfg).train()
