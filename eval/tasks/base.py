@@ -1,0 +1,125 @@
+"""What every task shares: common options, the checkpoint, units of examples, speed metrics."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..metrics import mean, percentile
+from ..models import Checkpoint, ModelPredictor, add_sampling_args, pick_device, sampling_config, sampling_spec
+from ..runner import EvalError, EvalRun, Shard, Unit, seed_for
+
+
+class Task:
+    name = "task"
+    help = ""
+    generation = False  # decodes text (speed metrics, sampling options)
+
+    @classmethod
+    def add_args(cls, p: argparse.ArgumentParser) -> None:
+        pass
+
+    def __init__(self, args, shard: Shard, predictor=None):
+        self.args, self.shard = args, shard
+        self.predictor = predictor
+        self.ckpt = None
+        if getattr(args, "checkpoint", None) or predictor is None:
+            self.ckpt = Checkpoint(args.checkpoint, ema=not args.no_ema,
+                                   device=pick_device(shard.local_rank, getattr(args, "device", None)))
+
+    @property
+    def tokenizer(self):
+        if self.ckpt is not None:
+            return self.ckpt.tokenizer
+        return getattr(self.predictor, "tokenizer", None)
+
+    def spec(self) -> dict:
+        s = {"seed": self.args.seed, "limit": self.args.limit}
+        if self.ckpt is not None:
+            s["checkpoint"] = self.ckpt.describe()
+        elif self.predictor is not None:
+            s["predictor"] = getattr(self.predictor, "name", type(self.predictor).__name__)
+        return s
+
+    def units(self) -> list[Unit]:
+        raise NotImplementedError
+
+    def run_unit(self, unit: Unit) -> list[dict]:
+        raise NotImplementedError
+
+    def execute(self, run: EvalRun, after_unit=None) -> dict:
+        return run.execute(self.units(), self.run_unit, after_unit=after_unit)
+
+    @staticmethod
+    def aggregate(records: list[dict], spec: dict, out=None) -> dict:
+        raise NotImplementedError
+
+    # markdown: (headline metric keys, percent keys) for the summary table
+    headline: tuple[str, ...] = ()
+
+
+def chunk_units(examples: list[dict], batch_size: int, key=lambda e: e["id"]) -> list[Unit]:
+    """Consecutive examples in groups of `batch_size` (the last group may be smaller)."""
+    if batch_size < 1:
+        raise EvalError(f"--batch-size: must be >= 1, got {batch_size}")
+    units = []
+    for i in range(0, len(examples), batch_size):
+        group = examples[i:i + batch_size]
+        units.append(Unit(len(units), [str(key(e)) for e in group], group))
+    return units
+
+
+class GenerationTask(Task):
+    """A task that decodes: sampling options, a predictor, speed metrics in every result."""
+
+    generation = True
+    default_threshold: float | None = None
+    default_max_new_tokens = 128
+    default_temperature = 0.0
+    window_default = "D (the objective's set size)"
+
+    @classmethod
+    def add_args(cls, p):
+        add_sampling_args(p, threshold=cls.default_threshold, max_new_tokens=cls.default_max_new_tokens,
+                          temperature=cls.default_temperature, window_default=cls.window_default)
+
+    def __init__(self, args, shard, predictor=None):
+        super().__init__(args, shard, predictor)
+        self.sampling = None
+        if self.predictor is None:
+            self.sampling = sampling_config(self.ckpt, args, window=self.default_window(), **self.sampling_extra())
+            self.predictor = ModelPredictor(self.ckpt, self.sampling)
+
+    def default_window(self) -> int | None:
+        """SW-SetDLM window when --window is not given (None: D)."""
+        return None
+
+    def sampling_extra(self) -> dict:
+        """Task-specific SamplingConfig fields (stop strings, window for infilling, ...)."""
+        return {}
+
+    def spec(self) -> dict:
+        s = super().spec()
+        s["batch_size"] = self.args.batch_size
+        if self.sampling is not None:
+            s["sampling"] = sampling_spec(self.sampling)
+        return s
+
+    def unit_seed(self, unit: Unit) -> int:
+        return seed_for(self.args.seed, self.name, unit.keys[0])
+
+
+def speed_metrics(records: list[dict]) -> dict:
+    """Decoding speed from generation records (prefill included; seconds of the example's batch)."""
+    recs = [r for r in records if r.get("seconds")]
+    if not recs:
+        return {}
+    tps = [r["n_tokens"] / r["seconds"] for r in recs if r["seconds"] > 0]
+    steps = sum(r.get("steps", 0) for r in recs)
+    toks = sum(r["n_tokens"] for r in recs)
+    return {"speed/tokens_per_s": mean(tps), "speed/latency_s": mean([r["seconds"] for r in recs]),
+            "speed/latency_p90_s": percentile([r["seconds"] for r in recs], 0.9),
+            "speed/tokens_per_step": toks / steps if steps else None,
+            "speed/steps": mean([r.get("steps", 0) for r in recs]), "speed/new_tokens": mean([r["n_tokens"] for r in recs])}
+
+
+__all__ = ["Task", "GenerationTask", "chunk_units", "speed_metrics", "seed_for", "Unit", "EvalError"]

@@ -1,0 +1,136 @@
+"""gsm8k: zero- or few-shot accuracy of the final answer.
+
+Prompt: ``Question: {question}\\nAnswer:`` (few-shot: N solved examples ``Question: ..\\nAnswer: ..``
+joined by blank lines before it). Decoding per the paper: greedy, w = D, confidence threshold 0.9,
+stop at ``Question:`` or EOS. The final answer is extracted with `eval.metrics.extract_answer`
+(``#### n``, then ``\\boxed{n}``, then the last number) and compared numerically with the gold
+``#### n``.
+
+Two backends give the same prompts and scoring for zero-shot:
+- ``lm-eval`` (default when lm-evaluation-harness is installed): a task YAML written into the output
+  directory (local JSONL, or the hub dataset with ``--data hub``) builds the requests; our registered
+  LM class generates them through the sharded, resumable runner; the merge replays the records
+  through the harness, which reports its own metric next to ours;
+- ``direct``: our own prompt builder (few-shot examples drawn per example with a seed that depends on
+  the example only).
+"""
+
+from __future__ import annotations
+
+import random
+
+from ..data import load_gsm8k
+from ..metrics import extract_answer, gold_answer, mean
+from ..runner import EvalError, Unit
+from .base import GenerationTask, chunk_units, speed_metrics
+
+TEMPLATE = "Question: {question}\nAnswer:"
+STOP = ["Question:"]
+
+
+def lmeval_available() -> bool:
+    try:
+        import lm_eval  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+class GSM8KTask(GenerationTask):
+    name = "gsm8k"
+    help = "GSM8K final-answer accuracy (zero/few-shot; lm-evaluation-harness or direct)"
+    default_threshold = 0.9
+    default_max_new_tokens = 256
+    headline = ("accuracy", "n", "speed/tokens_per_s", "speed/tokens_per_step")
+
+    @classmethod
+    def add_args(cls, p):
+        p.add_argument("--data", required=True, help="GSM8K JSONL (question, answer) or 'hub' (openai/gsm8k main, online)")
+        p.add_argument("--fewshot", type=int, default=0, help="solved examples in the prompt (default 0)")
+        p.add_argument("--fewshot-data", help="JSONL to draw few-shot examples from (with --data hub: its train split)")
+        p.add_argument("--backend", choices=["auto", "lm-eval", "direct"], default="auto",
+                       help="auto: lm-eval when installed, else direct")
+        super().add_args(p)
+
+    def __init__(self, args, shard, predictor=None):
+        super().__init__(args, shard, predictor)
+        self.backend = args.backend
+        if self.backend == "auto":
+            self.backend = "lm-eval" if lmeval_available() else "direct"
+        if self.backend == "lm-eval" and not lmeval_available():
+            raise EvalError("--backend lm-eval: lm-evaluation-harness is not installed (pip install 'setdlm[lm-eval]'), "
+                            "or use --backend direct")
+        if args.fewshot < 0:
+            raise EvalError(f"--fewshot: must be >= 0, got {args.fewshot}")
+        self.examples = load_gsm8k(args.data)
+        if args.limit:
+            self.examples = self.examples[: args.limit]
+        self.pool = []
+        if args.fewshot:
+            if args.fewshot_data:
+                self.pool = load_gsm8k(args.fewshot_data, "--fewshot-data")
+            elif args.data == "hub":
+                self.pool = load_gsm8k("hub", "--data", split="train")
+            else:
+                raise EvalError("--fewshot-data: required with --fewshot > 0 (a JSONL of solved problems, e.g. the train split)")
+            if len(self.pool) < args.fewshot + 1:
+                raise EvalError(f"--fewshot-data: {len(self.pool)} examples, fewer than --fewshot {args.fewshot} + 1")
+
+    def sampling_extra(self) -> dict:
+        return {"stop": list(STOP)}
+
+    def spec(self) -> dict:
+        s = super().spec()
+        s.update(data=self.args.data, fewshot=self.args.fewshot, fewshot_data=self.args.fewshot_data,
+                 backend=self.backend, template=TEMPLATE, n=len(self.examples))
+        return s
+
+    # -- direct --------------------------------------------------------------------------------
+    def prompt(self, ex: dict) -> str:
+        shots = ""
+        if self.args.fewshot:
+            rng = random.Random(f"{self.args.seed}/fewshot/{ex['id']}")
+            cands = [e for e in self.pool if e["question"] != ex["question"]]
+            picks = rng.sample(cands, self.args.fewshot)
+            shots = "\n\n".join(TEMPLATE.format(question=e["question"]) + " " + e["answer"] for e in picks) + "\n\n"
+        return shots + TEMPLATE.format(question=ex["question"])
+
+    def units(self) -> list[Unit]:
+        return chunk_units(self.examples, self.args.batch_size)
+
+    def _records(self, unit: Unit, docs: list[dict], prompts: list[str], stop: list[str]) -> list[dict]:
+        outs = self.predictor.complete(prompts, self.unit_seed(unit), examples=docs, stop=list(stop))
+        recs = []
+        for key, doc, prompt, o in zip(unit.keys, docs, prompts, outs):
+            gold = gold_answer(doc["answer"])
+            pred, rule = extract_answer(o["text"])
+            recs.append({"key": key, "question": doc["question"], "gold": gold, "prediction": pred, "rule": rule,
+                         "correct": pred is not None and pred == gold, "generation": o["text"], "prompt": prompt,
+                         **{k: v for k, v in o.items() if k != "text"}})
+        return recs
+
+    def run_unit(self, unit: Unit) -> list[dict]:
+        return self._records(unit, unit.payload, [self.prompt(e) for e in unit.payload], STOP)
+
+    # -- lm-eval -------------------------------------------------------------------------------
+    def execute(self, run, after_unit=None) -> dict:
+        if self.backend == "direct":
+            return super().execute(run, after_unit)
+        from ..lmeval import run_generation
+
+        return run_generation(self, run, after_unit)
+
+    # -- metrics -------------------------------------------------------------------------------
+    @staticmethod
+    def aggregate(records, spec, out=None) -> dict:
+        rules: dict = {}
+        for r in records:
+            rules[r["rule"]] = rules.get(r["rule"], 0) + 1
+        m = {"accuracy": mean([float(r["correct"]) for r in records]), "n": len(records),
+             "extraction": rules, "backend": spec.get("backend"), "fewshot": spec.get("fewshot")}
+        m.update(speed_metrics(records))
+        if spec.get("backend") == "lm-eval" and out is not None:
+            from ..lmeval import replay_metrics
+
+            m.update(replay_metrics(out, records, spec))
+        return m

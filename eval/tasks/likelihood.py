@@ -1,0 +1,265 @@
+"""likelihood: NLL, bits per token and perplexity (bound) of a checkpoint on held-out data.
+
+Per objective, exactly what training validation computes (`Trainer.validate`): SW-SetDLM the
+order-sampled bound (one generation order per sequence from the sliding-window schedule), MDLM and
+BD3-LM the NELBO (1/t weights, normalised by the tokens), AR the exact NLL. The data, batches and
+randomness follow the training validation of a run with `--dp` data-parallel ranks (default 1):
+batch j of virtual rank k draws its orders / noise from the generator seeded `seed + 7919 (k + 1)`
+after the draws of batches 0..j-1, so with the recipe's seed, micro-batch and number of batches the
+value equals `val/nll` in the run's metrics.jsonl -- whatever the number of evaluation ranks (each
+rank replays the cheap `prepare` of the batches it skips). `--orders K` adds K-1 orders per
+sequence, each from its own seeded generator; the reported bound is their mean (and, for SetDLM,
+the tighter importance-weighted bound -log mean_k p(x | order_k)).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from contextlib import nullcontext
+
+import torch
+
+from ..runner import EvalError, Unit, seed_for
+from .base import Task
+
+
+def _autocast(precision: str, device: torch.device):
+    """The trainer's autocast rule (pretrain.trainer.autocast_context)."""
+    p = precision
+    if p == "auto":
+        p = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
+    if p == "bf16":
+        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
+    return nullcontext()
+
+
+class LikelihoodTask(Task):
+    name = "likelihood"
+    help = "NLL / bits per token / perplexity bound on held-out shards or text"
+    headline = ("nll", "bpt", "ppl", "tokens")
+
+    @classmethod
+    def add_args(cls, p):
+        p.add_argument("--data", help="held-out data: a prepared shard directory or builtin:NAME "
+                                      "(default: the checkpoint's data.source); its val split is used")
+        p.add_argument("--text", help="held-out text instead: .txt (documents separated by blank lines) or .jsonl "
+                                      "(field 'text'), tokenized and packed as in training")
+        p.add_argument("--batch-size", type=int, help="sequences per batch (default: the recipe's train.micro_batch)")
+        p.add_argument("--max-batches", type=int, default=0,
+                       help="batches per virtual rank (0: all; the recipe's train.eval_batches reproduces training)")
+        p.add_argument("--orders", type=int, default=1, help="orders (SetDLM) / noise draws (MDLM, BD3-LM) per sequence")
+        p.add_argument("--dp", type=int, default=1, help="reproduce the validation of a run with this many data-parallel ranks")
+        p.add_argument("--precision", choices=["auto", "fp32", "bf16"], help="default: the recipe's train.precision")
+
+    def __init__(self, args, shard, predictor=None):
+        super().__init__(args, shard, predictor)
+        cfg = self.ckpt.cfg
+        self.cfg = cfg
+        if args.seed is None:
+            args.seed = cfg.run.seed
+        self.batch_size = args.batch_size or cfg.train.micro_batch
+        for opt, v in (("--batch-size", self.batch_size), ("--orders", args.orders), ("--dp", args.dp)):
+            if v < 1:
+                raise EvalError(f"{opt}: must be >= 1, got {v}")
+        if args.max_batches < 0:
+            raise EvalError(f"--max-batches: must be >= 0, got {args.max_batches}")
+        if args.text and args.data:
+            raise EvalError("--data and --text: give one")
+        if args.text and args.dp != 1:
+            raise EvalError("--dp: only with shard/builtin data (--text has no training layout to reproduce)")
+        self.precision = args.precision or cfg.train.precision
+        self.data_cfg = self._data_cfg()
+        self._stream = None
+        self._objectives: dict = {}
+
+    # -- data --------------------------------------------------------------------------------
+    def _data_cfg(self):
+        d = dataclasses.replace(self.cfg.data, num_workers=0, with_sample_ids=True)
+        if self.args.data:
+            d.source = self.args.data
+        if not d.is_builtin and not self.args.text:
+            from data_pipeline.shards import read_manifest
+
+            try:
+                m = read_manifest(d.source)
+            except ValueError as e:
+                raise EvalError(f"--data: {e}") from None
+            tok = self.ckpt.tokenizer
+            t = m["tokenizer"]
+            if t["sha256"] != tok.sha256:
+                raise EvalError(f"--data: tokenizer mismatch: the shards in {d.source} were prepared with {t['name']!r} "
+                                f"(sha256 {t['sha256'][:12]}), the checkpoint {self.ckpt.path} uses "
+                                f"{self.ckpt.meta.get('tokenizer') or tok.name!r} "
+                                f"(sha256 {tok.sha256[:12]}); evaluate on data tokenized with the checkpoint's tokenizer")
+            d.seq_len, d.packing = int(m["seq_len"]), m["packing"]
+        if d.seq_len > self.cfg.model.max_seq_len:
+            raise EvalError(f"--data: sequences of {d.seq_len} tokens exceed the model's max_seq_len "
+                            f"{self.cfg.model.max_seq_len}")
+        return d
+
+    def _loader(self, k: int):
+        from data_pipeline.loader import build_loader
+
+        try:
+            return build_loader(self.data_cfg, split="val", tokenizer=self.ckpt.tokenizer, micro_batch=self.batch_size,
+                                dp_rank=k, dp_size=self.args.dp, seed=self.args.seed)
+        except ValueError as e:
+            raise EvalError(f"--data: {e}") from None
+
+    def _text_batches(self) -> list[dict]:
+        import numpy as np
+
+        from data_pipeline.packing import frame_documents, token_dtype
+
+        from ..data import load_texts
+
+        tok = self.ckpt.tokenizer
+        docs = load_texts(self.args.text)
+        L = self.data_cfg.seq_len
+        flat, _ = frame_documents(tok.encode_batch(docs), self.data_cfg.packing, tok.bos_id, tok.eos_id,
+                                  token_dtype(tok.vocab_size))
+        n = math.ceil(len(flat) / L)
+        if n == 0:
+            raise EvalError(f"--text: {self.args.text} gives no tokens")
+        rows = np.zeros((n, L), dtype=np.int64)
+        valid = np.zeros((n, L), dtype=bool)
+        rows.flat[: len(flat)] = flat
+        valid.flat[: len(flat)] = True
+        batches = []
+        for i in range(0, n, self.batch_size):
+            b = {"input_ids": torch.from_numpy(rows[i:i + self.batch_size]),
+                 "sample_id": torch.arange(i, min(n, i + self.batch_size))}
+            v = torch.from_numpy(valid[i:i + self.batch_size])
+            if not bool(v.all()):
+                b["valid_mask"] = v
+            batches.append(b)
+        if self.args.max_batches:
+            batches = batches[: self.args.max_batches]
+        return batches
+
+    def _layout(self) -> list[tuple[int, int, int]]:
+        """(virtual rank k, batch j, rows) of every batch."""
+        if self.args.text:
+            self._texts = self._text_batches()
+            return [(0, j, len(b["input_ids"])) for j, b in enumerate(self._texts)]
+        out = []
+        for k in range(self.args.dp):
+            n = len(self._loader(k))
+            if self.args.max_batches:
+                n = min(n, self.args.max_batches)
+            out += [(k, j, self.batch_size) for j in range(n)]
+        return out
+
+    def spec(self) -> dict:
+        s = super().spec()
+        d = self.data_cfg
+        s.update(objective=self.cfg.objective.name, data=self.args.text or d.source, data_kind="text" if self.args.text else "val split",
+                 seq_len=d.seq_len, packing=d.packing, batch_size=self.batch_size, max_batches=self.args.max_batches,
+                 orders=self.args.orders, dp=self.args.dp, precision=self.precision,
+                 objective_config=dataclasses.asdict(self.cfg.objective))
+        return s
+
+    def units(self) -> list[Unit]:
+        return [Unit(i, [f"{k}/{j}/{r}" for r in range(rows)], (k, j))
+                for i, (k, j, rows) in enumerate(self._layout())]
+
+    # -- compute -----------------------------------------------------------------------------
+    def objective(self, seq_len: int):
+        if seq_len not in self._objectives:
+            from model.objectives import build_objective
+
+            self._objectives[seq_len] = build_objective(self.cfg.objective, self.cfg.model, seq_len)
+        return self._objectives[seq_len]
+
+    def _batch(self, k: int, j: int, device) -> tuple[dict, torch.Generator]:
+        """Batch (k, j) on `device` and the order-0 generator positioned for it (replaying skipped batches)."""
+        st = self._stream
+        if st is None or st["k"] != k or st["j"] > j:
+            gen = torch.Generator(device=device).manual_seed(self.args.seed + 7919 * (k + 1))
+            it = iter(self._texts) if self.args.text else iter(self._loader(k))
+            st = self._stream = {"k": k, "j": 0, "it": it, "gen": gen}
+        while True:
+            batch = next(st["it"])
+            batch = {key: v.to(device) if torch.is_tensor(v) else v for key, v in batch.items()}
+            jj = st["j"]
+            st["j"] += 1
+            if jj == j:
+                return batch, st["gen"]
+            self.objective(batch["input_ids"].shape[1]).prepare(batch, st["gen"])  # replay the draws
+
+    @torch.no_grad()
+    def run_unit(self, unit: Unit) -> list[dict]:
+        from megatron.core import tensor_parallel
+
+        model = self.ckpt.model
+        device = next(model.parameters()).device
+        k, j = unit.payload
+        batch, gen0 = self._batch(k, j, device)
+        obj = self.objective(batch["input_ids"].shape[1])
+        x, valid, context = obj._batch_masks(batch)
+        per_order, batch_nll, batch_tokens = [], [], None
+        for o in range(self.args.orders):
+            gen = gen0 if o == 0 else torch.Generator(device=device).manual_seed(seed_for(self.args.seed, "order", k, j, o))
+            inputs = obj.prepare(batch, gen)
+            with _autocast(self.precision, device):
+                logits = model(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
+            # per-sequence CE first, on a copy: megatron's vocab-parallel CE works in place on its input
+            ce = tensor_parallel.vocab_parallel_cross_entropy(logits.float().clone(), inputs.targets)
+            per_order.append((ce * inputs.nll_weight).sum(-1).double().cpu().tolist())
+            _, m = obj.loss(logits, inputs)  # the batch sums exactly as Trainer.validate computes them
+            batch_nll.append(float(m["nll_sum"]))
+            if o == 0:
+                batch_tokens = float(m["nll_tokens"])
+            if o == 0:
+                if obj.name in ("mdlm", "bd3lm"):
+                    row_tokens = (valid & ~context).sum(-1)
+                else:
+                    row_tokens = (inputs.nll_weight > 0).sum(-1)
+                row_tokens = row_tokens.cpu().tolist()
+        sid = batch.get("sample_id")
+        recs = []
+        for r, key in enumerate(unit.keys):
+            recs.append({"key": key, "virtual_rank": k, "batch": j, "row": r,
+                         "sample_id": int(sid[r]) if sid is not None else None, "tokens": int(row_tokens[r]),
+                         "nll": [per_order[o][r] for o in range(self.args.orders)],
+                         "batch_nll": batch_nll, "batch_tokens": batch_tokens})
+        return recs
+
+    # -- metrics -----------------------------------------------------------------------------
+    @staticmethod
+    def aggregate(records, spec, out=None) -> dict:
+        from model.objectives import summarize
+
+        K = int(spec.get("orders", 1))
+        firsts, seen = [], set()
+        for r in records:  # one per batch, in unit (= training) order
+            b = (r["virtual_rank"], r["batch"])
+            if b not in seen:
+                seen.add(b)
+                firsts.append(r)
+        totals = [0.0] * K
+        tokens = 0.0
+        for r in firsts:  # the trainer's accumulation: python floats, batch by batch
+            for o in range(K):
+                totals[o] = totals[o] + r["batch_nll"][o]
+            tokens = tokens + r["batch_tokens"]
+        s = summarize({"nll_sum": sum(totals) / K, "nll_tokens": tokens})
+        m = {"nll": s.get("nll"), "bpt": s.get("bpt"), "ppl": s.get("ppl"), "tokens": int(tokens),
+             "sequences": len(records), "batches": len(firsts), "orders": K, "objective": spec.get("objective"),
+             "bound": {"ar": "exact NLL", "setdlm": "order-sampled upper bound", "mdlm": "NELBO",
+                       "bd3lm": "NELBO"}.get(spec.get("objective"), "")}
+        if K > 1:
+            per = [t / tokens for t in totals]
+            m["nll_per_order"] = per
+            mu = sum(per) / K
+            m["nll_std_over_orders"] = math.sqrt(sum((p - mu) ** 2 for p in per) / (K - 1))
+            if spec.get("objective") == "setdlm":
+                iw = 0.0
+                for r in records:  # -log mean_k exp(-nll_k), per sequence
+                    a = [-v for v in r["nll"]]
+                    mx = max(a)
+                    iw += -(mx + math.log(sum(math.exp(v - mx) for v in a) / K))
+                m["nll_iw"] = iw / tokens
+                m["ppl_iw"] = math.exp(min(m["nll_iw"], 50.0))
+        return m

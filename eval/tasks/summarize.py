@@ -1,0 +1,81 @@
+"""summarize: CNN/DailyMail-style summaries, ROUGE-1/2/L/Lsum against the highlights.
+
+Prompt: ``--template`` (default ``{article}\\n\\nTL;DR:``); the article is cut (its beginning kept,
+at a token boundary) so that prompt + ``--max-new-tokens`` fit the model's context; examples whose
+article was cut are counted. Decoding stops at EOS or a blank line.
+"""
+
+from __future__ import annotations
+
+from ..data import load_cnndm
+from ..metrics import ROUGE_TYPES, mean, rouge
+from ..runner import EvalError, Unit
+from .base import GenerationTask, chunk_units, speed_metrics
+
+TEMPLATE = "{article}\n\nTL;DR:"
+
+
+class SummarizeTask(GenerationTask):
+    name = "summarize"
+    help = "CNN/DailyMail-style summarisation, ROUGE-1/2/L"
+    default_max_new_tokens = 128
+    headline = ("rouge1", "rouge2", "rougeL", "rougeLsum", "n")
+
+    @classmethod
+    def add_args(cls, p):
+        p.add_argument("--data", required=True, help="CSV or JSONL with article, highlights, id")
+        p.add_argument("--template", default=TEMPLATE, help="prompt with {article} (default: %(default)r)")
+        p.add_argument("--stop", action="append", default=None, help="stop string (repeatable; default: a blank line)")
+        super().add_args(p)
+
+    def __init__(self, args, shard, predictor=None):
+        super().__init__(args, shard, predictor)
+        if "{article}" not in args.template:
+            raise EvalError(f"--template: must contain {{article}}, got {args.template!r}")
+        self.docs = load_cnndm(args.data)
+        if args.limit:
+            self.docs = self.docs[: args.limit]
+
+    def sampling_extra(self) -> dict:
+        return {"stop": list(self.args.stop) if self.args.stop else ["\n\n"]}
+
+    def spec(self) -> dict:
+        s = super().spec()
+        s.update(data=self.args.data, template=self.args.template, n=len(self.docs))
+        return s
+
+    def units(self) -> list[Unit]:
+        return chunk_units(self.docs, self.args.batch_size)
+
+    def prompt(self, article: str) -> tuple[str, bool]:
+        tok = self.tokenizer
+        if tok is None or self.ckpt is None:
+            return self.args.template.format(article=article), False
+        head, tail = self.args.template.split("{article}", 1)
+        fixed = len(tok.encode(head)) + len(tok.encode(tail))
+        budget = int(self.ckpt.cfg.model.max_seq_len) - self.args.max_new_tokens - fixed
+        if budget < 1:
+            raise EvalError(f"--max-new-tokens: {self.args.max_new_tokens} leaves no room for the article in the model's "
+                            f"max_seq_len {self.ckpt.cfg.model.max_seq_len}")
+        ids = tok.encode(article)
+        if len(ids) <= budget:
+            return head + article + tail, False
+        return head + tok.decode(ids[:budget]) + tail, True
+
+    def run_unit(self, unit: Unit) -> list[dict]:
+        prompts, cut = zip(*(self.prompt(d["article"]) for d in unit.payload))
+        outs = self.predictor.complete(list(prompts), self.unit_seed(unit), examples=unit.payload)
+        recs = []
+        for key, d, c, o in zip(unit.keys, unit.payload, cut, outs):
+            gen = (o["text"] or "").strip()
+            recs.append({"key": key, "id": d["id"], "reference": d["highlights"], "generation": gen, "article_cut": c,
+                         **rouge(gen, d["highlights"], ROUGE_TYPES), **{k: v for k, v in o.items() if k != "text"}})
+        return recs
+
+    @staticmethod
+    def aggregate(records, spec, out=None) -> dict:
+        m = {t: mean([r[t] for r in records]) for t in ROUGE_TYPES}
+        m.update(n=len(records), articles_cut=sum(1 for r in records if r.get("article_cut")),
+                 summary_tokens=mean([r.get("n_tokens") for r in records]))
+        m.update(speed_metrics(records))
+        return m

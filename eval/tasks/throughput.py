@@ -1,0 +1,200 @@
+"""throughput: decoding speed at batch 1 (and larger batches), and a speed-quality sweep.
+
+For every setting (the command line's, plus one per value of each ``--sweep name=v1,v2,..``) and
+every batch size in ``--batch-sizes``, the prompts are decoded in batches after ``--warmup``
+untimed decodes (per setting and batch size, per rank). Per example: tokens/s = new tokens / the
+seconds from the start of `generate` until that sequence finished (prefill included), latency
+(those seconds), decoding steps and tokens per step. Per batch: new tokens / wall time of the batch.
+Quality of each setting: generative perplexity of the outputs under ``--scorer`` when given, and
+their unigram entropy. The merge writes a table and ``frontier.png`` (tokens/s at the smallest batch
+size against quality, one point per setting). Timings are only comparable between runs on the same
+hardware; run one rank per GPU.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from ..metrics import mean, percentile, unigram_entropy
+from ..models import ModelPredictor, Scorer
+from ..runner import EvalError, Unit
+from .base import GenerationTask
+
+
+def parse_value(v: str):
+    if v.lower() in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(v)
+        except ValueError:
+            pass
+    if v.lower() in ("true", "false"):
+        return v.lower() == "true"
+    return v
+
+
+class ThroughputTask(GenerationTask):
+    name = "throughput"
+    help = "tokens/s at batch 1 (prefill included, after warm-up), latency, tokens/step; sweeps and frontier plot"
+    default_max_new_tokens = 256
+    headline = ("tokens_per_s", "latency_s", "tokens_per_step")
+
+    @classmethod
+    def add_args(cls, p):
+        p.add_argument("--prompts", help="prompts (.txt one per line, or .jsonl prompt/question/text); "
+                                         "default: the first --prompt-tokens tokens of val sequences")
+        p.add_argument("--prompt-tokens", type=int, default=0, help="prompt length taken from val sequences (default 0: unconditional)")
+        p.add_argument("--num-examples", type=int, default=16, help="prompts per setting and batch size (default 16)")
+        p.add_argument("--warmup", type=int, default=2, help="untimed decodes before timing (default 2)")
+        p.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes (default 1)")
+        p.add_argument("--sweep", action="append", default=[], metavar="NAME=V1,V2,..",
+                       help="also run these values of one sampling option (repeatable), e.g. threshold=0.5,0.7,0.9,1.0")
+        p.add_argument("--scorer", help="quality: generative perplexity under this model (setdlm checkpoint or hf:NAME)")
+        p.add_argument("--no-eos-stop", action="store_true", help="always decode --max-new-tokens (ignore EOS)")
+        super().add_args(p)
+
+    def __init__(self, args, shard, predictor=None):
+        super().__init__(args, shard, predictor)
+        try:
+            self.batch_sizes = sorted({int(b) for b in str(args.batch_sizes).split(",") if b.strip()})
+        except ValueError:
+            raise EvalError(f"--batch-sizes: comma-separated integers, got {args.batch_sizes!r}") from None
+        if not self.batch_sizes or min(self.batch_sizes) < 1:
+            raise EvalError(f"--batch-sizes: need integers >= 1, got {args.batch_sizes!r}")
+        if args.num_examples < 1:
+            raise EvalError(f"--num-examples: must be >= 1, got {args.num_examples}")
+        self.settings = [("base", {})]
+        fields = {f.name for f in dataclasses.fields(self.sampling)} if self.sampling else set()
+        for sw in args.sweep:
+            if "=" not in sw:
+                raise EvalError(f"--sweep: expected NAME=V1,V2,.., got {sw!r}")
+            name, vals = sw.split("=", 1)
+            name = name.strip().replace("-", "_")
+            if self.sampling is not None and name not in fields:
+                raise EvalError(f"--sweep: {name!r} is not a sampling option; valid: {', '.join(sorted(fields))}")
+            for v in vals.split(","):
+                val = parse_value(v.strip())
+                self.settings.append((f"{name}={val}", {name: val}))
+        self._predictors: dict = {}
+        for label, ov in self.settings:
+            if self.sampling is not None:
+                sc = dataclasses.replace(self.sampling, **ov)
+                try:
+                    sc.validate()
+                except ValueError as e:
+                    raise EvalError(f"--sweep {label}: {e}") from None
+                self._predictors[label] = ModelPredictor(self.ckpt, sc)
+            else:
+                self._predictors[label] = self.predictor
+        self.scorer = Scorer(args.scorer, self.ckpt.device) if args.scorer else None
+        self._warm: set = set()
+
+    def sampling_extra(self) -> dict:
+        return {"stop_on_eos": not self.args.no_eos_stop}
+
+    def prompts(self) -> list[list[int]]:
+        n, tok = self.args.num_examples, self.tokenizer
+        if self.args.prompts:
+            from ..data import load_prompts
+
+            texts = load_prompts(self.args.prompts)
+            if not texts:
+                raise EvalError(f"--prompts: {self.args.prompts} holds no prompts")
+            return [tok.encode(texts[i % len(texts)]) for i in range(n)]
+        if self.args.prompt_tokens == 0:
+            return [[] for _ in range(n)]
+        from data_pipeline.loader import build_loader
+
+        dcfg = dataclasses.replace(self.ckpt.cfg.data, num_workers=0)
+        loader = build_loader(dcfg, split="val", tokenizer=tok, micro_batch=1, seed=self.ckpt.cfg.run.seed)
+        out = []
+        for b in loader:
+            out.append(b["input_ids"][0, : self.args.prompt_tokens].tolist())
+            if len(out) == n:
+                break
+        return [out[i % len(out)] for i in range(n)]
+
+    def spec(self) -> dict:
+        s = super().spec()
+        s.update(prompts=self.args.prompts, prompt_tokens=self.args.prompt_tokens, num_examples=self.args.num_examples,
+                 warmup=self.args.warmup, batch_sizes=self.batch_sizes, settings=[[l, o] for l, o in self.settings],
+                 scorer=self.scorer.describe() if self.scorer else None)
+        return s
+
+    def units(self) -> list[Unit]:
+        prompts = self.prompts()
+        units = []
+        for label, _ in self.settings:
+            for bs in self.batch_sizes:
+                for i in range(0, len(prompts), bs):
+                    idx = list(range(i, min(len(prompts), i + bs)))
+                    units.append(Unit(len(units), [f"{label}|b{bs}|{j}" for j in idx],
+                                      (label, bs, [(j, prompts[j]) for j in idx])))
+        return units
+
+    def run_unit(self, unit: Unit) -> list[dict]:
+        label, bs, items = unit.payload
+        pred = self._predictors[label]
+        ps = [p for _, p in items]
+        if (label, bs) not in self._warm:
+            for w in range(self.args.warmup):
+                pred.complete(ps, seed=w)
+            self._warm.add((label, bs))
+        outs = pred.complete(ps, self.unit_seed(unit))
+        recs = []
+        for key, (j, p), o in zip(unit.keys, items, outs):
+            r = {"key": key, "setting": label, "batch_size": bs, "prompt_index": j,
+                 "entropy": unigram_entropy(o["tokens"]), **{k: v for k, v in o.items() if k not in ("text", "tokens")},
+                 "text": o["text"]}
+            if self.scorer is not None:
+                r["gen_nll"], r["gen_scored_tokens"] = self.scorer.nll(o["text"] or "", seed=j)
+            recs.append(r)
+        return recs
+
+    @staticmethod
+    def aggregate(records, spec, out=None) -> dict:
+        import math
+
+        rows = []
+        labels = [l for l, _ in spec.get("settings", [["base", {}]])]
+        for label in labels:
+            for bs in spec.get("batch_sizes", [1]):
+                rs = [r for r in records if r["setting"] == label and r["batch_size"] == bs]
+                if not rs:
+                    continue
+                batches, seen = [], set()
+                for r in rs:
+                    if r["unit"] not in seen:
+                        seen.add(r["unit"])
+                        batches.append(r["batch_seconds"])
+                toks = sum(r["n_tokens"] for r in rs)
+                steps = sum(r["steps"] for r in rs)
+                row = {"setting": label, "batch_size": bs, "n": len(rs),
+                       "tokens_per_s": mean([r["n_tokens"] / r["seconds"] for r in rs if r["seconds"] > 0]),
+                       "batch_tokens_per_s": toks / sum(batches) if sum(batches) > 0 else None,
+                       "latency_s": mean([r["seconds"] for r in rs]), "latency_p50_s": percentile([r["seconds"] for r in rs], 0.5),
+                       "latency_p90_s": percentile([r["seconds"] for r in rs], 0.9),
+                       "tokens_per_step": toks / steps if steps else None, "new_tokens": mean([r["n_tokens"] for r in rs]),
+                       "entropy": mean([r["entropy"] for r in rs])}
+                if "gen_nll" in rs[0]:
+                    n = sum(r["gen_scored_tokens"] for r in rs)
+                    row["gen_ppl"] = math.exp(min(sum(r["gen_nll"] for r in rs) / n, 50.0)) if n else None
+                rows.append(row)
+        m = {"rows": rows}
+        base = next((r for r in rows if r["setting"] == "base" and r["batch_size"] == min(spec.get("batch_sizes", [1]))), None)
+        if base:
+            m.update({k: base[k] for k in ("tokens_per_s", "latency_s", "tokens_per_step", "batch_size")})
+        if out is not None and len(labels) > 1:
+            from ..report import frontier_plot
+
+            bmin = min(spec.get("batch_sizes", [1]))
+            pts = [r for r in rows if r["batch_size"] == bmin]
+            ykey = "gen_ppl" if pts and pts[0].get("gen_ppl") is not None else "entropy"
+            m["frontier"] = {"x": "tokens_per_s", "y": ykey, "batch_size": bmin,
+                             "png": frontier_plot([(r["tokens_per_s"], r[ykey], r["setting"]) for r in pts],
+                                                  out / "frontier.png", xlabel=f"tokens/s per example (batch {bmin})",
+                                                  ylabel={"gen_ppl": "generative perplexity (lower is better)",
+                                                          "entropy": "unigram entropy (nats)"}[ykey],
+                                                  title="speed-quality frontier")}
+        return m

@@ -1,0 +1,142 @@
+"""uncond: unconditional samples -- MAUVE against held-out text, generative perplexity, unigram entropy.
+
+Sample i (``--length`` tokens, default the checkpoint's sequence length, sampled at temperature 1
+from an empty prompt, EOS does not stop it) is paired with held-out text i: the i-th sequence of the
+checkpoint's validation split decoded, or the i-th document of ``--reference`` cut to the same
+number of tokens. Each rank featurizes its samples and references (features go into the records, so
+the merge needs no model) and scores both under ``--scorer`` when one is given. Metrics: MAUVE
+(``mauve-text`` on those features; the featurizer is reported), generative perplexity
+exp(sum NLL / sum tokens) of the samples and of the references under the scorer, mean unigram
+entropy of the samples (nats) and of the references.
+"""
+
+from __future__ import annotations
+
+from ..featurize import Featurizer, decode_features, encode_features
+from ..metrics import mauve_score, mean, unigram_entropy
+from ..models import Scorer
+from ..runner import EvalError, Unit
+from .base import GenerationTask, chunk_units, speed_metrics
+
+
+class UncondTask(GenerationTask):
+    name = "uncond"
+    help = "unconditional samples: MAUVE, generative perplexity, unigram entropy"
+    default_temperature = 1.0
+    headline = ("mauve", "gen_ppl", "ref_gen_ppl", "entropy", "ref_entropy", "n")
+
+    @classmethod
+    def add_args(cls, p):
+        p.add_argument("--num-samples", type=int, default=256, help="samples (and reference texts); default 256")
+        p.add_argument("--length", type=int, help="tokens per sample (default: the checkpoint's data.seq_len)")
+        p.add_argument("--reference", help="held-out text (.txt / .jsonl 'text'); default: the checkpoint's val split")
+        p.add_argument("--featurizer", default="minilm", help="MAUVE features: minilm (default), self, hf:NAME_OR_DIR[:mean]")
+        p.add_argument("--scorer", help="generative perplexity model: a setdlm checkpoint (AR: exact) or hf:NAME_OR_DIR "
+                                        "(e.g. hf:gpt2-large); default: not computed")
+        p.add_argument("--mauve-buckets", default="auto", help="k-means buckets (auto: n/10)")
+        p.add_argument("--stop-on-eos", action="store_true", help="end a sample at EOS (default: full length)")
+        super().add_args(p)
+
+    def __init__(self, args, shard, predictor=None):
+        if args.length is not None:
+            args.max_new_tokens = args.length
+        super().__init__(args, shard, predictor)
+        if args.num_samples < 2:
+            raise EvalError(f"--num-samples: MAUVE needs at least 2, got {args.num_samples}")
+        self.length = args.length or (self.ckpt.cfg.data.seq_len if self.ckpt else args.max_new_tokens)
+        if self.sampling is not None:
+            self.sampling.max_new_tokens = self.length
+        self.featurizer = Featurizer(args.featurizer, self.device, self.ckpt)
+        self.scorer = Scorer(args.scorer, self.device) if args.scorer else None
+        self._refs = None
+
+    @property
+    def device(self):
+        return self.ckpt.device if self.ckpt else __import__("torch").device("cpu")
+
+    def sampling_extra(self) -> dict:
+        return {"stop_on_eos": bool(self.args.stop_on_eos), "max_new_tokens": self.args.length or self.ckpt.cfg.data.seq_len}
+
+    def spec(self) -> dict:
+        s = super().spec()
+        s.update(num_samples=self.args.num_samples, length=self.length, reference=self.args.reference or "val split",
+                 featurizer=self.args.featurizer, featurizer_description=self.featurizer.describe(),
+                 scorer=self.scorer.describe() if self.scorer else None, mauve_buckets=self.args.mauve_buckets)
+        return s
+
+    def references(self) -> list[str]:
+        if self._refs is not None:
+            return self._refs
+        n, tok = self.args.num_samples, self.tokenizer
+        if self.args.reference:
+            from ..data import load_texts
+
+            docs = load_texts(self.args.reference, "--reference")
+            refs = [tok.decode(tok.encode(d)[: self.length]) for d in docs[:n]] if tok else docs[:n]
+        else:
+            import dataclasses
+
+            from data_pipeline.loader import build_loader
+
+            dcfg = dataclasses.replace(self.ckpt.cfg.data, num_workers=0)
+            try:
+                loader = build_loader(dcfg, split="val", tokenizer=tok, micro_batch=1, seed=self.ckpt.cfg.run.seed)
+            except ValueError as e:
+                raise EvalError(f"--reference: the checkpoint's val split cannot be read ({e}); give --reference") from None
+            refs = []
+            for b in loader:
+                refs.append(tok.decode(b["input_ids"][0, : self.length].tolist(), skip_special=True))
+                if len(refs) == n:
+                    break
+        if len(refs) < n:
+            raise EvalError(f"--num-samples: {n} samples but only {len(refs)} reference texts "
+                            f"({self.args.reference or 'val split'}); lower --num-samples or give more text")
+        self._refs = refs
+        return refs
+
+    def units(self) -> list[Unit]:
+        exs = [{"id": str(i), "index": i} for i in range(self.args.num_samples)]
+        return chunk_units(exs, self.args.batch_size)
+
+    def run_unit(self, unit: Unit) -> list[dict]:
+        refs = self.references()
+        outs = self.predictor.complete([[] for _ in unit.payload], self.unit_seed(unit), examples=unit.payload)
+        gens = [o["text"] or "" for o in outs]
+        my_refs = [refs[e["index"]] for e in unit.payload]
+        feats = self.featurizer(gens)
+        ref_feats = self.featurizer(my_refs)
+        recs = []
+        for i, (key, e, o) in enumerate(zip(unit.keys, unit.payload, outs)):
+            r = {"key": key, "generation": gens[i], "reference": my_refs[i], "entropy": unigram_entropy(o["tokens"]),
+                 "ref_entropy": unigram_entropy(self.tokenizer.encode(my_refs[i])) if self.tokenizer else None,
+                 "features": encode_features(feats[i]), "ref_features": encode_features(ref_feats[i]),
+                 **{k: v for k, v in o.items() if k != "text"}}
+            if self.scorer is not None:
+                r["gen_nll"], r["gen_scored_tokens"] = self.scorer.nll(gens[i], seed=e["index"])
+                r["ref_nll"], r["ref_scored_tokens"] = self.scorer.nll(my_refs[i], seed=e["index"])
+            recs.append(r)
+        return recs
+
+    @staticmethod
+    def aggregate(records, spec, out=None) -> dict:
+        import math
+
+        import numpy as np
+
+        p = np.stack([decode_features(r["features"]) for r in records])
+        q = np.stack([decode_features(r["ref_features"]) for r in records])
+        buckets = spec.get("mauve_buckets", "auto")
+        mv = mauve_score(p, q, num_buckets=buckets if buckets == "auto" else int(buckets), seed=int(spec.get("seed") or 0) + 25)
+        m = {"mauve": mv["mauve"], "mauve_buckets": mv["num_buckets"], "featurizer": spec.get("featurizer_description"),
+             "entropy": mean([r["entropy"] for r in records]), "ref_entropy": mean([r.get("ref_entropy") for r in records]),
+             "n": len(records), "sample_tokens": mean([r["n_tokens"] for r in records])}
+        if records and "gen_nll" in records[0]:
+            for pre, nll, cnt in (("gen", "gen_nll", "gen_scored_tokens"), ("ref_gen", "ref_nll", "ref_scored_tokens")):
+                tot, n = sum(r[nll] for r in records), sum(r[cnt] for r in records)
+                m[f"{pre}_ppl"] = math.exp(min(tot / n, 50.0)) if n else None
+            m["scorer"] = (spec.get("scorer") or {}).get("scorer")
+        else:
+            m["gen_ppl"] = None
+            m["note"] = "generative perplexity not computed (no --scorer)"
+        m.update(speed_metrics(records))
+        return m

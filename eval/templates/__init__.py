@@ -1,0 +1,1 @@
+"""Slurm templates for evaluation jobs (package data)."""
