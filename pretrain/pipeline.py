@@ -23,7 +23,6 @@ See docs/parallelism.md.
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 import torch.distributed as dist
@@ -32,7 +31,7 @@ from megatron.core import parallel_state
 from model.compat_cpu import megatron_compat
 from model.transformer import Transformer, megatron_config
 
-from .engine import clip_gradients, global_grad_norm
+from .engine import clip_gradients
 
 
 # -- stages -----------------------------------------------------------------------------------------
@@ -117,7 +116,7 @@ class StepRunner:
         acc: dict = {}
         gnorm = None
         for i, inputs in enumerate(micro):
-            logits = self.engine(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
+            logits = self.engine(inputs.input_ids, inputs.position_ids, **inputs.model_kwargs())
             loss, m = self.objective.loss(logits, inputs)
             self.engine.backward(loss)
             if i == len(micro) - 1:
@@ -164,7 +163,7 @@ class StepRunner:
         acc: dict = {}
         if self.pp == 1:
             for inputs in micro:
-                logits = self.module(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
+                logits = self.module(inputs.input_ids, inputs.position_ids, **inputs.model_kwargs())
                 _add(acc, self.objective.loss(logits, inputs)[1])
             return acc
         chunk = max(2 * self.pp, 1)  # a few micro-batches in flight keep every stage busy
@@ -188,8 +187,8 @@ class StepRunner:
         mod = stage.module
         # Stage boundaries carry megatron's [sequence, batch, hidden] layout; the model works in [B, T, H].
         hidden = None if mod.pre_process else stage.input_tensor.transpose(0, 1)
-        out = mod(inputs.input_ids if mod.pre_process else None, inputs.position_ids, inputs.attn_mask,
-                  hidden_states=hidden, logits_slice=inputs.logits_slice)
+        out = mod(inputs.input_ids if mod.pre_process else None, inputs.position_ids, hidden_states=hidden,
+                  **inputs.model_kwargs())
         if not mod.post_process:
             return out.transpose(0, 1).contiguous(), None
         return out, functools.partial(self._loss, inputs)
@@ -226,4 +225,4 @@ def _add(acc: dict, metrics: dict) -> None:
         acc[k] = acc.get(k, 0.0) + float(v)
 
 
-__all__ = ["StepRunner", "build_stage", "stage_layers", "global_grad_norm", "math"]
+__all__ = ["StepRunner", "build_stage", "stage_layers", "schedule_config"]

@@ -127,7 +127,7 @@ def _rows(inputs, a: int, b: int):
     return ModelInputs(input_ids=inputs.input_ids[a:b], position_ids=inputs.position_ids[a:b],
                        attn_mask=inputs.attn_mask, logits_slice=inputs.logits_slice, targets=inputs.targets[a:b],
                        loss_weight=inputs.loss_weight[a:b], nll_weight=inputs.nll_weight[a:b],
-                       num_tokens=inputs.nll_weight[a:b].sum())
+                       num_tokens=inputs.nll_weight[a:b].sum(), mask_spec=inputs.mask_spec)
 
 
 def main() -> int:
