@@ -70,7 +70,10 @@ class SetDLMDecoder(Decoder):
 
     def next_pending(self, tok, pos, accept):
         """Tokens to commit next step: the accepted ones, packed left in ascending position order."""
-        order = torch.sort((~accept).to(torch.int8), dim=1, stable=True).indices[:, : self.p]
+        if self.p == 1:  # at most one accepted: the first accepted slot (or an invalid one)
+            order = accept.to(torch.int8).argmax(1, keepdim=True)
+        else:
+            order = torch.sort((~accept).to(torch.int8), dim=1, stable=True).indices[:, : self.p]
         return tok.gather(1, order), pos.gather(1, order), accept.gather(1, order)
 
     # -- decoding ---------------------------------------------------------------------------------
