@@ -1,0 +1,354 @@
+"""`setdlm pretrain --dry-run`: validate a layout and print its plan without starting anything.
+
+    setdlm pretrain --config configs/qwen3-1.7b-setdlm.yaml --dry-run --world-size 64 parallel.tp=8 parallel.pp=4
+
+prints the layout (TP x PP x DP, micro-batches, accumulation, pipeline bubble), the process groups of
+every rank (megatron-core's own rank generator, order tp-cp-ep-dp-pp: TP peers are neighbours, so a TP
+group stays inside a node when tp <= GPUs per node), the pipeline stages, a memory estimate per GPU and
+pipeline stage (weights, gradients, optimizer states under the ZeRO stage, activations under 1F1B,
+logits), FLOPs per step and the communication volume per step. No process group, model or tensor is
+created; only the tokenizer is read when the recipe leaves the vocabulary size to it.
+
+The memory model (bytes per parameter, `bytes_per_param`), per rank, with d = data-parallel size:
+
+    precision  weights  grads           optimizer (AdamW)                     ZeRO-1       ZeRO-2        ZeRO-3
+    fp32       4        4               8 (m, v)                              optim / d    + grads / d   + weights / d
+    bf16       2        2 + 4 fp32 acc  12 (fp32 master, m, v)                optim / d    + grads / d   + weights / d
+
+Activations are counted per layer and token from model/transformer.py (inputs saved for backward by
+each norm, linear, attention and activation function), times the micro-batches a stage holds under
+1F1B (pp - stage), plus the last stage's fp32 logits and softmax on the predicted tokens. On GPUs the
+attention kernels (flash/flex) keep O(T) state; the dense SDPA path of CPUs keeps the T x T
+probabilities, which the estimate adds for `device="cpu"`. The figure excludes the CUDA context,
+allocator fragmentation and communication buffers (budget 10-20% on top).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import sys
+from dataclasses import dataclass
+
+from .flops import PEAK_TFLOPS, train_step_flops
+
+GIB = 1024**3
+
+
+# -- parameter counts per stage -----------------------------------------------------------------------
+@dataclass
+class StageParams:
+    stage: int
+    layers: range
+    sharded: int = 0  # parameters split over TP ranks (count for the whole TP group)
+    replicated: int = 0  # parameters every TP rank holds in full
+    copies: int = 0  # a tied embedding's copy on the last stage (sharded over TP)
+
+    def per_rank(self, tp: int) -> int:
+        return (self.sharded + self.copies) // tp + self.replicated
+
+
+def _layer_params(m) -> tuple[int, int]:
+    """(TP-sharded, replicated) parameters of one block of model/transformer.py."""
+    h, d, f = m.hidden, m.dim_head, m.ffn_hidden
+    qkv_out = (m.n_heads + 2 * m.kv_heads) * d
+    fc1_out = f * (2 if m.activation == "swiglu" else 1)
+    sharded = h * qkv_out + m.n_heads * d * h + h * fc1_out + f * h
+    replicated = 0
+    if m.bias:
+        sharded += qkv_out + fc1_out
+        replicated += 2 * h  # proj and fc2 biases (added after the all-reduce)
+    norm = h * (2 if m.norm == "layernorm" and m.bias else 1)
+    replicated += 2 * norm + (2 * d if m.qk_norm else 0)
+    return sharded, replicated
+
+
+def stage_params(m, pp: int) -> list[StageParams]:
+    from .pipeline import stage_layers  # imports megatron (no process group)
+
+    V, h = m.padded_vocab_size, m.hidden
+    per_sharded, per_repl = _layer_params(m)
+    out = []
+    for s in range(pp):
+        layers = stage_layers(m.n_layers, pp, s)
+        sp = StageParams(s, layers, len(layers) * per_sharded, len(layers) * per_repl)
+        if s == 0:
+            sp.sharded += V * h
+        if s == pp - 1:
+            sp.replicated += h * (2 if m.norm == "layernorm" and m.bias else 1)
+            if m.tie_embeddings:
+                if s != 0:
+                    sp.copies += V * h
+            else:
+                sp.sharded += V * h + (V if m.head_bias else 0)
+        out.append(sp)
+    return out
+
+
+# -- memory -------------------------------------------------------------------------------------------
+def bytes_per_param(precision: str, zero: int, dp: int) -> dict:
+    """Bytes per parameter on one rank: weights, gradients, optimizer states (see the module doc)."""
+    bf16 = precision == "bf16"
+    weights = 2.0 if bf16 else 4.0
+    grads_lp = 2.0 if bf16 else 4.0
+    grads_acc = 4.0 if bf16 else 0.0
+    optim = 12.0 if bf16 else 8.0
+    if zero >= 1:
+        optim /= dp
+        grads_acc /= dp
+    if zero >= 2:
+        grads_lp /= dp
+    if zero >= 3:
+        weights /= dp
+    return {"weights": weights, "grads": grads_lp + grads_acc, "optimizer": optim}
+
+
+def activation_bytes_per_token_layer(m, tp: int, T: int, dtype_bytes: int, device: str) -> float:
+    """Bytes saved for backward per token and layer (one micro-batch)."""
+    h, d, f = m.hidden, m.dim_head, m.ffn_hidden
+    a, kv = m.n_heads / tp, m.kv_heads / tp
+    elems = 0.0
+    elems += 2 * h  # norm1 input, qkv input (norm1 output; full hidden on every TP rank)
+    elems += (a + 2 * kv) * d  # q, k, v (after rotary) kept by attention
+    elems += a * d  # attention output = proj input
+    elems += 2 * h  # norm2 input (residual), fc1 input
+    elems += f / tp * (2 if m.activation == "swiglu" else 1)  # fc1 output kept by the activation
+    elems += f / tp * (2 if m.activation == "swiglu" else 0)  # silu(gate) and the product (SwiGLU)
+    elems += f / tp  # fc2 input
+    if m.qk_norm:
+        elems += (a + kv) * d  # q, k before the norm
+    total = elems * dtype_bytes
+    total += a * 4  # softmax statistics (log-sum-exp) per head
+    if device == "cpu":
+        total += a * T * 4  # dense SDPA: T x T attention probabilities (fp32)
+    if m.dropout > 0:
+        total += 2 * h  # dropout masks (1 byte each)
+    return total
+
+
+@dataclass
+class StageMemory:
+    stage: int
+    layers: range
+    params: int
+    weights: float
+    grads: float
+    optimizer: float
+    activations: float
+    logits: float
+    in_flight: int
+
+    @property
+    def total(self) -> float:
+        return self.weights + self.grads + self.optimizer + self.activations + self.logits
+
+
+def tokens_in(cfg) -> tuple[int, int]:
+    """(tokens per sequence through the model, predicted tokens per sequence) of the objective."""
+    L = cfg.data.seq_len
+    name = cfg.objective.name
+    if name in ("setdlm", "bd3lm"):
+        return 2 * L, L
+    if name == "ar":
+        return L, L - 1
+    return L, L
+
+
+def estimate_memory(cfg, world_size: int, *, precision: str | None = None, device: str = "cuda") -> list[StageMemory]:
+    """Per pipeline stage, the memory of one rank (bytes)."""
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    dp = world_size // (p.tp * p.pp)
+    accum = cfg.grad_accum(world_size)
+    precision = precision or (t.precision if t.precision != "auto" else ("bf16" if device == "cuda" else "fp32"))
+    bpp = bytes_per_param(precision, p.zero_stage, dp)
+    act_bytes = 2 if precision == "bf16" else 4
+    T, n_out = tokens_in(cfg)
+    b = t.micro_batch
+    per_layer = activation_bytes_per_token_layer(m, p.tp, T, act_bytes, device) * T * b
+    out = []
+    for sp in stage_params(m, p.pp):
+        n = sp.per_rank(p.tp)
+        in_flight = min(p.pp - sp.stage, accum) if p.pp > 1 else 1
+        acts = per_layer * len(sp.layers) * in_flight
+        if sp.stage == 0:
+            acts += T * b * m.hidden * act_bytes * in_flight  # embedding output
+        if p.pp > 1 and sp.stage > 0:
+            acts += T * b * m.hidden * act_bytes * in_flight  # received activations (kept for backward)
+        logits = 0.0
+        if sp.stage == p.pp - 1:
+            # fp32 logits and the cross-entropy's saved softmax on the predicted tokens (one micro-batch)
+            logits = 2 * n_out * b * m.padded_vocab_size / p.tp * 4
+        out.append(StageMemory(sp.stage, sp.layers, n, n * bpp["weights"], n * bpp["grads"], n * bpp["optimizer"],
+                               acts, logits, in_flight))
+    return out
+
+
+# -- communication ------------------------------------------------------------------------------------
+def comm_bytes_per_step(cfg, world_size: int, precision: str) -> dict:
+    """Bytes each rank sends per optimizer step (ring collectives: 2 (n-1)/n of the buffer)."""
+    m, p, t = cfg.model, cfg.parallel, cfg.train
+    dp = world_size // (p.tp * p.pp)
+    accum = cfg.grad_accum(world_size)
+    T, _ = tokens_in(cfg)
+    act = 2 if precision == "bf16" else 4
+    params = max(sp.per_rank(p.tp) for sp in stage_params(m, p.pp))
+    layers = math.ceil(m.n_layers / p.pp)
+    ring = lambda n: 2 * (n - 1) / n if n > 1 else 0.0  # noqa: E731
+    grad_bytes = 2 if precision == "bf16" else 4
+    dp_bytes = ring(dp) * params * grad_bytes * (1.5 if p.zero_stage == 3 else 1.0)
+    tp_bytes = ring(p.tp) * 4 * layers * accum * T * t.micro_batch * m.hidden * act  # 2 fwd + 2 bwd all-reduces
+    pp_bytes = (2 * accum * T * t.micro_batch * m.hidden * act) if p.pp > 1 else 0.0
+    return {"data parallel": dp_bytes, "tensor parallel": tp_bytes, "pipeline": pp_bytes}
+
+
+# -- groups -------------------------------------------------------------------------------------------
+def rank_groups(tp: int, pp: int, dp: int) -> dict[str, list[list[int]]]:
+    """megatron-core's groups for (tp, pp, dp) without creating any (its RankGenerator)."""
+    from megatron.core.parallel_state import RankGenerator
+
+    gen = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=1, order="tp-cp-ep-dp-pp")
+    groups = {name: gen.get_ranks(token) for name, token in
+              (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("mp", "tp-pp"))}
+    groups["embedding"] = [[g[0], g[-1]] for g in groups["pp"]] if pp > 1 else []
+    return groups
+
+
+def _member(groups: list[list[int]], rank: int) -> list[int]:
+    return next(g for g in groups if rank in g)
+
+
+# -- the plan -----------------------------------------------------------------------------------------
+def resolve_for_plan(cfg) -> None:
+    """Fill model.vocab_size / mask_id from the tokenizer when the recipe leaves them to it."""
+    if cfg.model.vocab_size > 0 and cfg.model.mask_id >= 0:
+        return
+    from data_pipeline.tokenizers import load_tokenizer
+
+    try:
+        tok = load_tokenizer(cfg.data.tokenizer)
+    except Exception as e:  # noqa: BLE001 - any tokenizer problem: say how to plan without it
+        raise ValueError(f"data.tokenizer: cannot load {cfg.data.tokenizer!r} here ({e}); set model.vocab_size and "
+                         "model.mask_id to plan without it") from None
+    if cfg.model.vocab_size <= 0:
+        cfg.model.vocab_size = tok.vocab_size
+    if cfg.model.mask_id < 0:
+        if tok.mask_id is None:
+            raise ValueError(f"data.tokenizer: {cfg.data.tokenizer!r} has no MASK token; set model.mask_id")
+        cfg.model.mask_id = tok.mask_id
+
+
+def plan(cfg, world_size: int, *, device: str = "cuda", gpus_per_node: int | None = None) -> dict:
+    """Validate `cfg` for `world_size` ranks and compute the plan (what print_plan shows)."""
+    if world_size < 1:
+        raise ValueError(f"--world-size: must be >= 1, got {world_size}")
+    resolve_for_plan(cfg)
+    cfg.validate(world_size)
+    p, t, m = cfg.parallel, cfg.train, cfg.model
+    dp = cfg.dp_size(world_size)
+    accum = cfg.grad_accum(world_size)
+    gpn = gpus_per_node or int(os.environ.get("SETDLM_GPUS_PER_NODE", "8"))
+    precision = t.precision if t.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
+    memory = estimate_memory(cfg, world_size, precision=precision, device=device)
+    flops = train_step_flops(m, cfg.objective.name, cfg.data.seq_len, t.global_batch)
+    bubble = (p.pp - 1) / (accum + p.pp - 1) if p.pp > 1 else 0.0
+    warnings = []
+    if p.tp > gpn:
+        warnings.append(f"parallel.tp={p.tp} exceeds {gpn} GPUs per node: tensor-parallel all-reduces cross nodes")
+    if p.pp > 1 and accum < p.pp:
+        warnings.append(f"{accum} micro-batches per step for {p.pp} stages: the pipeline bubble is {bubble:.0%}; "
+                        f"raise train.global_batch or lower train.micro_batch")
+    if m.n_layers % p.pp:
+        warnings.append(f"{m.n_layers} layers over {p.pp} stages: stages differ by one layer")
+    return {"world": world_size, "tp": p.tp, "pp": p.pp, "dp": dp, "zero": p.zero_stage, "accum": accum,
+            "micro_batch": t.micro_batch, "global_batch": t.global_batch, "precision": precision,
+            "gpus_per_node": gpn, "groups": rank_groups(p.tp, p.pp, dp), "memory": memory, "flops": flops,
+            "bubble": bubble, "comm": comm_bytes_per_step(cfg, world_size, precision), "warnings": warnings,
+            "params_total": _total_params(m)}
+
+
+def _total_params(m) -> int:
+    from model.transformer import parameter_count
+
+    return parameter_count(m)
+
+
+def _gib(x: float) -> str:
+    return f"{x / GIB:8.2f}"
+
+
+def format_plan(cfg, info: dict, *, max_ranks: int = 128) -> str:
+    m, t = cfg.model, cfg.train
+    lines = []
+    w = lines.append
+    tp, pp, dp = info["tp"], info["pp"], info["dp"]
+    w(f"setdlm dry run: {cfg.run.name} | {info['params_total'] / 1e9:.3f}B parameters | objective {cfg.objective.name} "
+      f"| L={cfg.data.seq_len} | {info['precision']}")
+    w(f"layout: world {info['world']} = TP {tp} x PP {pp} x DP {dp} | ZeRO-{info['zero']} | "
+      f"{info['gpus_per_node']} GPUs per node -> {math.ceil(info['world'] / info['gpus_per_node'])} node(s)")
+    w(f"batch: global {t.global_batch} sequences = micro-batch {t.micro_batch} x accumulation {info['accum']} x DP {dp}"
+      + (f" | pipeline bubble (pp-1)/(m+pp-1) = {info['bubble']:.1%}" if pp > 1 else ""))
+    w("")
+    w("pipeline stages:")
+    for sm in info["memory"]:
+        parts = []
+        if sm.stage == 0:
+            parts.append("embedding")
+        parts.append(f"layers {sm.layers.start}-{sm.layers.stop - 1}" if len(sm.layers) else "no layers")
+        if sm.stage == pp - 1:
+            parts.append("final norm + head + loss" + (" (tied embedding copy)" if m.tie_embeddings and pp > 1 else ""))
+        w(f"  stage {sm.stage}: {', '.join(parts)} | {sm.params / 1e6:.1f}M parameters per rank")
+    w("")
+    g = info["groups"]
+    w(f"process groups (megatron order tp-cp-ep-dp-pp): {len(g['tp'])} TP groups of {tp}, {len(g['pp'])} PP groups "
+      f"of {pp}, {len(g['dp'])} DP groups of {dp}" + (f", {len(g['embedding'])} embedding groups" if pp > 1 else ""))
+    n = min(info["world"], max_ranks)
+    w(f"  {'rank':>5} {'node':>4} {'stage':>5}  {'TP group':<20} {'PP group':<20} {'DP group':<20}")
+    for r in range(n):
+        stage = _member(g["pp"], r).index(r)
+        w(f"  {r:>5} {r // info['gpus_per_node']:>4} {stage:>5}  {_fmt_group(_member(g['tp'], r)):<20} "
+          f"{_fmt_group(_member(g['pp'], r)):<20} {_fmt_group(_member(g['dp'], r)):<20}")
+    if n < info["world"]:
+        w(f"  ... {info['world'] - n} more ranks")
+    w("")
+    bpp = bytes_per_param(info["precision"], info["zero"], dp)
+    w(f"memory per GPU (GiB; {info['precision']}, ZeRO-{info['zero']}: {bpp['weights']:.2f} + {bpp['grads']:.2f} + "
+      f"{bpp['optimizer']:.2f} bytes/parameter for weights + grads + optimizer; activations for micro-batch "
+      f"{t.micro_batch} under 1F1B):")
+    w(f"  {'stage':>5} {'weights':>8} {'grads':>8} {'optim':>8} {'activ.':>8} {'logits':>8} {'total':>8}  in flight")
+    for sm in info["memory"]:
+        w(f"  {sm.stage:>5} {_gib(sm.weights)} {_gib(sm.grads)} {_gib(sm.optimizer)} {_gib(sm.activations)} "
+          f"{_gib(sm.logits)} {_gib(sm.total)}  {sm.in_flight} micro-batch(es)")
+    peak = max(sm.total for sm in info["memory"])
+    w(f"  peak {peak / GIB:.2f} GiB (plus CUDA context, allocator fragmentation and communication buffers: budget 10-20%)")
+    w("")
+    f = info["flops"]
+    w(f"FLOPs per step: {f:.3e} total (fwd + bwd, dense matmuls), {f / info['world']:.3e} per GPU")
+    for gpu in ("H100", "A100"):
+        peak_flops = PEAK_TFLOPS[gpu] * 1e12
+        step_s = f / (info["world"] * peak_flops * 0.4)
+        w(f"  at 40% MFU on {gpu} ({PEAK_TFLOPS[gpu]:.0f} TFLOP/s bf16): {step_s:.2f} s/step, "
+          f"{t.global_batch * cfg.data.seq_len / step_s:,.0f} tokens/s")
+    c = info["comm"]
+    w("communication per step and GPU (ring volumes): " + ", ".join(f"{k} {v / GIB:.2f} GiB" for k, v in c.items()))
+    for warning in info["warnings"]:
+        w(f"warning: {warning}")
+    w("dry run: nothing was started")
+    return "\n".join(lines)
+
+
+def _fmt_group(ranks: list[int]) -> str:
+    if len(ranks) > 2 and all(b - a == ranks[1] - ranks[0] for a, b in zip(ranks, ranks[1:])):
+        step = ranks[1] - ranks[0]
+        return f"{ranks[0]}..{ranks[-1]}" + (f" step {step}" if step != 1 else "")
+    return ",".join(map(str, ranks))
+
+
+def print_plan(cfg, world_size: int, *, file=None) -> dict:
+    """Validate and print the plan of `cfg` on `world_size` GPUs (the `--dry-run` of setdlm pretrain)."""
+    info = plan(cfg, world_size)
+    print(format_plan(cfg, info), file=file or sys.stdout, flush=True)
+    return info
+
+
+__all__ = ["plan", "print_plan", "format_plan", "estimate_memory", "bytes_per_param", "stage_params", "rank_groups",
+           "comm_bytes_per_step"]

@@ -1,0 +1,99 @@
+"""`setdlm pretrain --dry-run`: layout validation, process groups, memory and FLOPs, nothing started."""
+
+from __future__ import annotations
+
+import pytest
+
+from helpers import write_recipe
+from launch.cli import main as cli_main
+from pretrain.config import load_config
+from pretrain.plan import bytes_per_param, estimate_memory, plan, rank_groups, stage_params
+
+
+def test_dry_run_of_a_64_gpu_layout(tmp_path, capsys):
+    code = cli_main(["pretrain", "--config", "configs/qwen3-1.7b-setdlm.yaml", "--dry-run", "--world-size", "64",
+                     "--out", str(tmp_path), "parallel.tp=8", "parallel.pp=4"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "world 64 = TP 8 x PP 4 x DP 2" in out
+    assert "stage 3: layers 21-27, final norm + head + loss (tied embedding copy)" in out
+    assert "memory per GPU" in out and "FLOPs per step" in out and "communication per step" in out
+    # rank 17: node 2, stage 1, TP group 16..23, PP group 1,17,33,49, DP group 17,25
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["17"])
+    assert row.split()[:6] == ["17", "2", "1", "16..23", "1..49", "step"], row
+    assert "17,25" in row
+    assert "nothing was started" in out
+    assert not any(tmp_path.iterdir())  # no run directory, no checkpoints
+
+
+def test_groups_partition_the_world():
+    tp, pp, dp = 2, 4, 3
+    g = rank_groups(tp, pp, dp)
+    world = set(range(tp * pp * dp))
+    for name, size in (("tp", tp), ("pp", pp), ("dp", dp), ("mp", tp * pp)):
+        members = [r for group in g[name] for r in group]
+        assert sorted(members) == sorted(world) and all(len(x) == size for x in g[name]), name
+    assert all(group == list(range(group[0], group[0] + tp)) for group in g["tp"])  # TP peers are neighbours
+    assert all(e == [p[0], p[-1]] for e, p in zip(g["embedding"], g["pp"]))
+
+
+@pytest.mark.parametrize("variant", [
+    dict(tie_embeddings=True, norm="rmsnorm", activation="swiglu", qk_norm=True, bias=False, n_kv_heads=2),
+    dict(tie_embeddings=False, norm="layernorm", activation="gelu", bias=True, head_bias=True),
+])
+def test_parameter_counts_match_the_built_stages(tmp_path, model_parallel, variant):
+    from model.transformer import Transformer, megatron_config
+    from pretrain.pipeline import stage_layers
+
+    cfg = load_config(write_recipe(tmp_path / "r.yaml", model={"n_layers": 5, "n_heads": 4, **variant}),
+                      ["model.vocab_size=300", "model.mask_id=299"])
+    pp = 3
+    for sp in stage_params(cfg.model, pp):
+        stage = Transformer(cfg.model, megatron_config(), pre_process=sp.stage == 0, post_process=sp.stage == pp - 1,
+                            layers=stage_layers(cfg.model.n_layers, pp, sp.stage))
+        sharded = sum(p.numel() for p in stage.parameters() if getattr(p, "tensor_model_parallel", False))
+        replicated = sum(p.numel() for p in stage.parameters() if not getattr(p, "tensor_model_parallel", False))
+        assert (sp.sharded + sp.copies, sp.replicated) == (sharded, replicated), sp.stage
+
+
+def test_zero_stages_shard_what_they_should():
+    z = [bytes_per_param("bf16", s, 8) for s in range(4)]
+    assert z[0] == {"weights": 2, "grads": 6, "optimizer": 12}
+    assert z[1]["optimizer"] == 12 / 8 and z[1]["grads"] == 2 + 4 / 8 and z[1]["weights"] == 2
+    assert z[2]["grads"] == 6 / 8 and z[3]["weights"] == 2 / 8
+    assert bytes_per_param("fp32", 0, 1) == {"weights": 4, "grads": 4, "optimizer": 8}
+
+
+def test_pipeline_stages_hold_fewer_micro_batches_downstream(tmp_path):
+    cfg = load_config(write_recipe(tmp_path / "r.yaml", model={"n_layers": 4}),
+                      ["model.vocab_size=300", "model.mask_id=299", "parallel.pp=4", "train.global_batch=32",
+                       "train.micro_batch=2"])
+    mem = estimate_memory(cfg, 4)
+    assert [m.in_flight for m in mem] == [4, 3, 2, 1]
+    assert mem[0].activations > mem[1].activations > mem[2].activations > mem[3].activations
+    assert mem[3].logits > 0 and mem[0].logits == 0
+
+
+@pytest.mark.parametrize("world,overrides,field", [
+    (4, ["parallel.pp=2", "parallel.zero_stage=2"], "parallel.zero_stage"),
+    (4, ["parallel.pp=2", "parallel.zero_stage=3"], "parallel.zero_stage"),
+    (4, ["parallel.tp=2", "parallel.zero_stage=3"], "parallel.zero_stage"),
+    (4, ["parallel.tp=3"], "parallel.tp"),
+    (6, ["parallel.pp=4"], "parallel.tp/parallel.pp"),
+    (4, ["parallel.tp=4", "model.n_heads=2", "model.hidden=32"], "model.n_heads"),
+    (4, ["parallel.tp=2", "train.global_batch=6", "train.micro_batch=2"], "train.global_batch"),
+    (4, ["parallel.pp=4", "model.n_layers=2"], "parallel.pp"),
+])
+def test_unsupported_layouts_fail_naming_the_field(tmp_path, capsys, world, overrides, field):
+    recipe = write_recipe(tmp_path / "r.yaml")
+    code = cli_main(["pretrain", "--config", str(recipe), "--dry-run", "--world-size", str(world), *overrides])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert field in err, err
+
+
+def test_plan_needs_no_tokenizer_when_the_vocabulary_is_set(tmp_path):
+    cfg = load_config(write_recipe(tmp_path / "r.yaml", data={"tokenizer": "/no/such/tokenizer"}),
+                      ["model.vocab_size=300", "model.mask_id=299", "train.micro_batch=2"])
+    info = plan(cfg, 2)
+    assert info["dp"] == 2 and info["params_total"] > 0
