@@ -339,12 +339,9 @@ def detect_env(environ: Mapping[str, str] | None = None, *, use_mpi4py: bool = T
     mpi = _mpi_env(env, use_mpi4py)
     if mpi is not None:
         return mpi
-    return DistEnv(
-        0, 1, 0, 1,
-        env.get("MASTER_ADDR") or "127.0.0.1",
-        _int(env, "MASTER_PORT", 0) or 0,  # 0: pick a free port in init_distributed
-        "single",
-    )
+    port = _int(env, "MASTER_PORT", 0) or 0  # 0: init_distributed picks a free local port
+    addr = (env.get("MASTER_ADDR") or "127.0.0.1") if port else "127.0.0.1"
+    return DistEnv(0, 1, 0, 1, addr, port, "single")
 
 
 def init_distributed(backend: str | None = None, timeout_s: float = 600) -> DistEnv:
@@ -360,7 +357,7 @@ def init_distributed(backend: str | None = None, timeout_s: float = 600) -> Dist
 
     env = detect_env()
     if env.launcher == "single" and not env.master_port:
-        env.master_port = find_free_port(env.master_addr if env.master_addr != "localhost" else "127.0.0.1")
+        env.master_port = find_free_port("127.0.0.1")
     if dist.is_available() and dist.is_initialized():
         env.rank, env.world_size = dist.get_rank(), dist.get_world_size()
         return env

@@ -21,6 +21,27 @@ def test_single_process_defaults():
     e = _d({"PATH": "/usr/bin"})
     assert (e.rank, e.world_size, e.local_rank, e.local_world_size, e.launcher) == (0, 1, 0, 1, "single")
     assert e.master_addr == "127.0.0.1" and e.master_port == 0  # 0 = pick a free port at init
+    assert _d({"MASTER_ADDR": "elsewhere"}).master_addr == "127.0.0.1"  # no port: a local free one
+    e = _d({"MASTER_ADDR": "h", "MASTER_PORT": "1234"})
+    assert (e.launcher, e.master_addr, e.master_port) == ("single", "h", 1234)
+
+
+def test_init_distributed_single_process_group():
+    """world size 1 still gets a (gloo) process group on a free port, idempotently."""
+    import subprocess
+    import sys
+
+    code = ("import os, torch.distributed as dist\n"
+            "for k in [k for k in os.environ if k.startswith(('RANK','WORLD_SIZE','LOCAL_','MASTER_','SLURM_','OMPI_','PMI'))]:\n"
+            "    del os.environ[k]\n"
+            "from launch.env import init_distributed\n"
+            "e = init_distributed(); e2 = init_distributed()\n"
+            "assert dist.is_initialized() and dist.get_world_size() == 1 and dist.get_backend() == 'gloo'\n"
+            "assert e.launcher == 'single' and e.master_port > 0 and os.environ['RANK'] == '0'\n"
+            "assert (e2.rank, e2.world_size) == (0, 1)\n"
+            "print('ok')\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0 and res.stdout.strip().endswith("ok"), res.stderr[-2000:]
 
 
 def test_torchrun():
