@@ -282,7 +282,7 @@ class Trainer:
                             top_p=t.sample_top_p, threshold=t.sample_threshold or None, seed=self.cfg.run.seed)
         out = generate(self.model, [prompt], sc, mask_id=self.cfg.model.mask_id, tokenizer=self.tokenizer)[0]
         self.logger.write(f"sample ({out.steps} steps, {out.tokens_per_step:.2f} tokens/step):\n"
-                          f"{t.sample_prompt}{out.text}")
+                          f"{t.sample_prompt or ''}{out.text}")
 
 
 def train(cfg: RecipeConfig) -> dict:
