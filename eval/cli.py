@@ -88,10 +88,10 @@ def run_task(name: str, argv: list[str], *, predictor=None, after_unit=None) -> 
 
 
 def _print_headline(name, metrics, cls) -> None:
-    from .report import fmt
+    from .report import PERCENT, fmt
 
     keys = [k for k in getattr(cls, "headline", ()) if k in metrics] or list(metrics)[:4]
-    print(f"{name}: " + ", ".join(f"{k} {fmt(k, metrics[k])}" for k in keys), flush=True)
+    print(f"{name}: " + ", ".join(f"{k} {fmt(k, metrics[k])}{'%' if k in PERCENT else ''}" for k in keys), flush=True)
 
 
 def merge_main(argv: list[str]) -> int:

@@ -50,7 +50,7 @@ def _metrics(out):
 @pytest.fixture(scope="module")
 def lik_one_rank(run_dir, tmp_path_factory):
     out = tmp_path_factory.mktemp("lik1")
-    res = run_task("likelihood", ["--checkpoint", str(run_dir), "--out", str(out), "--max-batches", str(MAX_BATCHES)])
+    res = run_task("likelihood", ["--checkpoint", str(run_dir), "--out", str(out), "--match-training"])
     assert res["merged"]
     return out
 
@@ -60,10 +60,27 @@ def test_likelihood_matches_training_validation_exactly(run_dir, lik_one_rank):
     val = read_metrics(run_dir)[8]
     m = _metrics(lik_one_rank)
     assert m["nll"] == val["val/nll"]  # same data, seed, batches, EMA/precision rule: bit-identical
+    spec = json.loads((lik_one_rank / "metrics.json").read_text())["spec"]
+    assert (spec["max_batches"], spec["batch_size"], spec["dp"]) == (MAX_BATCHES, 4, 1)
     assert m["tokens"] == val["val/tokens"] and m["bpt"] == val["val/bpt"]
     assert m["objective"] == "setdlm" and m["sequences"] == 4 * MAX_BATCHES
     summary = (lik_one_rank / "summary.md").read_text()
     assert "| nll |" in summary and "step 8" in summary
+
+
+@pytest.mark.parametrize("objective,extra", [("ar", []), ("mdlm", ["train.ema=0.9"]), ("bd3lm", [])])
+def test_likelihood_matches_training_validation_for_every_objective(tmp_path, model_parallel, objective, extra):
+    from pretrain.config import load_config
+    from pretrain.trainer import Trainer
+
+    recipe = write_recipe(tmp_path / "r.yaml", train={"max_steps": 2, "eval_every": 2, "save_every": 2,
+                                                      "eval_batches": 1, "log_every": 2})
+    Trainer(load_config(recipe, [f"run.out_dir={tmp_path}", f"objective.name={objective}", *extra])).train()
+    out = tmp_path / "lik"
+    m = run_task("likelihood", ["--checkpoint", str(tmp_path / "tiny"), "--out", str(out), "--max-batches", "1"])["metrics"]
+    assert m["nll"] == read_metrics(tmp_path / "tiny")[2]["val/nll"]
+    assert m["bound"] == {"ar": "exact NLL", "mdlm": "NELBO", "bd3lm": "NELBO"}[objective]
+    assert m["tokens"] == 4 * (31 if objective == "ar" else 32)
 
 
 def test_likelihood_split_over_two_ranks_equals_one_rank(run_dir, lik_one_rank, tmp_path):

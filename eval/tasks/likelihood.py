@@ -51,6 +51,8 @@ class LikelihoodTask(Task):
         p.add_argument("--orders", type=int, default=1, help="orders (SetDLM) / noise draws (MDLM, BD3-LM) per sequence")
         p.add_argument("--dp", type=int, default=1, help="reproduce the validation of a run with this many data-parallel ranks")
         p.add_argument("--precision", choices=["auto", "fp32", "bf16"], help="default: the recipe's train.precision")
+        p.add_argument("--match-training", action="store_true",
+                       help="exactly the run's validation: its micro-batch, train.eval_batches and data-parallel size")
 
     def __init__(self, args, shard, predictor=None):
         super().__init__(args, shard, predictor)
@@ -58,6 +60,13 @@ class LikelihoodTask(Task):
         self.cfg = cfg
         if args.seed is None:
             args.seed = cfg.run.seed
+        if args.match_training:
+            if args.text or args.data or args.batch_size or args.max_batches or args.dp != 1:
+                raise EvalError("--match-training: sets the data, --batch-size, --max-batches and --dp from the run; "
+                                "do not give them too")
+            args.batch_size = cfg.train.micro_batch
+            args.max_batches = cfg.train.eval_batches
+            args.dp = int((self.ckpt.meta.get("layout") or {}).get("dp", 1))
         self.batch_size = args.batch_size or cfg.train.micro_batch
         for opt, v in (("--batch-size", self.batch_size), ("--orders", args.orders), ("--dp", args.dp)):
             if v < 1:
