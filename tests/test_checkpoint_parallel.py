@@ -53,16 +53,18 @@ def test_pipeline_zero1_resume_matches_uninterrupted_run(tmp_path):
     r = recipe(tmp_path)
     layout = ["parallel.pp=2", "parallel.zero_stage=1"]
     pretrain(2, r, tmp_path / "straight", *layout)
-    pretrain(2, r, tmp_path / "resumed", *layout, "train.max_steps=2")
-    out = pretrain(2, r, tmp_path / "resumed", *layout)
+    pretrain(2, r, tmp_path / "resumed", *layout, "train.max_steps=2", "train.keep_last=1")
+    out = pretrain(2, r, tmp_path / "resumed", *layout, "train.keep_last=1")
     assert "resumed at step 2" in out
     a, b = read_metrics(tmp_path / "straight" / "tiny"), read_metrics(tmp_path / "resumed" / "tiny")
     for step in range(1, 5):
         assert b[step]["train/loss"] == a[step]["train/loss"], step
         assert b[step]["train/grad_norm"] == a[step]["train/grad_norm"], step
     assert b[4]["val/nll"] == a[4]["val/nll"]
-    ckpt = tmp_path / "resumed" / "tiny" / "checkpoints" / "step_00000004"
-    assert sorted(p.name for p in ckpt.glob("mp_rank_*")) == ["mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]
+    root = tmp_path / "resumed" / "tiny" / "checkpoints"
+    assert sorted(p.name for p in root.glob("step_*")) == ["step_00000004"]  # keep_last=1
+    assert sorted(p.name for p in (root / "step_00000004").glob("mp_rank_*")) == [
+        "mp_rank_00_model_states.pt", "mp_rank_01_model_states.pt"]  # one model file per pipeline stage
 
 
 @pytest.fixture(scope="module")
