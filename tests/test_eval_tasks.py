@@ -3,7 +3,6 @@ bad input, merge, matrix and the Slurm template. Fixtures in tests/fixtures/eval
 project in the real schemas; nothing reaches the hub."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +13,6 @@ from helpers import REPO, cli_env, read_metrics, write_recipe
 
 from eval.cli import main as eval_main
 from eval.cli import run_task
-from eval.runner import EvalError
 
 FIX = REPO / "tests" / "fixtures" / "eval"
 MAX_BATCHES = 2  # = the recipe's train.eval_batches below

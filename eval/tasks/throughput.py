@@ -65,6 +65,7 @@ class ThroughputTask(GenerationTask):
         if args.num_examples < 1:
             raise EvalError(f"--num-examples: must be >= 1, got {args.num_examples}")
         self.settings = [("base", {})]
+        self.base_values: dict = {}
         fields = {f.name for f in dataclasses.fields(self.sampling)} if self.sampling else set()
         for sw in args.sweep:
             if "=" not in sw:
@@ -73,6 +74,8 @@ class ThroughputTask(GenerationTask):
             name = name.strip().replace("-", "_")
             if self.sampling is not None and name not in fields:
                 raise EvalError(f"--sweep: {name!r} is not a sampling option; valid: {', '.join(sorted(fields))}")
+            if self.sampling is not None:
+                self.base_values[name] = getattr(self.sampling, name)
             for v in vals.split(","):
                 val = parse_value(v.strip())
                 self.settings.append((f"{name}={val}", {name: val}))
@@ -119,6 +122,7 @@ class ThroughputTask(GenerationTask):
         s = super().spec()
         s.update(prompts=self.args.prompts, prompt_tokens=self.args.prompt_tokens, num_examples=self.args.num_examples,
                  warmup=self.args.warmup, batch_sizes=self.batch_sizes, settings=[[l, o] for l, o in self.settings],
+                 base_values=self.base_values,
                  scorer=self.scorer.describe() if self.scorer else None)
         return s
 
@@ -191,8 +195,14 @@ class ThroughputTask(GenerationTask):
             bmin = min(spec.get("batch_sizes", [1]))
             pts = [r for r in rows if r["batch_size"] == bmin]
             ykey = "gen_ppl" if pts and pts[0].get("gen_ppl") is not None else "entropy"
+            labelled = []
+            for r in pts:  # the base point joins every swept option's curve, labelled with its value there
+                if r["setting"] == "base" and spec.get("base_values"):
+                    labelled += [(r["tokens_per_s"], r[ykey], f"{k}={v} (base)") for k, v in spec["base_values"].items()]
+                else:
+                    labelled.append((r["tokens_per_s"], r[ykey], r["setting"]))
             m["frontier"] = {"x": "tokens_per_s", "y": ykey, "batch_size": bmin,
-                             "png": frontier_plot([(r["tokens_per_s"], r[ykey], r["setting"]) for r in pts],
+                             "png": frontier_plot(labelled,
                                                   out / "frontier.png", xlabel=f"tokens/s per example (batch {bmin})",
                                                   ylabel={"gen_ppl": "generative perplexity (lower is better)",
                                                           "entropy": "unigram entropy (nats)"}[ykey],
