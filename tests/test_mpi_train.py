@@ -47,7 +47,10 @@ def test_launch_env_reads_open_mpi_variables_and_mpi4py_fallback():
 
 
 def test_training_under_mpirun_template(tmp_path):
-    res = _mpirun_template(tmp_path, tiny_train_args(6, save_every=3), RUNS_DIR=str(tmp_path), RUN_NAME="mpi-run")
+    # stale launcher variables in the calling shell must not override Open MPI's
+    stale = {"RANK": "0", "WORLD_SIZE": "1", "MASTER_ADDR": "10.255.255.1", "MASTER_PORT": "1"}
+    res = _mpirun_template(tmp_path, tiny_train_args(6, save_every=3), RUNS_DIR=str(tmp_path), RUN_NAME="mpi-run",
+                           **stale)
     out = res.stdout + res.stderr
     assert res.returncode == 0, out[-5000:]
     assert "world 2 " in out

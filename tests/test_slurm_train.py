@@ -32,18 +32,21 @@ def slurm(tmp_path_factory):
     cluster.stop()
 
 
-def _submit(slurm: SlurmCluster, tmp_path: Path, name: str, launcher: str, steps: int, save_every=None):
+def _submit(slurm: SlurmCluster, tmp_path: Path, name: str, launcher: str, steps: int, save_every=None,
+            **env_extra):
     runs = tmp_path / "runs"
     extra = [*CPU_NODE, f"--job-name={name}", f"--output={tmp_path}/%x-%j.out"]
     extra.append("--ntasks-per-node=2" if launcher == "srun" else "--ntasks-per-node=1")
-    env = job_env(LAUNCHER=launcher, GPUS_PER_NODE="2", RUNS_DIR=str(runs))
+    env = job_env(LAUNCHER=launcher, GPUS_PER_NODE="2", RUNS_DIR=str(runs), **env_extra)
     job = slurm.sbatch([SBATCH, *tiny_train_args(steps, save_every)], extra=extra, env=env, cwd=REPO)
     return job, runs / name, lambda: (tmp_path / f"{name}-{job}.out").read_text(errors="replace")
 
 
 def test_two_task_training_job_completes(slurm, tmp_path):
     """srun starts 2 tasks; launch.env reads SLURM_PROCID/SLURM_NTASKS; the run trains 6 steps."""
-    job, run_dir, log = _submit(slurm, tmp_path, "slurm-2task", "srun", steps=6, save_every=3)
+    # launcher variables of the submitting shell are exported by sbatch: the template must drop them
+    stale = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "10.255.255.1", "MASTER_PORT": "1"}
+    job, run_dir, log = _submit(slurm, tmp_path, "slurm-2task", "srun", steps=6, save_every=3, **stale)
     info = slurm.wait(job, timeout=300)
     out = log()
     assert info["JobState"] == "COMPLETED" and info["ExitCode"] == "0:0", out + slurm.logs_tail()

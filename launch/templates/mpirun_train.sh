@@ -6,13 +6,17 @@
 # Every rank runs $TRAIN_CMD (default `setdlm pretrain`) with this script's arguments, plus
 # `--out $RUNS_DIR` / `--name $RUN_NAME` when those are set (run directory OUT/NAME; starting the same
 # command again resumes from its last checkpoint). launch/env.py reads OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; rank 0's address is
-# the first host of HOSTFILE (or this host), exported as MASTER_ADDR together with MASTER_PORT.
+# the first host of HOSTFILE (or this host), exported as MASTER_ADDR together with MASTER_PORT (a free
+# port of this host); SETDLM_MASTER_ADDR / SETDLM_MASTER_PORT override both.
 # Inside a Slurm allocation mpirun finds the nodes itself (no HOSTFILE needed); prefer the sbatch
 # template there, which also handles preemption. mpirun forwards SIGUSR1/SIGUSR2 to the ranks
 # (the trainer's PreemptionHandler saves on them) and turns SIGTERM into SIGTERM+SIGKILL.
 # MPICH / Intel MPI: launch/env.py understands PMI_RANK/PMI_SIZE too; replace the Open MPI options
 # (--map-by, -x) by `-ppn $GPUS_PER_NODE -genvlist MASTER_ADDR,MASTER_PORT,...`.
 set -euo pipefail
+# launcher variables inherited from this shell (one that ran torchrun or init_distributed) would win
+# over Open MPI's in launch/env.py: drop them; SETDLM_MASTER_ADDR / SETDLM_MASTER_PORT override below
+unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK ROLE_RANK MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID
 
 TRAIN_CMD=${TRAIN_CMD:-setdlm pretrain}
 GPUS_PER_NODE=${GPUS_PER_NODE:-8}           # ranks per node
@@ -33,8 +37,8 @@ MPIRUN_ARGS=${MPIRUN_ARGS:-}                # e.g. "--allow-run-as-root --oversu
 if [ "$NP" -le "$GPUS_PER_NODE" ] && [ -z "$HOSTFILE" ] && [ -z "${SLURM_JOB_NODELIST:-}" ]; then
   FIRST_HOST=127.0.0.1                      # one node: loopback always works
 fi
-export MASTER_ADDR=${MASTER_ADDR:-$FIRST_HOST}
-export MASTER_PORT=${MASTER_PORT:-$(( 20000 + $$ % 10000 ))}
+export MASTER_ADDR=${SETDLM_MASTER_ADDR:-$FIRST_HOST}
+export MASTER_PORT=${SETDLM_MASTER_PORT:-$(python3 -c 'import socket; s=socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])' 2>/dev/null || echo $(( 20000 + $$ % 10000 )))}
 export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 export TORCH_NCCL_ASYNC_ERROR_HANDLING=${TORCH_NCCL_ASYNC_ERROR_HANDLING:-1}
 export CUDA_DEVICE_MAX_CONNECTIONS=${CUDA_DEVICE_MAX_CONNECTIONS:-1}

@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 
 BINARIES = ("munged", "munge", "unmunge", "slurmctld", "slurmd", "sbatch", "srun", "scontrol", "squeue", "scancel", "sinfo")
+LAUNCHER_VARS = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RUN_ID"}
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
             "DEADLINE", "PREEMPTED"}
 
@@ -79,7 +81,10 @@ class SlurmCluster:
         self.min_job_age = min_job_age
         self.kill_wait = kill_wait
         self.conf = self.root / "slurm.conf"
-        self.env = dict(os.environ, SLURM_CONF=str(self.conf))
+        # jobs inherit this environment (sbatch --export=ALL): never the test process's own
+        # launcher variables (a fixture may have run init_distributed in this process)
+        self.env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith("SLURM_")}
+        self.env["SLURM_CONF"] = str(self.conf)
         self._procs: list[subprocess.Popen] = []
         self.munge_dir: Path | None = None
         self.munge_socket: Path | None = None
