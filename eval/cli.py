@@ -46,6 +46,18 @@ def _log(msg: str) -> None:
     print(f"[setdlm eval] {msg}", file=sys.stderr, flush=True)
 
 
+def _select_device(shard, device: str | None) -> None:
+    """One GPU per local rank: make it the current device before anything allocates (megatron-core
+    builds layers on the current device), so ranks on one node do not all start on GPU 0."""
+    import torch
+
+    if not torch.cuda.is_available() or (device and not device.startswith("cuda")):
+        return
+    from .models import pick_device
+
+    torch.cuda.set_device(pick_device(shard.local_rank, device))
+
+
 def run_task(name: str, argv: list[str], *, predictor=None, after_unit=None) -> dict:
     """Parse `argv`, run this rank's share of task `name`, merge when this process should.
 
@@ -60,6 +72,7 @@ def run_task(name: str, argv: list[str], *, predictor=None, after_unit=None) -> 
     shard = detect_shard(args.shard)
     if args.overwrite and shard.world > 1:
         raise EvalError("--overwrite: with several ranks the deletion would race with their writes; delete --out first")
+    _select_device(shard, args.device)
     isolate_process_group()
     cls = get_task(name)
     task = cls(args, shard, predictor)

@@ -19,7 +19,7 @@ from .runner import EvalError
 
 
 def pick_device(local_rank: int = 0, device: str | None = None) -> torch.device:
-    if device:
+    if device and device != "cuda":
         return torch.device(device)
     if torch.cuda.is_available():
         return torch.device(f"cuda:{local_rank % torch.cuda.device_count()}")
