@@ -61,6 +61,11 @@ def test_requeue_runs_scontrol_only_under_slurm(tmp_path, monkeypatch):
     monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
     for k in [k for k in os.environ if k.startswith(("SLURM_", "OMPI_", "PMI", "RANK", "WORLD_SIZE"))]:
         monkeypatch.delenv(k)
+    # without a process group the rank comes from the launcher variables (another test of this
+    # session may have created a one-process group in this interpreter)
+    import torch.distributed as dist
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: False)
     h = PreemptionHandler()
     h.requeue()  # no SLURM_JOB_ID: no-op
     assert not log.exists()
