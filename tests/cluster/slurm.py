@@ -116,7 +116,11 @@ class SlurmCluster:
 
     def stop(self) -> None:
         if any(p.poll() is None for p in self._procs):
-            self._run(["scancel", "--full", "--signal=KILL", "--user=root"], check=False)
+            # cancel what is left and give slurmd a moment to finish its job steps cleanly
+            self._run(["scancel", "--user=root"], check=False)
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline and (self._stepd_pids() or self._queue_not_empty()):
+                time.sleep(0.3)
         for p in reversed(self._procs):
             if p.poll() is None:
                 p.send_signal(signal.SIGTERM)
@@ -127,7 +131,35 @@ class SlurmCluster:
                 p.kill()
                 p.wait()
         self._procs.clear()
+        # slurmstepd processes of this cluster that outlived their slurmd (e.g. the first attempt of a
+        # requeued job still reporting to a controller that is gone) ignore SIGTERM: kill them
+        for pid in self._stepd_pids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
         self._stop_munge()
+
+    def _queue_not_empty(self) -> bool:
+        try:
+            res = self._run(["squeue", "-h", "-o", "%i"], check=False, timeout=10)
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return res.returncode == 0 and bool(res.stdout.strip())
+
+    def _stepd_pids(self) -> list[int]:
+        """slurmstepd processes started by this cluster's slurmd (found by SLURM_CONF in their environment)."""
+        mine = f"SLURM_CONF={self.conf}".encode()
+        pids = []
+        for proc in Path("/proc").glob("[0-9]*"):
+            try:
+                if not (proc / "cmdline").read_bytes().startswith(b"slurmstepd"):
+                    continue
+                if mine in (proc / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(proc.name))
+            except OSError:
+                continue
+        return pids
 
     # -- munge --------------------------------------------------------------------------------
     def munge_works(self) -> bool:
