@@ -253,7 +253,6 @@ class Trainer:
                 self.logger.write(f"saved checkpoint {path}")
             if preempted:
                 self.logger.write(f"preemption signal received: saved at step {self.step}, exiting for requeue")
-                handler.requeue()
                 break
         handler.uninstall()
         if not preempted and t.sample_at_end and self.rank == 0:
@@ -263,16 +262,15 @@ class Trainer:
 
             self.logger.write(export_at_end(self.run_dir))
         self.logger.close()
+        if preempted:  # after wandb has finished: Slurm signals the job again while requeueing
+            handler.requeue()
         last["preempted"] = preempted
         last["step"] = self.step
         return last
 
     def print_sample(self) -> None:
-        try:
-            from model.sampling import SamplingConfig, generate
-        except ImportError:
-            self.logger.write("(no sampler available yet: skipping the end-of-run sample)")
-            return
+        from model.sampling import SamplingConfig, generate
+
         if self.cfg.parallel.tp * self.cfg.parallel.pp > 1:
             return
         t, o = self.cfg.train, self.cfg.objective
