@@ -11,9 +11,12 @@ created; only the tokenizer is read when the recipe leaves the vocabulary size t
 
 The memory model (bytes per parameter, `bytes_per_param`), per rank, with d = data-parallel size:
 
-    precision  weights  grads           optimizer (AdamW)                     ZeRO-1       ZeRO-2        ZeRO-3
-    fp32       4        4               8 (m, v)                              optim / d    + grads / d   + weights / d
-    bf16       2        2 + 4 fp32 acc  12 (fp32 master, m, v)                optim / d    + grads / d   + weights / d
+    precision ZeRO  weights  grads                     optimizer (AdamW m, v; fp32 masters)
+    fp32      0     4        4                         8
+    fp32      1     4        4 + 4/d (fp32 partition)  12/d
+    bf16      0     2        2 + 4 (fp32 accumulator)  12
+    bf16      1     2        2 + 4/d                   12/d
+    ZeRO-2 also divides the parameters' gradients by d, ZeRO-3 the weights.
 
 Activations are counted per layer and token from model/transformer.py (inputs saved for backward by
 each norm, linear, attention and activation function), times the micro-batches a stage holds under
@@ -87,20 +90,24 @@ def stage_params(m, pp: int) -> list[StageParams]:
 
 # -- memory -------------------------------------------------------------------------------------------
 def bytes_per_param(precision: str, zero: int, dp: int) -> dict:
-    """Bytes per parameter on one rank: weights, gradients, optimizer states (see the module doc)."""
+    """Bytes per parameter on one rank: weights, gradients, optimizer states (see the module doc).
+
+    DeepSpeed keeps fp32 master weights and fp32 gradient partitions of its own whenever it partitions
+    (ZeRO >= 1) or trains in bf16 (its BF16 optimizer at ZeRO-0), even when the weights are fp32."""
     bf16 = precision == "bf16"
     weights = 2.0 if bf16 else 4.0
-    grads_lp = 2.0 if bf16 else 4.0
-    grads_acc = 4.0 if bf16 else 0.0
-    optim = 12.0 if bf16 else 8.0
+    grads = 2.0 if bf16 else 4.0  # the parameters' .grad
+    own = bf16 or zero >= 1  # DeepSpeed's fp32 master weights and gradient accumulators
+    grads_fp32 = 4.0 if own else 0.0
+    optim = 8.0 + (4.0 if own else 0.0)  # AdamW m and v (+ fp32 masters)
     if zero >= 1:
         optim /= dp
-        grads_acc /= dp
+        grads_fp32 /= dp
     if zero >= 2:
-        grads_lp /= dp
+        grads /= dp
     if zero >= 3:
         weights /= dp
-    return {"weights": weights, "grads": grads_lp + grads_acc, "optimizer": optim}
+    return {"weights": weights, "grads": grads + grads_fp32, "optimizer": optim}
 
 
 def activation_bytes_per_token_layer(m, tp: int, T: int, dtype_bytes: int, device: str) -> float:

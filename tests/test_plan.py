@@ -62,6 +62,7 @@ def test_zero_stages_shard_what_they_should():
     assert z[1]["optimizer"] == 12 / 8 and z[1]["grads"] == 2 + 4 / 8 and z[1]["weights"] == 2
     assert z[2]["grads"] == 6 / 8 and z[3]["weights"] == 2 / 8
     assert bytes_per_param("fp32", 0, 1) == {"weights": 4, "grads": 4, "optimizer": 8}
+    assert bytes_per_param("fp32", 1, 2) == {"weights": 4, "grads": 4 + 2, "optimizer": 6}
 
 
 def test_pipeline_stages_hold_fewer_micro_batches_downstream(tmp_path):
