@@ -27,11 +27,18 @@ def _mpirun_template(tmp_path, args, timeout=300, **env):
                           capture_output=True, text=True, timeout=timeout)
 
 
+def _without_launcher_vars() -> dict:
+    # Earlier in-process tests export RANK/WORLD_SIZE (a one-process group); torchrun's variables take
+    # precedence in detect_env, so the probe must not inherit them.
+    drop = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
 def test_launch_env_reads_open_mpi_variables_and_mpi4py_fallback():
     pytest.importorskip("mpi4py")
     res = subprocess.run(["mpirun", *ROOT_ARGS, "--oversubscribe", "-np", "2", sys.executable,
                           str(REPO / "tests" / "cluster" / "mpi_env_probe.py")],
-                         capture_output=True, text=True, timeout=120, env={**os.environ, **job_env()})
+                         capture_output=True, text=True, timeout=120, env={**_without_launcher_vars(), **job_env()})
     assert res.returncode == 0, res.stdout + res.stderr
     rows = sorted((json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")),
                   key=lambda r: r["full"]["rank"])
