@@ -86,8 +86,10 @@ def deepspeed_config(cfg, world_size: int, precision: str = "fp32") -> dict:
         "bf16": bf16,
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum,
-        # fp32 ZeRO-0 clips without reporting the norm: we clip ourselves there (see clip_gradients).
-        "gradient_clipping": t.grad_clip if p.zero_stage > 0 or precision == "bf16" else 0.0,
+        # ZeRO-0 optimizers take the norm wrongly under TP/PP (fp32: replication decided by the
+        # model-parallel rank; bf16: their fp32 copies lose the tensor-parallel and pipeline-replica
+        # marks, so TP shards are counted on one rank only): we clip ourselves there (clip_gradients).
+        "gradient_clipping": t.grad_clip if p.zero_stage > 0 else 0.0,
         "zero_optimization": {"stage": p.zero_stage},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**12,
@@ -138,10 +140,10 @@ def global_grad_norm(params) -> torch.Tensor:
 def clip_gradients(engine, max_norm: float) -> float | None:
     """Gradient norm of the step (after DP reduction), clipping to `max_norm` where DeepSpeed does not.
 
-    Call after the last backward of an optimizer step and before `engine.step()`. DeepSpeed's own
-    fp32 ZeRO-0 clipping decides replication by the model-parallel rank, which is wrong on pipeline
-    stages after the first; `global_grad_norm` is right under any TP x PP layout."""
-    if engine.zero_optimization_stage() > 0 or engine.bfloat16_enabled():
+    Call after the last backward of an optimizer step and before `engine.step()`. At ZeRO-0 the
+    gradients are the parameters' `.grad` (fp32 or bf16), and `global_grad_norm` is right under any
+    TP x PP layout where DeepSpeed's ZeRO-0 optimizers are not (see deepspeed_config)."""
+    if engine.zero_optimization_stage() > 0:
         return None  # DeepSpeed clips and records the norm; read it after step()
     params = [p for p in engine.module.parameters() if p.grad is not None]
     norm = global_grad_norm(params)
