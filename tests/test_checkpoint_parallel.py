@@ -5,6 +5,8 @@
 - Re-layout: a TP=2 checkpoint, consolidated, continues under TP=1 (in this process) and under PP=2:
   the validation NLL of the loaded weights equals the TP=2 run's at that step, and the next steps'
   losses match the TP=2 run (weights, Adam moments, LR schedule, data position and RNG carried over).
+All runs keep an EMA (validation uses the EMA weights), so EMA shards are saved, resumed and
+consolidated too.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ NO_DROPOUT = ["model.dropout=0.0"]
 def recipe(tmp_path: Path, **train) -> Path:
     return write_recipe(tmp_path / "r.yaml", model={"n_layers": 2, "dropout": 0.1},
                         train={"max_steps": 4, "save_every": 2, "eval_every": 2, "eval_batches": 2, "keep_last": 3,
-                               "micro_batch": 2, "global_batch": 4, **train})
+                               "micro_batch": 2, "global_batch": 4, "ema": 0.5, **train})
 
 
 def pretrain(nproc: int, recipe_path: Path, out: Path, *overrides: str) -> str:
