@@ -267,6 +267,8 @@ def load_relayout(engine, path: Path, *, ema, dp_rank: int, dp_size: int) -> tup
             if e.get("data", {}).get("rank") == dp_rank:
                 extra.update(generator=e["generator"], data=e["data"])
                 break
+    elif saved.get("dp") is None:
+        notes.append("no data position in the checkpoint: the data order starts from the beginning")
     else:
         notes.append(f"data-parallel size changed ({saved['dp']} -> {dp_size}): the data order restarts from the "
                      "beginning of the training split")
