@@ -6,8 +6,9 @@ LAYOUT is `tp{T}pp{P}z{Z}` (the data-parallel size is N / (T * P)); `ref` is tp1
 Every layout trains on the same global batches (fixed random tokens, orders drawn once for the
 whole global batch and sliced by data-parallel rank), through the code the trainer runs
 (`build_stage`, `build_engine`, `StepRunner`), so its losses, gradient norms, validation NLL and final
-weights must equal the one-process reference. Writes DIR/V-LAYOUT.json (rank 0) and
-DIR/V-LAYOUT_mp{XX}.pt (one per TP x PP shard, data-parallel rank 0): shard info + weights.
+weights must equal the one-process reference. Writes DIR/V-LAYOUT.json (rank 0),
+DIR/V-LAYOUT_mp{XX}.pt (one per TP x PP shard, data-parallel rank 0: shard info + weights) and a
+sharded checkpoint DIR/ckpt-V-LAYOUT/ (pretrain/checkpoint.py) for the consolidation checks.
 """
 
 from __future__ import annotations
@@ -72,7 +73,7 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
 
     from model.objectives import build_objective, summarize
     from model.parallel import ensure_model_parallel
-    from pretrain.checkpoint import shard_info
+    from pretrain.checkpoint import save, shard_info
     from pretrain.config import from_dict
     from pretrain.engine import build_engine
     from pretrain.pipeline import StepRunner, build_stage
@@ -118,6 +119,10 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
 
         with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
             pass
+    if not variant.endswith("bf16"):  # a real sharded checkpoint, for the consolidation checks
+        meta = {"step": STEPS, "tokens_seen": 0, "layout": {"world": world, "tp": tp, "pp": pp, "dp": dp, "zero_stage": zero}}
+        save(engine, out / f"ckpt-{variant}-{layout}", STEPS, meta=meta, extra={}, ema_state=None, keep_last=1,
+             mp_rank=dist.get_rank(group=parallel_state.get_model_parallel_group()), dp_rank=dp_rank, rank=dist.get_rank())
     if dist.get_rank() == 0:
         (out / f"{variant}-{layout}.json").write_text(json.dumps(result))
     dist.barrier()

@@ -4,7 +4,8 @@ tests/parallel_worker.py trains two tiny models (Qwen-style: GQA, SwiGLU, RMSNor
 embeddings, 3 layers so PP=2 splits 2+1; GPT-style: LayerNorm, GELU, biases, untied head) for 3
 steps under each layout, on 8 sequences per step in micro-batches of 2 (gradient accumulation 4 on
 one process), with gradient clipping active. Losses, gradient norms and the validation NLL must agree
-with the one-process run within 1e-5 relative, and the consolidated weights within PARAM_ATOL. A bf16
+with the one-process run within 1e-5 relative, and the weights within PARAM_ATOL; each layout's
+sharded checkpoint must consolidate to the one-process weights and Adam moments. A bf16
 run of TP=2, PP=2 (ZeRO 0 and 1) checks DeepSpeed's bf16 optimizers' gradient norms under those layouts.
 """
 
@@ -20,7 +21,7 @@ import pytest
 import torch
 
 from helpers import REPO, cli_env
-from pretrain.consolidate import merge
+from pretrain.consolidate import consolidate, merge
 
 pytestmark = pytest.mark.slow
 
@@ -81,6 +82,30 @@ def check(out: Path, layout: str) -> None:
         assert set(got_w) == set(ref_w), (what, set(got_w) ^ set(ref_w))
         worst = max(((got_w[k] - ref_w[k]).abs().max().item(), k) for k in ref_w if torch.is_tensor(ref_w[k]))
         assert worst[0] <= PARAM_ATOL, (what, "weights differ", worst)
+        check_consolidation(out, variant, layout, got["layout"][3])
+
+
+def consolidated(out: Path, name: str) -> dict:
+    return torch.load(consolidate(out / f"ckpt-{name}", log=lambda m: None), weights_only=False)
+
+
+def check_consolidation(out: Path, variant: str, layout: str, zero: int) -> None:
+    """The layout's sharded checkpoint consolidates to the one-process state: weights, and the Adam
+    moments (ZeRO-0: client optimizer; ZeRO-1/2: flat partitions; ZeRO-3 checkpoints give weights only)."""
+    ref, got = consolidated(out, f"{variant}-ref"), consolidated(out, f"{variant}-{layout}")
+    assert set(got["module"]) == set(ref["module"]), set(got["module"]) ^ set(ref["module"])
+    worst = max(((got["module"][k] - ref["module"][k]).abs().max().item(), k) for k in ref["module"]
+                if torch.is_tensor(ref["module"][k]))
+    assert worst[0] <= PARAM_ATOL, (variant, layout, "consolidated weights differ", worst)
+    if zero == 3:
+        return
+    assert got["optimizer"] is not None and got["optimizer"]["step"] == ref["optimizer"]["step"], (variant, layout)
+    for key in ("exp_avg", "exp_avg_sq"):
+        r, g = ref["optimizer"][key], got["optimizer"][key]
+        assert set(g) == set(r), (variant, layout, key, set(g) ^ set(r))
+        scale = max(t.abs().max().item() for t in r.values())
+        diff = max((g[n] - r[n]).abs().max().item() for n in r)
+        assert diff <= 1e-5 * scale, (variant, layout, key, diff, scale)
 
 
 TWO = ["tp2pp1z0", "tp1pp2z0", "tp1pp1z1", "tp1pp1z2", "tp1pp1z3"]  # TP=2; PP=2; DP=2 with ZeRO 1, 2, 3
