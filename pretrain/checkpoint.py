@@ -226,6 +226,7 @@ def load_consolidated(engine, state: dict, *, ema=None, optimizer: bool = True) 
                 inner.state[p] = {"step": torch.tensor(float(step), dtype=torch.float32, device=p.device if on_device else "cpu"),
                                   **{k: v.to(p.device, p.dtype).view_as(p) for k, v in moments.items()}}
             else:
+                _init_flat_optimizer_states(inner, step)
                 for k, v in moments.items():
                     safe_set_full_optimizer_state(p, v, k)
         if not client:  # flat fp32 partitions: one step count per group
@@ -244,6 +245,29 @@ def load_consolidated(engine, state: dict, *, ema=None, optimizer: bool = True) 
         else:
             notes.append("no EMA weights in the consolidated checkpoint: EMA restarts from the weights")
     return notes
+
+
+def _init_flat_optimizer_states(inner, step: int) -> None:
+    """Create the AdamW states of DeepSpeed's flat fp32 partitions before the first step (torch creates
+    them lazily) and link them to the parameters, so `safe_set_full_optimizer_state` can fill them."""
+    base = getattr(inner, "optimizer", None)
+    if not isinstance(base, torch.optim.Optimizer) or getattr(inner, "_setdlm_states_ready", False):
+        return
+    flats = [q for g in base.param_groups for q in g["params"]]
+    for name in ("single_partition_of_fp32_groups", "fp32_partitioned_groups_flat", "fp32_groups_flat_partition"):
+        flats += [t for t in getattr(inner, name, None) or [] if torch.is_tensor(t) and all(t is not f for f in flats)]
+    on_device = base.defaults.get("fused") or base.defaults.get("capturable")
+    for flat in flats:
+        if flat not in base.state or "exp_avg" not in base.state[flat]:
+            base.state[flat] = {
+                "step": torch.tensor(float(step), dtype=torch.float32, device=flat.device if on_device else "cpu"),
+                "exp_avg": torch.zeros_like(flat, memory_format=torch.preserve_format),
+                "exp_avg_sq": torch.zeros_like(flat, memory_format=torch.preserve_format)}
+    if hasattr(inner, "_hp_optimizer_states_linked"):
+        inner._hp_optimizer_states_linked = False
+    if hasattr(inner, "_lazy_init_hp_params_optimizer_state"):
+        inner._lazy_init_hp_params_optimizer_state()
+    inner._setdlm_states_ready = True
 
 
 def load_relayout(engine, path: Path, *, ema, dp_rank: int, dp_size: int) -> tuple[dict, dict, list[str]]:

@@ -2,7 +2,8 @@
 
 - Resume parity: PP=2 with ZeRO-1 (per-stage model files, ZeRO optimizer files) trained 4 steps
   straight vs 2 steps + save + fresh processes + 2 steps: identical losses, gradient norms, validation.
-- Re-layout: a TP=2 checkpoint, consolidated, continues under TP=1 (in this process) and under PP=2:
+- Re-layout: a TP=2 checkpoint, consolidated, continues under TP=1 (in this process) and under PP=2
+  with ZeRO-1 (moments written into DeepSpeed's flat partitions):
   the validation NLL of the loaded weights equals the TP=2 run's at that step, and the next steps'
   losses match the TP=2 run (weights, Adam moments, LR schedule, data position and RNG carried over).
 All runs keep an EMA (validation uses the EMA weights), so EMA shards are saved, resumed and
@@ -108,10 +109,10 @@ def test_tp2_checkpoint_continues_under_tp1(tp2_run, tmp_path, model_parallel):
     _check_continuation(read_metrics(run), read_metrics(run1))
 
 
-def test_tp2_checkpoint_continues_under_pp2(tp2_run, tmp_path):
+def test_tp2_checkpoint_continues_under_pp2_zero1(tp2_run, tmp_path):
     r, run = tp2_run
     run2 = _from_step_2(run, tmp_path / "tiny")
-    out = pretrain(2, r, tmp_path, "parallel.pp=2", *NO_DROPOUT)
+    out = pretrain(2, r, tmp_path, "parallel.pp=2", "parallel.zero_stage=1", *NO_DROPOUT)
     assert "re-layout" in out
     _check_continuation(read_metrics(run), read_metrics(run2))
 
