@@ -75,15 +75,12 @@ def deepspeed_config(cfg, world_size: int, precision: str = "fp32") -> dict:
     optimizer states held by DeepSpeed (its BF16 optimizer, or ZeRO's fp32 partitions)."""
     t, p = cfg.train, cfg.parallel
     micro, accum = t.micro_batch, cfg.grad_accum(world_size)
-    bf16 = {"enabled": precision == "bf16"}
     if p.pp > 1:
         # megatron's pipeline schedule runs the micro-batches of a step (pretrain/pipeline.py): to
-        # DeepSpeed a step is one "micro-batch" of micro * accum sequences, and bf16 gradients go to
-        # fp32 accumulators as soon as each backward produces them (megatron's main_grad).
+        # DeepSpeed a step is one "micro-batch" of micro * accum sequences.
         micro, accum = micro * accum, 1
-        bf16["immediate_grad_update"] = True
     return {
-        "bf16": bf16,
+        "bf16": {"enabled": precision == "bf16"},
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum,
         # ZeRO-0 optimizers take the norm wrongly under TP/PP (fp32: replication decided by the

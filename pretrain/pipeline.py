@@ -151,9 +151,9 @@ class StepRunner:
         if not self.tied:
             return
         p = self.module.embed.weight
-        grad = p.grad if p.grad is not None else getattr(p, "_hp_grad", None)  # bf16: fp32 accumulator
-        if grad is None:
-            grad = p.grad = torch.zeros_like(p)
+        if p.grad is None:
+            p.grad = torch.zeros_like(p)
+        grad = p.grad
         dist.all_reduce(grad, group=parallel_state.get_embedding_group())
 
     # -- evaluate ---------------------------------------------------------------------------------
