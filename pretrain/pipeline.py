@@ -122,7 +122,7 @@ class StepRunner:
             if i == len(micro) - 1:
                 gnorm = clip_gradients(self.engine, self.cfg.train.grad_clip)
             self.engine.step()
-            _add(acc, {"loss_sum": m["loss_sum"], "loss_count": m["loss_count"]})
+            add_metrics(acc, {"loss_sum": m["loss_sum"], "loss_count": m["loss_count"]})
         if gnorm is None:
             gnorm = self._engine_norm()
         return acc, gnorm
@@ -139,7 +139,7 @@ class StepRunner:
             gnorm = self._engine_norm()
         acc: dict = {}
         for m in out:
-            _add(acc, {"loss_sum": m["loss_sum"], "loss_count": m["loss_count"]})
+            add_metrics(acc, {"loss_sum": m["loss_sum"], "loss_count": m["loss_count"]})
         return acc, gnorm
 
     def _engine_norm(self) -> float | None:
@@ -164,12 +164,12 @@ class StepRunner:
         if self.pp == 1:
             for inputs in micro:
                 logits = self.module(inputs.input_ids, inputs.position_ids, **inputs.model_kwargs())
-                _add(acc, self.objective.loss(logits, inputs)[1])
+                add_metrics(acc, self.objective.loss(logits, inputs)[1])
             return acc
         chunk = max(2 * self.pp, 1)  # a few micro-batches in flight keep every stage busy
         for i in range(0, len(micro), chunk):
             for m in self._schedule(micro[i:i + chunk], forward_only=True):
-                _add(acc, m)
+                add_metrics(acc, m)
         return acc
 
     # -- megatron schedule ------------------------------------------------------------------------
@@ -220,9 +220,10 @@ class StepRunner:
         return dict(zip(keys, t.tolist()))
 
 
-def _add(acc: dict, metrics: dict) -> None:
+def add_metrics(acc: dict, metrics: dict) -> None:
+    """Accumulate summed metrics (floats) into `acc`."""
     for k, v in metrics.items():
         acc[k] = acc.get(k, 0.0) + float(v)
 
 
-__all__ = ["StepRunner", "build_stage", "stage_layers", "schedule_config"]
+__all__ = ["StepRunner", "build_stage", "stage_layers", "schedule_config", "add_metrics"]

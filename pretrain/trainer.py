@@ -21,7 +21,7 @@ from .ema import EMA
 from .engine import build_engine, resolve_precision
 from .flops import device_peak_tflops, train_step_flops
 from .logger import MetricsLogger
-from .pipeline import StepRunner, build_stage
+from .pipeline import StepRunner, add_metrics, build_stage
 from .preemption import PreemptionHandler
 
 
@@ -34,18 +34,6 @@ def resolve_vocab(cfg: RecipeConfig, tokenizer) -> None:
             raise ValueError(f"data.tokenizer: {cfg.data.tokenizer!r} has no MASK token; set model.mask_id or use a tokenizer with one")
         cfg.model.mask_id = tokenizer.mask_id
 
-
-def _all_reduce_sum(values: dict, group) -> dict:
-    keys = sorted(values)
-    t = torch.tensor([float(values[k]) for k in keys], dtype=torch.float64)
-    if dist.is_initialized() and dist.get_world_size(group) > 1:
-        dist.all_reduce(t, group=group)
-    return dict(zip(keys, t.tolist()))
-
-
-def _add(acc: dict, metrics: dict) -> None:
-    for k, v in metrics.items():
-        acc[k] = acc.get(k, 0.0) + float(v)
 
 
 class Trainer:
@@ -162,12 +150,16 @@ class Trainer:
             backup = {n: p.detach().clone() for n, p in self.model.named_parameters() if n in self.ema.shadow}
             self.ema.copy_to(self.model)
         self.model.eval()
+        acc: dict = {}
         micro = []
         for i, batch in enumerate(loader):
             if cfg.train.eval_batches and i >= cfg.train.eval_batches:
                 break
             micro.append(self.objective.prepare(self._to_device(batch), gen))
-        acc = self.stepper.eval_step(micro)
+            if len(micro) == 16:  # bounded memory on long validation splits
+                add_metrics(acc, self.stepper.eval_step(micro))
+                micro = []
+        add_metrics(acc, self.stepper.eval_step(micro))
         self.model.train()
         if backup is not None:
             with torch.no_grad():
@@ -223,7 +215,7 @@ class Trainer:
         while self.step < t.max_steps:
             micro = [self.objective.prepare(self._to_device(next(train_iter)), self.generator) for _ in range(accum)]
             m, gnorm = self.stepper.train_step(micro)
-            _add(window_loss, m)
+            add_metrics(window_loss, m)
             self.step += 1
             self.tokens_seen += seq_tokens
             window_steps += 1
