@@ -245,6 +245,7 @@ class Trainer:
                 self.logger.write(f"saved checkpoint {path}")
             if preempted:
                 self.logger.write(f"preemption signal received: saved at step {self.step}, exiting for requeue")
+                handler.requeue()
                 break
         handler.uninstall()
         if not preempted and t.sample_at_end and self.rank == 0:
@@ -254,8 +255,6 @@ class Trainer:
 
             self.logger.write(export_at_end(self.run_dir))
         self.logger.close()
-        if preempted:  # after wandb has finished: Slurm signals the job again while requeueing
-            handler.requeue()
         last["preempted"] = preempted
         last["step"] = self.step
         return last
