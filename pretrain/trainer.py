@@ -59,6 +59,13 @@ class Trainer:
         model = build_stage(cfg.model, p.tp, p.pp).to(self.device)  # this rank's TP shard of its PP stage
         self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len)
         self.precision = resolve_precision(cfg, self.device)
+        self.notes: list[str] = []
+        if self.precision == "bf16" and p.zero_stage == 0:
+            # DeepSpeed's bf16 path without ZeRO (its unfused FP16 wrapper) drifts from fp32 after the
+            # first step; its ZeRO-1 bf16 optimizer tracks fp32 (docs/architecture.md). ZeRO-1 is the
+            # same data parallelism with the fp32 master weights and Adam states sharded over DP.
+            p.zero_stage = 1
+            self.notes.append("bf16: parallel.zero_stage 0 -> 1 (DeepSpeed's bf16 optimizer with fp32 master weights)")
         self.engine, self.optimizer, self.scheduler = build_engine(model, cfg, self.world, self.precision)
         self.model = self.engine.module
         self.stepper = StepRunner(self.engine, self.objective, cfg)  # layout-specific steps (pretrain/pipeline.py)
@@ -198,7 +205,7 @@ class Trainer:
         step_flops = train_step_flops(cfg.model, cfg.objective.name, cfg.data.seq_len, t.global_batch)
         peak = device_peak_tflops(t.peak_tflops)
         last = {}
-        for note in self.relayout_notes:
+        for note in self.notes + self.relayout_notes:
             self.logger.write(note)
         if self.relayout_notes and t.eval_every > 0:  # the loaded weights, to compare with the saved run's
             last = self.validate()

@@ -94,3 +94,20 @@ def test_bf16_autocast_and_ema_train(tmp_path, model_parallel):
     name = "layers.0.mlp.fc1.weight"
     assert not (ema_model.state_dict()[name] == raw_model.state_dict()[name]).all()
     assert (raw_model.state_dict()[name] == trainer.model.state_dict()[name]).all()
+
+
+def test_bf16_tracks_fp32(tmp_path, model_parallel):
+    """bf16 (fp32 master weights) follows the fp32 run closely over the first steps; DeepSpeed's bf16
+    path without ZeRO drifted, so bf16 promotes ZeRO-0 to ZeRO-1."""
+    losses = {}
+    for prec in ("fp32", "bf16"):
+        out = tmp_path / prec
+        recipe = write_recipe(tmp_path / f"{prec}.yaml")
+        cfg = load_config(recipe, [f"run.out_dir={out}", "train.max_steps=3", f"train.precision={prec}",
+                                   "train.eval_every=0", "train.save_every=100"])
+        Trainer(cfg).train()
+        losses[prec] = [read_metrics(out / "tiny")[s]["train/loss"] for s in (1, 2, 3)]
+        if prec == "bf16":
+            assert cfg.parallel.zero_stage == 1
+    for a, b in zip(losses["fp32"], losses["bf16"]):
+        assert abs(a - b) < 2e-3, losses
