@@ -126,6 +126,16 @@ class RecipeConfig:
         if p.pp > self.model.n_layers:
             raise ValueError(f"parallel.pp: {p.pp} stages for {self.model.n_layers} layers")
 
+    def resolve_vocab(self, tokenizer) -> None:
+        """Fill model.vocab_size and model.mask_id from the tokenizer unless the recipe set them."""
+        if self.model.vocab_size <= 0:
+            self.model.vocab_size = tokenizer.vocab_size
+        if self.model.mask_id < 0:
+            if tokenizer.mask_id is None:
+                raise ValueError(f"data.tokenizer: {self.data.tokenizer!r} has no MASK token; set model.mask_id "
+                                 "or use a tokenizer with one")
+            self.model.mask_id = tokenizer.mask_id
+
     def dp_size(self, world_size: int) -> int:
         return world_size // (self.parallel.tp * self.parallel.pp)
 

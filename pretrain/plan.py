@@ -236,12 +236,7 @@ def resolve_for_plan(cfg) -> None:
     except Exception as e:  # noqa: BLE001 - any tokenizer problem: say how to plan without it
         raise ValueError(f"data.tokenizer: cannot load {cfg.data.tokenizer!r} here ({e}); set model.vocab_size and "
                          "model.mask_id to plan without it") from None
-    if cfg.model.vocab_size <= 0:
-        cfg.model.vocab_size = tok.vocab_size
-    if cfg.model.mask_id < 0:
-        if tok.mask_id is None:
-            raise ValueError(f"data.tokenizer: {cfg.data.tokenizer!r} has no MASK token; set model.mask_id")
-        cfg.model.mask_id = tok.mask_id
+    cfg.resolve_vocab(tok)
 
 
 def plan(cfg, world_size: int, *, device: str = "cuda", gpus_per_node: int | None = None) -> dict:

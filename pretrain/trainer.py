@@ -25,16 +25,6 @@ from .pipeline import StepRunner, add_metrics, build_stage
 from .preemption import PreemptionHandler
 
 
-def resolve_vocab(cfg: RecipeConfig, tokenizer) -> None:
-    """Fill vocab size and MASK id from the tokenizer unless the recipe set them."""
-    if cfg.model.vocab_size <= 0:
-        cfg.model.vocab_size = tokenizer.vocab_size
-    if cfg.model.mask_id < 0:
-        if tokenizer.mask_id is None:
-            raise ValueError(f"data.tokenizer: {cfg.data.tokenizer!r} has no MASK token; set model.mask_id or use a tokenizer with one")
-        cfg.model.mask_id = tokenizer.mask_id
-
-
 
 class Trainer:
     def __init__(self, cfg: RecipeConfig):
@@ -43,7 +33,7 @@ class Trainer:
         self.world = dist.get_world_size()
         self.rank = dist.get_rank()
         self.tokenizer = load_tokenizer(cfg.data.tokenizer)
-        resolve_vocab(cfg, self.tokenizer)
+        cfg.resolve_vocab(self.tokenizer)
         cfg.validate(self.world)
         p = cfg.parallel
         ensure_model_parallel(p.tp, p.pp)
