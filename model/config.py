@@ -45,6 +45,7 @@ class ModelConfig:
     dropout: float = 0.1
     attention_dropout: float = 0.0
     attention_backend: str = "auto"  # auto (flex on CUDA, sdpa elsewhere) | sdpa | flex
+    fp8: str = "none"  # none | hybrid | e4m3: Transformer Engine FP8 block linears (H100/H200; model/fp8.py)
     vocab_size: int = 0  # 0: taken from the tokenizer (MASK included)
     mask_id: int = -1  # -1: taken from the tokenizer
     vocab_pad_multiple: int = 128  # padded vocabulary is independent of the TP size
@@ -79,6 +80,10 @@ class ModelConfig:
             bad("attention_backend", f"unknown backend {self.attention_backend!r}; valid: auto, sdpa, flex")
         if self.attention_backend == "flex" and self.attention_dropout > 0:
             bad("attention_dropout", "flex attention has no attention-probability dropout; use 0 or attention_backend=sdpa")
+        if self.fp8 not in ("none", "hybrid", "e4m3"):
+            bad("fp8", f"unknown mode {self.fp8!r}; valid: none, hybrid, e4m3")
+        if self.fp8 != "none" and (self.hidden % 16 or (self.ffn_hidden // tp) % 16):
+            bad("fp8", f"FP8 GEMMs need hidden ({self.hidden}) and ffn_hidden/tp ({self.ffn_hidden // tp}) divisible by 16")
         if self.activation not in ("gelu", "swiglu"):
             bad("activation", f"unknown activation {self.activation!r}; valid: gelu, swiglu")
         if self.head_dim is None and self.hidden % self.n_heads:

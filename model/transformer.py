@@ -36,6 +36,7 @@ from megatron.core.model_parallel_config import ModelParallelConfig
 
 from .config import ModelConfig
 from . import flex
+from . import fp8 as fp8_layers
 from .kv_cache import KVCache
 from .masks import MaskSpec
 from .rotary import Rotary, apply_rotary
@@ -236,8 +237,9 @@ class Transformer(torch.nn.Module):
             new = attn_mask if attn_mask is not None else torch.ones(T, T, dtype=torch.bool, device=x.device)
             new = new.expand(B, 1, T, T) if new.dim() == 2 else new
             mask = torch.cat((cache.prefix_mask()[:, None, None, :].expand(B, 1, T, -1), new), dim=-1)
-        for block in self.layers.values():
-            x = block(x, rope, mask, cache)
+        with fp8_layers.autocast(self.cfg.fp8 if getattr(self, "fp8_active", False) else "none"):
+            for block in self.layers.values():
+                x = block(x, rope, mask, cache)
         if cache is not None:
             cache.end()
         if not self.post_process:

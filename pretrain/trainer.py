@@ -11,6 +11,7 @@ from megatron.core import parallel_state
 
 from data_pipeline.loader import build_loader
 from data_pipeline.tokenizers import load_tokenizer
+from model import fp8 as fp8_layers
 from model.objectives import build_objective, summarize
 from model.parallel import ensure_model_parallel, ensure_process_group
 from model.transformer import parameter_count
@@ -35,6 +36,7 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.data.tokenizer)
         cfg.resolve_vocab(self.tokenizer)
         cfg.validate(self.world)
+        fp8_layers.check_available(cfg.model.fp8)  # Transformer Engine + an FP8 GPU, or a clear error now
         p = cfg.parallel
         ensure_model_parallel(p.tp, p.pp)
         self.dp_rank = parallel_state.get_data_parallel_rank()
@@ -47,6 +49,8 @@ class Trainer:
 
         torch.manual_seed(cfg.run.seed)
         model = build_stage(cfg.model, p.tp, p.pp).to(self.device)  # this rank's TP shard of its PP stage
+        if cfg.model.fp8 != "none":
+            fp8_layers.convert_block_linears(model)
         self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len)
         self.precision = resolve_precision(cfg, self.device)
         self.notes: list[str] = []

@@ -111,3 +111,13 @@ def test_bf16_tracks_fp32(tmp_path, model_parallel):
             assert cfg.parallel.zero_stage == 1
     for a, b in zip(losses["fp32"], losses["bf16"]):
         assert abs(a - b) < 2e-3, losses
+
+
+def test_fp8_without_transformer_engine_or_gpu_is_a_clear_error(tmp_path, capsys, model_parallel):
+    recipe = write_recipe(tmp_path / "r.yaml")
+    assert cli_main(["pretrain", "--config", str(recipe), "--out", str(tmp_path), "model.fp8=hybrid",
+                     "model.hidden=32", "model.ffn_hidden=64"]) == 2
+    err = capsys.readouterr().err
+    assert "model.fp8=hybrid" in err and ("CUDA" in err or "Transformer Engine" in err), err
+    assert cli_main(["pretrain", "--config", str(recipe), "--out", str(tmp_path), "model.fp8=fp4"]) == 2
+    assert "model.fp8" in capsys.readouterr().err
