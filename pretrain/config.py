@@ -54,6 +54,7 @@ class TrainConfig:
     sample_temperature: float = 0.0  # 0: greedy
     sample_top_p: float = 1.0
     sample_threshold: float = 0.0  # SetDLM/BD3-LM confidence threshold (0: one token per step)
+    sample_repetition_penalty: float = 1.0
 
 
 @dataclass
