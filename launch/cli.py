@@ -66,11 +66,12 @@ def pretrain_main(argv: list[str]) -> int:
     from pretrain.trainer import Trainer
 
     try:
-        trainer = Trainer(cfg)
-    except (ValueError, FileNotFoundError) as e:
+        Trainer(cfg).train()
+    except (ValueError, FileNotFoundError) as e:  # bad recipe, data, checkpoint or layout: no traceback
+        if os.environ.get("SETDLM_DEBUG"):
+            raise
         print(f"setdlm pretrain: error: {e}", file=sys.stderr)
         return 2
-    trainer.train()
     return 0
 
 
