@@ -91,7 +91,7 @@ def world(tmp_path_factory, model_parallel):
     from pretrain.checkpoint import load_model
     from pretrain.config import load_config
     from pretrain.hf_convert import export_checkpoint, import_hf, write_run
-    from pretrain.trainer import Trainer, resolve_vocab
+    from pretrain.trainer import Trainer
     from model.transformer import Transformer, megatron_config
     from data_pipeline.tokenizers import load_tokenizer
 
@@ -109,7 +109,7 @@ def world(tmp_path_factory, model_parallel):
     for fam in FAMILIES[1:]:
         over = [f"run.out_dir={tmp}", f"objective.name={fam}"] + [f"model.{k}={v}" for k, v in ARCH[fam].items()]
         c = load_config(recipe, over)
-        resolve_vocab(c, tok)
+        c.resolve_vocab(tok)
         torch.manual_seed(len(fam))
         m = Transformer(c.model, megatron_config())
         write_run(tmp / fam, c, m.state_dict(), tok, info={}, log=lambda s: None)
