@@ -331,5 +331,12 @@ PartitionName=debug Nodes=localhost Default=YES MaxTime=INFINITE State=UP
         return self._run(["scontrol", *map(str, args)]).stdout
 
     def release(self, job_id: str) -> None:
-        """Start a requeued job now: Slurm otherwise holds it back (BeginTime) for about 2 minutes."""
+        """Start a requeued job now: Slurm otherwise holds it back (BeginTime) for about 2 minutes.
+
+        Waits first until the previous attempt's slurmstepd processes are gone: a job released while
+        its old batch step is still winding down is killed at launch ("Job credential revoked")."""
+        deadline = time.monotonic() + 60
+        while self._stepd_pids() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(1.0)
         self.scontrol("update", f"JobId={job_id}", "StartTime=now")
