@@ -15,3 +15,17 @@ def model_parallel():
 
     ensure_model_parallel(1, 1)
     yield
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    """A real one-node Slurm cluster for a test module (skips without root or the Debian packages)."""
+    from tests.cluster.slurm import SlurmCluster, unavailable_reason
+
+    reason = unavailable_reason()
+    if reason:
+        pytest.skip(reason)
+    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
+    cluster.start()  # a failure here is a real failure: root and the packages are present
+    yield cluster
+    cluster.stop()

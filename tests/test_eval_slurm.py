@@ -13,20 +13,8 @@ import pytest
 
 from helpers import read_metrics, write_recipe
 from tests.cluster.jobs import REPO, job_env
-from tests.cluster.slurm import SlurmCluster, unavailable_reason
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    cluster.start()
-    yield cluster
-    cluster.stop()
 
 
 def test_eval_matrix_array_job(slurm, tmp_path, model_parallel):

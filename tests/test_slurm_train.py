@@ -12,24 +12,13 @@ from pathlib import Path
 import pytest
 
 from tests.cluster.jobs import REPO, TEMPLATES, checkpoint_steps, job_env, metric_steps, tiny_train_args
-from tests.cluster.slurm import SlurmCluster, unavailable_reason
+from tests.cluster.slurm import SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.slow]
 
 SBATCH = str(TEMPLATES / "slurm_train.sbatch")
 # one node, no GPUs: override the template's GPU/CPU/exclusive requests on the command line
 CPU_NODE = ["--nodes=1", "--gpus-per-node=0", "--cpus-per-task=1", "--time=10"]
-
-
-@pytest.fixture(scope="module")
-def slurm(tmp_path_factory):
-    reason = unavailable_reason()
-    if reason:
-        pytest.skip(reason)
-    cluster = SlurmCluster(tmp_path_factory.mktemp("slurm"))
-    cluster.start()  # a failure here is a real failure: root and the packages are present
-    yield cluster
-    cluster.stop()
 
 
 def _submit(slurm: SlurmCluster, tmp_path: Path, name: str, launcher: str, steps: int, save_every=None,
