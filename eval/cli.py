@@ -17,13 +17,15 @@ import json
 import os
 import sys
 
+from common.cli import ArgumentParser as CLIParser
+
 from .runner import EvalError, EvalRun, IncompleteError, detect_shard, isolate_process_group, merge
 from .tasks import TASKS, get_task
 
 
 def task_parser(name: str) -> argparse.ArgumentParser:
     cls = get_task(name)
-    p = argparse.ArgumentParser(prog=f"setdlm eval {name}", description=(cls.__doc__ or cls.help).strip().split("\n")[0])
+    p = CLIParser(prog=f"setdlm eval {name}", description=(cls.__doc__ or cls.help).strip().split("\n")[0])
     g = p.add_argument_group("run")
     g.add_argument("--checkpoint", help="run directory (newest checkpoint) or a checkpoints/step_* folder")
     g.add_argument("--out", required=True, help="output directory (per-rank records, metrics.json, summary.md)")
@@ -108,7 +110,7 @@ def _print_headline(name, metrics, cls) -> None:
 
 
 def merge_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="setdlm eval merge", description="Final metrics from the records of all ranks.")
+    p = CLIParser(prog="setdlm eval merge", description="Final metrics from the records of all ranks.")
     p.add_argument("out", nargs="+", help="output directories")
     p.add_argument("--allow-partial", action="store_true", help="merge even when examples are missing (marked partial)")
     args = p.parse_args(argv)
@@ -127,7 +129,7 @@ def merge_main(argv: list[str]) -> int:
 def frontier_cli(argv: list[str]) -> int:
     from .report import frontier_main
 
-    p = argparse.ArgumentParser(prog="setdlm eval frontier", description="Speed-quality frontier across result directories.")
+    p = CLIParser(prog="setdlm eval frontier", description="Speed-quality frontier across result directories.")
     p.add_argument("dirs", nargs="+")
     p.add_argument("--x", default="speed/tokens_per_s", help="metric on the x axis (default speed/tokens_per_s)")
     p.add_argument("--y", required=True, help="metric on the y axis, e.g. accuracy, rouge1, gen_ppl")

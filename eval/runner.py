@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from common.io import atomic_write_text
+
 FORMAT = "setdlm-eval"
 VERSION = 1
 
@@ -124,13 +126,7 @@ def seed_for(base: int, *parts) -> int:
 
 # ------------------------------------------------------------------------------------------ files
 def atomic_write(path: Path, text: str) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, text)  # common/io.py: temp file, fsync, rename, fsync of the directory
 
 
 def write_json(path: Path, obj) -> None:

@@ -21,9 +21,11 @@ import os
 import sys
 from pathlib import Path
 
+from common.cli import ArgumentParser as CLIParser
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="setdlm sample", description="Decode from a checkpoint.")
+    p = CLIParser(prog="setdlm sample", description="Decode from a checkpoint.")
     p.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
     src = p.add_argument_group("prompts")
     src.add_argument("--prompt", action="append", default=None, help="prompt text (repeatable); the prefix when infilling")

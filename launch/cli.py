@@ -52,6 +52,10 @@ def pretrain_main(argv: list[str]) -> int:
         return 0
     if not args.config:
         parser.error("the following arguments are required: --config")
+    if not args.dry_run:
+        from pretrain.preemption import active_handler
+
+        active_handler()  # SIGTERM/SIGUSR1/Ctrl-C from here on save at the first step after set-up
 
     from common.env import detect_env
     from pretrain.config import load_config

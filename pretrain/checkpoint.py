@@ -26,6 +26,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from common.io import atomic_write_text
+
 LATEST = "latest"
 COMPLETE = "COMPLETE"
 
@@ -35,13 +37,7 @@ def _barrier():
         dist.barrier()
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+_atomic_write_text = atomic_write_text  # common/io.py (fsyncs the file and its directory)
 
 
 def tag_for(step: int) -> str:

@@ -25,14 +25,17 @@ training from it under a different TP/PP/DP layout (pretrain/checkpoint.py: `loa
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+from common.cli import ArgumentParser as CLIParser
+
 import torch
+
+from common.io import atomic_save
 
 CONSOLIDATED = "consolidated.pt"
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -207,9 +210,7 @@ def consolidate(path, *, out=None, optimizer: bool = True, overwrite: bool = Tru
     state = {"module": module, "ema": ema, "optimizer": opt,
              "meta": {"step": meta.get("step"), "tokens_seen": meta.get("tokens_seen"), "layout": layout,
                       "source": str(ckpt)}}
-    tmp = target.with_name(target.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, target)
+    atomic_save(target, lambda f: torch.save(state, f))
     n = sum(v.numel() for v in module.values() if torch.is_tensor(v))
     log(f"setdlm convert consolidate: {ckpt} (tp={layout.get('tp', 1)} pp={layout.get('pp', 1)} "
         f"dp={layout.get('dp', 1)} ZeRO-{layout.get('zero_stage', 0)}, step {meta.get('step')}) -> {target}: "
@@ -219,7 +220,7 @@ def consolidate(path, *, out=None, optimizer: bool = True, overwrite: bool = Tru
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="setdlm convert consolidate",
+    parser = CLIParser(prog="setdlm convert consolidate",
                                      description="Merge a sharded (TP/PP/DP, ZeRO 0-3) checkpoint into one state dict.")
     parser.add_argument("--checkpoint", required=True, help="run directory, its checkpoints/ folder, or one checkpoint")
     parser.add_argument("--out", help="output file (default: CHECKPOINT/consolidated.pt, read by load_model and re-layout)")

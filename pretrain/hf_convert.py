@@ -23,6 +23,8 @@ import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
+from common.cli import ArgumentParser as CLIParser
+
 import torch
 
 from model.convert.card import render_card
@@ -433,7 +435,7 @@ def _bool_flag(p, name: str, default: bool, help_: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="setdlm convert", description="Checkpoint conversion (docs/convert.md).")
+    parser = CLIParser(prog="setdlm convert", description="Checkpoint conversion (docs/convert.md).")
     sub = parser.add_subparsers(dest="command", metavar="{to-hf,from-hf,from-reference,consolidate}")
     p = sub.add_parser("to-hf", help="export a training checkpoint as a Hugging Face model directory")
     p.add_argument("--checkpoint", required=True, help="run directory, its checkpoints/ folder, or one checkpoint")

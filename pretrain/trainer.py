@@ -23,13 +23,14 @@ from .engine import build_engine, resolve_precision
 from .flops import device_peak_tflops, train_step_flops
 from .logger import MetricsLogger
 from .pipeline import StepRunner, add_metrics, build_stage
-from .preemption import PreemptionHandler
+from .preemption import active_handler, release_handler
 
 
 
 class Trainer:
     def __init__(self, cfg: RecipeConfig):
         self.cfg = cfg
+        self.preemption = active_handler()  # signals during set-up are kept and honoured at the first step
         ensure_process_group()
         self.world = dist.get_world_size()
         self.rank = dist.get_rank()
@@ -193,7 +194,7 @@ class Trainer:
             f"(tp {cfg.parallel.tp}, pp {cfg.parallel.pp}, dp {self.dp_size}, ZeRO-{cfg.parallel.zero_stage}) | "
             f"L={cfg.data.seq_len} global batch {t.global_batch} | run dir {self.run_dir}"
             + (f" | resumed at step {self.step}" if resumed else ""))
-        handler = PreemptionHandler().install()
+        handler = self.preemption
         accum = cfg.grad_accum(self.world)
         seq_tokens = t.global_batch * cfg.data.seq_len
         step_flops = train_step_flops(cfg.model, cfg.objective.name, cfg.data.seq_len, t.global_batch)
@@ -248,7 +249,7 @@ class Trainer:
                 self.logger.write(f"preemption signal received: saved at step {self.step}, exiting for requeue")
                 handler.requeue()
                 break
-        handler.uninstall()
+        release_handler()
         if not preempted and t.sample_at_end and self.rank == 0:
             self.print_sample()
         if not preempted and t.export_hf and self.rank == 0:  # Hugging Face export of the final checkpoint
