@@ -66,6 +66,11 @@ def run_command(prog: str, main, argv: list[str]) -> int:
     """`main(argv)` under the one-line error convention (see the module docstring)."""
     try:
         return int(main(argv) or 0)
+    except SystemExit as e:  # argparse's --help and usage errors (already reported on one line)
+        if isinstance(e.code, str):
+            report(prog, e.code)
+            return 1
+        return int(e.code or 0)
     except KeyboardInterrupt:
         if debug_enabled():
             raise

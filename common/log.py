@@ -20,13 +20,9 @@ ALL_RANKS = {"all_ranks": True}
 
 
 def current_rank() -> int:
-    try:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank()
-    except ImportError:  # pragma: no cover - torch is a dependency
-        pass
+    dist = sys.modules.get("torch.distributed")  # no import: without torch loaded there is no group
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank()
     from .env import env_rank
 
     return env_rank()

@@ -1,8 +1,8 @@
 """Metrics sinks: console line, metrics.jsonl in the run directory, wandb (rank 0 only).
 
-Nothing here can stall a run: `logging.wandb: auto` goes online only when WANDB_API_KEY is set *and*
-the wandb server (WANDB_BASE_URL, or the HTTPS proxy) accepts a TCP connection within
-`PROBE_TIMEOUT_S`; otherwise, and whenever wandb.init fails, the run logs offline (or not at all)
+Nothing here can stall a run: `logging.wandb: auto` (and `online`) go online only when WANDB_API_KEY
+is set *and* the wandb server (WANDB_BASE_URL) answers an HTTP request within `PROBE_TIMEOUT_S`;
+otherwise, and whenever wandb.init fails, the run logs offline (or not at all)
 after a one-line notice. A resumed run first drops the metrics.jsonl rows past its checkpoint's step,
 so every step appears once.
 """
@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import sys
+import threading
+import urllib.error
+import urllib.request
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -28,18 +30,26 @@ DEFAULT_WANDB_URL = "https://api.wandb.ai"
 
 
 def wandb_reachable(timeout: float = PROBE_TIMEOUT_S) -> tuple[bool, str]:
-    """(whether a TCP connection to the wandb server -- or the HTTPS proxy in front of it -- opens
-    within `timeout` seconds, the address tried)."""
-    url = os.environ.get("WANDB_BASE_URL") or DEFAULT_WANDB_URL
-    proxy = os.environ.get("HTTPS_PROXY") or os.environ.get("https_proxy")
-    target = urlparse(proxy if proxy and url.startswith("https") else url)
-    host = target.hostname or ""
-    port = target.port or (443 if target.scheme == "https" else 80)
-    try:
-        with socket.create_connection((host, port), timeout=timeout):
-            return True, f"{host}:{port}"
-    except OSError:
-        return False, f"{host}:{port}"
+    """(whether the wandb server -- WANDB_BASE_URL, through the HTTP(S) proxy of the environment if
+    any -- answers an HTTP request within `timeout` seconds, the URL tried). Any HTTP status counts
+    as an answer; no name resolution, a refused or silent connection does not. The probe runs in a
+    daemon thread, so it never takes much longer than `timeout`, whatever the network does."""
+    url = (os.environ.get("WANDB_BASE_URL") or DEFAULT_WANDB_URL).rstrip("/") + "/healthz"
+    answer: list[bool] = []
+
+    def probe():
+        try:
+            with urllib.request.urlopen(urllib.request.Request(url, method="GET"), timeout=timeout):
+                answer.append(True)
+        except urllib.error.HTTPError:  # the server answered (401, 404, ...)
+            answer.append(True)
+        except (OSError, ValueError):  # URLError, timeouts, refused, bad URL
+            answer.append(False)
+
+    thread = threading.Thread(target=probe, name="wandb-probe", daemon=True)
+    thread.start()
+    thread.join(timeout + 0.5)
+    return bool(answer and answer[0]), urlparse(url).netloc or url
 
 
 def resolve_wandb_mode(requested: str) -> tuple[str, str | None]:
