@@ -89,8 +89,11 @@ def load(path, map_location="cpu", **kw):
         raise CheckpointError(f"{where}: truncated or damaged ({type(e).__name__}); use another step") from None
     except RuntimeError as e:
         msg = str(e)
-        if "zip archive" in msg or "PytorchStreamReader" in msg or "storage" in msg.lower() or "magic" in msg:
-            raise CheckpointError(f"{where}: truncated or damaged ({msg.splitlines()[0][:120]}); use another step") from None
+        if "zip archive" in msg or "PytorchStreamReader" in msg:
+            raise CheckpointError(f"{where}: truncated or damaged (not a complete torch zip archive); use another "
+                                  "step") from None
+        if "storage" in msg.lower() or "magic" in msg:
+            raise CheckpointError(f"{where}: truncated or damaged ({msg.splitlines()[0][:100]}); use another step") from None
         raise
 
 
