@@ -55,7 +55,7 @@ def parse(argv=None):
 
 def build_model(args):
     from model.config import ModelConfig
-    from model.parallel import ensure_model_parallel
+    from pretrain.parallel import ensure_model_parallel
     from model.transformer import Transformer
 
     ensure_model_parallel(1, 1)

@@ -34,11 +34,13 @@ class Checkpoint:
 
         if not path:
             raise EvalError("--checkpoint: required (a run directory or one of its checkpoints/step_* folders)")
+        from pretrain.checkpoint import read_meta
+
         try:
             self.path = resolve_checkpoint(path)
-        except (FileNotFoundError, RuntimeError) as e:
+            self.meta = read_meta(self.path)
+        except (FileNotFoundError, RuntimeError, ValueError) as e:  # CheckpointError: a damaged checkpoint
             raise EvalError(f"--checkpoint: {e}") from None
-        self.meta = json.loads((self.path / "meta.json").read_text())
         from pretrain.config import from_dict
 
         self.cfg = from_dict(self.meta["config"])
@@ -68,7 +70,10 @@ class Checkpoint:
         if self._model is None:
             from pretrain.checkpoint import load_model
 
-            self._model, tok, cfg = load_model(self.path, ema=self.ema, device=self.device)
+            try:
+                self._model, tok, cfg = load_model(self.path, ema=self.ema, device=self.device)
+            except ValueError as e:  # CheckpointError (refused, damaged, incomplete files) and tokenizer errors
+                raise EvalError(f"--checkpoint: {e}") from None
             self._tokenizer = self._tokenizer or tok
         return self._model
 

@@ -18,9 +18,10 @@ beyond that one draw.
 
 Tied embeddings under pipeline parallelism follow Megatron-LM: a last stage that does not hold the
 input embedding keeps a copy of it (same name `embed.weight`, same seeded initialisation, hence equal
-values), marked `shared_embedding`; the training step all-reduces the copies' gradients over
-megatron's embedding group (first and last stage) so they stay equal, and gradient norms count the
-copy once (`ds_pipe_replicated`).
+values); pretrain/pipeline.py marks it for the training step, which keeps the copies equal.
+
+At TP=1 the linear and embedding layers are plain torch layers with megatron's parameters
+(model/layers.py), so a TP=1 model needs no process group: it loads and decodes in any Python process.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from megatron.core.model_parallel_config import ModelParallelConfig
 from .config import ModelConfig
 from . import flex
 from . import fp8 as fp8_layers
+from . import layers as tp_layers
 from .kv_cache import KVCache
 from .masks import MaskSpec
 from .rotary import Rotary, apply_rotary
@@ -79,11 +81,9 @@ class Attention(torch.nn.Module):
         self.q_per_group = cfg.n_heads // cfg.kv_heads
         out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
         qkv_out = (cfg.n_heads + 2 * cfg.kv_heads) * self.head_dim
-        self.qkv = tensor_parallel.ColumnParallelLinear(
-            cfg.hidden, qkv_out, config=mp, init_method=_init(cfg.init_std), bias=cfg.bias, gather_output=False)
-        self.proj = tensor_parallel.RowParallelLinear(
-            cfg.n_heads * self.head_dim, cfg.hidden, config=mp, init_method=_init(out_std), bias=cfg.bias,
-            input_is_parallel=True, skip_bias_add=False)
+        self.qkv = tp_layers.column_linear(cfg.hidden, qkv_out, config=mp, init_method=_init(cfg.init_std), bias=cfg.bias)
+        self.proj = tp_layers.row_linear(cfg.n_heads * self.head_dim, cfg.hidden, config=mp, init_method=_init(out_std),
+                                      bias=cfg.bias)
         self.q_norm = torch.nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = torch.nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.dropout_p = cfg.attention_dropout
@@ -127,11 +127,8 @@ class MLP(torch.nn.Module):
         self.swiglu = cfg.activation == "swiglu"
         out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
         width = cfg.ffn_hidden * (2 if self.swiglu else 1)
-        self.fc1 = tensor_parallel.ColumnParallelLinear(
-            cfg.hidden, width, config=mp, init_method=_init(cfg.init_std), bias=cfg.bias, gather_output=False)
-        self.fc2 = tensor_parallel.RowParallelLinear(
-            cfg.ffn_hidden, cfg.hidden, config=mp, init_method=_init(out_std), bias=cfg.bias,
-            input_is_parallel=True, skip_bias_add=False)
+        self.fc1 = tp_layers.column_linear(cfg.hidden, width, config=mp, init_method=_init(cfg.init_std), bias=cfg.bias)
+        self.fc2 = tp_layers.row_linear(cfg.ffn_hidden, cfg.hidden, config=mp, init_method=_init(out_std), bias=cfg.bias)
 
     def forward(self, x):
         h, _ = self.fc1(x)
@@ -171,10 +168,7 @@ class Transformer(torch.nn.Module):
         base = int(torch.randint(0, 2**62, ()).item())  # the one draw from the global generator
         if pre_process or (post_process and cfg.tie_embeddings):
             with _seeded(base, "embed"):
-                self.embed = tensor_parallel.VocabParallelEmbedding(V, cfg.hidden, init_method=_init(cfg.init_std), config=self.mp)
-            if not pre_process:  # the last stage's copy of a tied embedding
-                self.embed.weight.shared_embedding = True
-                self.embed.weight.ds_pipe_replicated = True
+                self.embed = tp_layers.vocab_embedding(V, cfg.hidden, init_method=_init(cfg.init_std), config=self.mp)
         self.rotary = Rotary(cfg.dim_head, cfg.rope_base)
         blocks = {}
         for i in self.layer_range:
@@ -185,9 +179,8 @@ class Transformer(torch.nn.Module):
             self.final_norm = _norm(cfg, cfg.hidden)
             if not cfg.tie_embeddings:
                 with _seeded(base, "head"):
-                    self.head = tensor_parallel.ColumnParallelLinear(
-                        cfg.hidden, V, config=self.mp, init_method=_init(cfg.init_std), bias=cfg.head_bias,
-                        gather_output=False)
+                    self.head = tp_layers.column_linear(cfg.hidden, V, config=self.mp, init_method=_init(cfg.init_std),
+                                                     bias=cfg.head_bias)
             tp = self.mp.tensor_model_parallel_size
             rank = parallel_state.get_tensor_model_parallel_rank() if tp > 1 else 0
             ids = torch.arange(rank * V // tp, (rank + 1) * V // tp)

@@ -19,7 +19,6 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,7 +37,7 @@ EXPORT_SUBDIR = "hf"  # train.export_hf writes RUN/hf
 # -- reading training checkpoints ------------------------------------------------------------------
 def read_checkpoint(path, *, ema: bool = True):
     """(checkpoint dir, meta, RecipeConfig, tp=1 weights, whether EMA weights were used)."""
-    from .checkpoint import resolve_checkpoint
+    from .checkpoint import checkpoint_weights, resolve_checkpoint
     from .config import from_dict
 
     try:
@@ -49,34 +48,7 @@ def read_checkpoint(path, *, ema: bool = True):
     if "config" not in meta:
         raise ConvertError(f"{ckpt / 'meta.json'}: no `config` (not a setdlm checkpoint)")
     cfg = from_dict(meta["config"])
-    layout = meta.get("layout", {})
-    used_ema = False
-    consolidated = ckpt / "consolidated.pt"
-    sharded = layout.get("tp", 1) != 1 or layout.get("pp", 1) != 1 or (layout.get("zero_stage") or 0) >= 3
-    if consolidated.is_file() or sharded:
-        if consolidated.is_file():
-            state = torch.load(consolidated, map_location="cpu", weights_only=False)
-        else:  # merge the shards on the fly (pretrain/consolidate.py), leaving the checkpoint untouched
-            from .consolidate import consolidate
-
-            with tempfile.TemporaryDirectory(prefix="setdlm-consolidate-") as t:
-                try:
-                    f = consolidate(ckpt, out=Path(t) / "consolidated.pt", optimizer=False, log=lambda m: None)
-                except (FileNotFoundError, ValueError, RuntimeError) as e:
-                    raise ConvertError(f"checkpoint {ckpt}: saved sharded ({layout}) and cannot be consolidated: {e}") from None
-                state = torch.load(f, map_location="cpu", weights_only=False)
-        weights = state["module"]
-        if ema and state.get("ema"):
-            weights, used_ema = {**weights, **state["ema"]}, True
-    else:
-        model_file = ckpt / "mp_rank_00_model_states.pt"
-        if not model_file.is_file():
-            raise ConvertError(f"checkpoint {ckpt}: no model weights ({model_file.name} or consolidated.pt)")
-        weights = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
-        ema_file = ckpt / "ema_mp_rank_00.pt"
-        if ema and ema_file.is_file():
-            weights, used_ema = {**weights, **torch.load(ema_file, map_location="cpu", weights_only=False)["shadow"]}, True
-    weights = {k: v for k, v in weights.items() if torch.is_tensor(v)}
+    weights, used_ema = checkpoint_weights(ckpt, meta, ema=ema)  # any layout; weights-only reads
     return ckpt, meta, cfg, weights, used_ema
 
 
@@ -217,10 +189,8 @@ def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32",
 
 def _normalize_weights(cfg, weights: dict) -> dict:
     """Load weights into a tp=1 Transformer of `cfg` (checking names and shapes); its state dict."""
-    from model.parallel import ensure_model_parallel
     from model.transformer import Transformer, megatron_config
 
-    ensure_model_parallel(1, 1)
     weights = {k: v for k, v in weights.items() if torch.is_tensor(v)}
     with torch.random.fork_rng(devices=[]):  # the initial values are overwritten; leave the caller's RNG alone
         model = Transformer(cfg.model, megatron_config())
@@ -347,10 +317,12 @@ def _read_reference(path: Path):
         from safetensors.torch import load_file
 
         return load_file(str(path)), config
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001
-        raise ConvertError(f"--model {path}: cannot be read as a torch checkpoint ({type(e).__name__}: {e})") from None
+    from .safe_load import CheckpointError, load as safe_load
+
+    try:  # weights only: a Lightning/Composer checkpoint's tensors and plain values, never its pickled objects
+        obj = safe_load(path)
+    except CheckpointError as e:
+        raise ConvertError(f"--model {e}") from None
     return obj, config
 
 

@@ -13,7 +13,6 @@ from data_pipeline.loader import build_loader
 from data_pipeline.tokenizers import load_tokenizer
 from model import fp8 as fp8_layers
 from model.objectives import build_objective, summarize
-from model.parallel import ensure_model_parallel, ensure_process_group
 from model.transformer import parameter_count
 
 from . import checkpoint
@@ -22,6 +21,7 @@ from .ema import EMA
 from .engine import build_engine, resolve_precision
 from .flops import device_peak_tflops, train_step_flops
 from .logger import MetricsLogger
+from .parallel import ensure_model_parallel, ensure_process_group
 from .pipeline import StepRunner, add_metrics, build_stage
 from .preemption import active_handler, release_handler
 
@@ -93,10 +93,12 @@ class Trainer:
         if self.rank == 0:
             checkpoint.clean_partial(self.ckpt_root)
         dist.barrier()
-        path = checkpoint.latest_checkpoint(self.ckpt_root) if self.ckpt_root.is_dir() else None
+        path = checkpoint.latest_checkpoint(self.ckpt_root, notes=self.notes) if self.ckpt_root.is_dir() else None
         if path is None:
             return False
-        saved = checkpoint.read_meta(path)["layout"]
+        saved_meta = checkpoint.read_meta(path)
+        checkpoint.check_compatible(saved_meta, self.cfg, path)  # another model size or objective: refused
+        saved = saved_meta["layout"]
         if (saved["tp"], saved["pp"], saved["dp"], saved.get("zero_stage", 0)) == (
                 self.cfg.parallel.tp, self.cfg.parallel.pp, self.dp_size, self.cfg.parallel.zero_stage):
             meta, extra, ema = checkpoint.load(self.engine, path, rank=self.rank, mp_rank=self.mp_rank)
