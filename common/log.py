@@ -3,8 +3,9 @@
 Every package logs through ``get_logger(__name__)`` (a child of the ``setdlm`` logger). The console
 handler, installed on first use, prints the message alone (the lines users see: ``step 4/8 | loss
 ...``), INFO to stdout and warnings/errors to stderr, through ``tqdm.write`` while a progress bar is
-shown. Records from ranks other than 0 are dropped, unless logged with ``extra={"all_ranks": True}``
-(then prefixed ``[rank N]``) or at ERROR and above. The rank is read from ``torch.distributed`` once a
+shown. INFO records from ranks other than 0 are dropped unless logged with ``extra={"all_ranks":
+True}``; warnings and errors are printed by every rank. Lines from ranks other than 0 start with
+``[rank N]``. The rank is read from ``torch.distributed`` once a
 group exists, else from the launcher variables (common/env.py).
 """
 
@@ -29,12 +30,12 @@ def current_rank() -> int:
 
 
 class RankFilter(logging.Filter):
-    """Pass rank 0's records; other ranks' only when marked `all_ranks` or at ERROR and above."""
+    """Pass rank 0's records; other ranks' only when marked `all_ranks` or at WARNING and above."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         rank = current_rank()
         record.rank = rank
-        everywhere = getattr(record, "all_ranks", False) or record.levelno >= logging.ERROR
+        everywhere = getattr(record, "all_ranks", False) or record.levelno >= logging.WARNING
         if rank != 0 and not everywhere:
             return False
         record.rank_prefix = f"[rank {rank}] " if rank != 0 else ""

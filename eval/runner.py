@@ -72,7 +72,7 @@ class Shard:
 
 def detect_shard(shard: str | None = None) -> Shard:
     """This process's share. ``shard="I/N"`` (e.g. from a Slurm array) wins; otherwise the launcher
-    environment (torchrun, srun, mpirun) is read with `pretrain.ranks.read_ranks`."""
+    environment (torchrun, srun, mpirun) is read with `common.env.detect_env`."""
     if shard:
         try:
             i, n = (int(x) for x in str(shard).split("/"))
@@ -81,10 +81,10 @@ def detect_shard(shard: str | None = None) -> Shard:
         if n < 1 or not 0 <= i < n:
             raise EvalError(f"--shard: need 0 <= I < N, got {shard!r}")
         return Shard(i, n, 0, "explicit")
-    from pretrain.ranks import read_ranks  # not launch/: eval sits below it
+    from common.env import detect_env  # not launch/: eval sits below it
 
     try:
-        env = read_ranks()
+        env = detect_env(use_mpi4py=False)
     except ValueError as e:
         raise EvalError(str(e)) from None
     return Shard(env.rank, env.world_size, env.local_rank, env.launcher)

@@ -71,7 +71,11 @@ def pretrain_main(argv: list[str]) -> int:
 
         print_plan(cfg, world_size=args.world_size or int(os.environ.get("WORLD_SIZE", "1")))
         return 0
-    cfg.validate(world_size=detect_env(use_mpi4py=False).world_size, need_vocab=False)  # layout, before any group
+    try:  # the layout checks, before any process group (MPI without a size variable: checked after init)
+        world = detect_env(use_mpi4py=False).world_size
+    except ValueError:
+        world = None
+    cfg.validate(world_size=world, need_vocab=False)
 
     from common.dist import init_process_group
 

@@ -116,7 +116,7 @@ def test_rank_aware_logger_prints_rank_zero_only_unless_asked():
         "log = get_logger('setdlm.test')\n"
         "log.info('plain line')\n"
         "log.info('everyone', extra=ALL_RANKS)\n"
-        "log.error('bad thing')\n"
+        "log.warning('bad thing')\n"
     )
     out = {}
     for rank in (0, 1):
@@ -146,3 +146,15 @@ def test_env_rank_never_raises():
     assert env_rank({"RANK": "x", "WORLD_SIZE": "4"}) == 0
     assert env_rank({}) == 0
     assert os.environ.get("SETDLM_TEST_SENTINEL") is None
+
+
+def test_common_imports_nothing_else_of_setdlm():
+    """common/ is the lowest layer: data_pipeline, model, pretrain, eval and launch may all import it."""
+    import ast
+
+    ours = {"data_pipeline", "model", "pretrain", "eval", "launch"}
+    for path in (REPO / "common").glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else \
+                [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            assert not [n for n in names if n.split(".")[0] in ours], (path.name, names)
