@@ -195,7 +195,7 @@ class LikelihoodTask(Task):
             st["j"] += 1
             if jj == j:
                 return batch, st["gen"]
-            self.objective(batch["input_ids"].shape[1]).prepare(batch, st["gen"])  # replay the draws
+            self.objective(batch["input_ids"].shape[1]).prepare(batch, st["gen"], bound=True)  # replay the draws
 
     @torch.no_grad()
     def run_unit(self, unit: Unit) -> list[dict]:
@@ -210,7 +210,7 @@ class LikelihoodTask(Task):
         per_order, batch_nll, batch_tokens = [], [], None
         for o in range(self.args.orders):
             gen = gen0 if o == 0 else torch.Generator(device=device).manual_seed(seed_for(self.args.seed, "order", k, j, o))
-            inputs = obj.prepare(batch, gen)
+            inputs = obj.prepare(batch, gen, bound=True)
             with _autocast(self.precision, device):
                 logits = model(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
             # per-sequence CE first, on a copy: megatron's vocab-parallel CE works in place on its input
