@@ -72,11 +72,25 @@ class Checkpoint:
             self._tokenizer = self._tokenizer or tok
         return self._model
 
+    @property
+    def has_ema(self) -> bool:
+        """Whether the checkpoint holds EMA weights (an EMA file, or a consolidated state of a run with EMA)."""
+        if any(self.path.glob("ema_mp_rank_*.pt")):
+            return True
+        return (self.path / "consolidated.pt").is_file() and bool(self.cfg.train.ema)
+
+    @property
+    def uses_ema(self) -> bool:
+        """EMA weights are what the model is evaluated with (asked for, and present)."""
+        return self.ema and self.has_ema
+
     def describe(self) -> dict:
-        """What identifies the weights (goes into run.json: a restart on other weights is refused)."""
+        """What identifies the weights (goes into run.json: a restart on other weights is refused).
+        `ema` is what is used: True only when EMA weights were asked for and the checkpoint has them."""
         return {"path": str(self.path), "step": self.meta.get("step"), "objective": self.objective,
                 "tokenizer": self.meta.get("tokenizer"), "tokenizer_sha256": (self.meta.get("tokenizer_sha256") or "")[:16],
-                "ema": self.ema, "seq_len": self.cfg.data.seq_len, "max_seq_len": self.cfg.model.max_seq_len}
+                "ema": self.uses_ema, "ema_requested": self.ema, "seq_len": self.cfg.data.seq_len,
+                "max_seq_len": self.cfg.model.max_seq_len}
 
 
 # ------------------------------------------------------------------------------------------ sampling
@@ -134,6 +148,17 @@ def _out_dict(o, seconds: float | None = None) -> dict:
             "stop_reason": o.stop_reason}
 
 
+def prompt_budget(max_seq_len: int, max_new_tokens: int, *, min_prompt: int = 1) -> int:
+    """Prompt tokens that fit beside `max_new_tokens` in `max_seq_len`; EvalError when fewer than
+    `min_prompt` (checked by the tasks before the model loads)."""
+    budget = int(max_seq_len) - int(max_new_tokens)
+    if budget < min_prompt:
+        need = f"at most {int(max_seq_len) - min_prompt}" if min_prompt else f"at most {int(max_seq_len)}"
+        raise EvalError(f"--max-new-tokens: {max_new_tokens} leaves no room for a prompt in the model's max_seq_len "
+                        f"{max_seq_len}; valid: {need}")
+    return budget
+
+
 class ModelPredictor:
     """Generation from a checkpoint with one SamplingConfig."""
 
@@ -162,10 +187,9 @@ class ModelPredictor:
         """Continue each prompt (text or token ids); stops per the SamplingConfig (EOS, stop strings)
         and the `overrides` (e.g. stop=[...]). `examples` is unused here (oracles in tests use it)."""
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-        budget = int(self.ckpt.cfg.model.max_seq_len) - int(overrides.get("max_new_tokens", self.sampling.max_new_tokens))
-        if budget < 1:
-            raise EvalError(f"--max-new-tokens: {self.sampling.max_new_tokens} leaves no room for a prompt in the model's "
-                            f"max_seq_len {self.ckpt.cfg.model.max_seq_len}")
+        ar_start = int(self.sampling.family == "ar" and any(not p for p in ids))  # AR starts an empty prompt at EOS
+        budget = prompt_budget(self.ckpt.cfg.model.max_seq_len, overrides.get("max_new_tokens", self.sampling.max_new_tokens),
+                               min_prompt=0) - ar_start
         cut = [max(0, len(p) - budget) for p in ids]
         ids = [p[c:] for p, c in zip(ids, cut)]  # keep the end of over-long prompts (as lm-eval does)
         outs, wall = self._generate(ids, seed, **overrides)

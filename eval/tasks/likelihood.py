@@ -34,6 +34,12 @@ def _autocast(precision: str, device: torch.device):
     return nullcontext()
 
 
+# what each family's number estimates (the records of an older estimator are not resumed into a new one)
+ESTIMATORS = {"ar": "exact NLL", "setdlm": "order-sampled upper bound (one order per sequence and draw)",
+              "mdlm": "NELBO, exact discrete form (k ~ U{1..n} masked, weight n/k)",
+              "bd3lm": "NELBO per block, exact discrete form (k ~ U{1..B} masked, weight B/k)"}
+
+
 class LikelihoodTask(Task):
     name = "likelihood"
     help = "NLL / bits per token / perplexity bound on held-out shards or text"
@@ -58,24 +64,23 @@ class LikelihoodTask(Task):
         super().__init__(args, shard, predictor)
         cfg = self.ckpt.cfg
         self.cfg = cfg
-        if args.seed is None:
-            args.seed = cfg.run.seed
+        self.seed = cfg.run.seed if args.seed is None else args.seed
+        self.batch_size, self.max_batches, self.dp = args.batch_size or cfg.train.micro_batch, args.max_batches, args.dp
         if args.match_training:
             if args.text or args.data or args.batch_size or args.max_batches or args.dp != 1:
                 raise EvalError("--match-training: sets the data, --batch-size, --max-batches and --dp from the run; "
                                 "do not give them too")
-            args.batch_size = cfg.train.micro_batch
-            args.max_batches = cfg.train.eval_batches
-            args.dp = int((self.ckpt.meta.get("layout") or {}).get("dp", 1))
-        self.batch_size = args.batch_size or cfg.train.micro_batch
-        for opt, v in (("--batch-size", self.batch_size), ("--orders", args.orders), ("--dp", args.dp)):
+            self.batch_size = cfg.train.micro_batch
+            self.max_batches = cfg.train.eval_batches
+            self.dp = int((self.ckpt.meta.get("layout") or {}).get("dp", 1))
+        for opt, v in (("--batch-size", self.batch_size), ("--orders", args.orders), ("--dp", self.dp)):
             if v < 1:
                 raise EvalError(f"{opt}: must be >= 1, got {v}")
-        if args.max_batches < 0:
+        if self.max_batches < 0:
             raise EvalError(f"--max-batches: must be >= 0, got {args.max_batches}")
         if args.text and args.data:
             raise EvalError("--data and --text: give one")
-        if args.text and args.dp != 1:
+        if args.text and self.dp != 1:
             raise EvalError("--dp: only with shard/builtin data (--text has no training layout to reproduce)")
         self.precision = args.precision or cfg.train.precision
         self.data_cfg = self._data_cfg()
@@ -112,7 +117,7 @@ class LikelihoodTask(Task):
 
         try:
             return build_loader(self.data_cfg, split="val", tokenizer=self.ckpt.tokenizer, micro_batch=self.batch_size,
-                                dp_rank=k, dp_size=self.args.dp, seed=self.args.seed)
+                                dp_rank=k, dp_size=self.dp, seed=self.seed)
         except ValueError as e:
             raise EvalError(f"--data: {e}") from None
 
@@ -143,8 +148,8 @@ class LikelihoodTask(Task):
             if not bool(v.all()):
                 b["valid_mask"] = v
             batches.append(b)
-        if self.args.max_batches:
-            batches = batches[: self.args.max_batches]
+        if self.max_batches:
+            batches = batches[: self.max_batches]
         return batches
 
     def _layout(self) -> list[tuple[int, int, int]]:
@@ -153,10 +158,10 @@ class LikelihoodTask(Task):
             self._texts = self._text_batches()
             return [(0, j, len(b["input_ids"])) for j, b in enumerate(self._texts)]
         out = []
-        for k in range(self.args.dp):
+        for k in range(self.dp):
             n = len(self._loader(k))
-            if self.args.max_batches:
-                n = min(n, self.args.max_batches)
+            if self.max_batches:
+                n = min(n, self.max_batches)
             out += [(k, j, self.batch_size) for j in range(n)]
         return out
 
@@ -164,9 +169,9 @@ class LikelihoodTask(Task):
         s = super().spec()
         d = self.data_cfg
         s.update(objective=self.cfg.objective.name, data=self.args.text or d.source, data_kind="text" if self.args.text else "val split",
-                 seq_len=d.seq_len, packing=d.packing, batch_size=self.batch_size, max_batches=self.args.max_batches,
-                 orders=self.args.orders, dp=self.args.dp, precision=self.precision,
-                 objective_config=dataclasses.asdict(self.cfg.objective))
+                 seq_len=d.seq_len, packing=d.packing, batch_size=self.batch_size, max_batches=self.max_batches,
+                 orders=self.args.orders, dp=self.dp, precision=self.precision,
+                 objective_config=dataclasses.asdict(self.cfg.objective), estimator=ESTIMATORS[self.cfg.objective.name])
         return s
 
     def units(self) -> list[Unit]:
@@ -185,7 +190,7 @@ class LikelihoodTask(Task):
         """Batch (k, j) on `device` and the order-0 generator positioned for it (replaying skipped batches)."""
         st = self._stream
         if st is None or st["k"] != k or st["j"] > j:
-            gen = torch.Generator(device=device).manual_seed(self.args.seed + 7919 * (k + 1))
+            gen = torch.Generator(device=device).manual_seed(self.seed + 7919 * (k + 1))
             it = iter(self._texts) if self.args.text else iter(self._loader(k))
             st = self._stream = {"k": k, "j": 0, "it": it, "gen": gen}
         while True:
@@ -209,7 +214,7 @@ class LikelihoodTask(Task):
         x, valid, context = obj._batch_masks(batch)
         per_order, batch_nll, batch_tokens = [], [], None
         for o in range(self.args.orders):
-            gen = gen0 if o == 0 else torch.Generator(device=device).manual_seed(seed_for(self.args.seed, "order", k, j, o))
+            gen = gen0 if o == 0 else torch.Generator(device=device).manual_seed(seed_for(self.seed, "order", k, j, o))
             inputs = obj.prepare(batch, gen, bound=True)
             with _autocast(self.precision, device):
                 logits = model(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
