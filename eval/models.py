@@ -212,11 +212,19 @@ class ModelPredictor:
 class Scorer:
     """Per-text NLL under a scoring model (generative perplexity).
 
-    ``spec`` is a setdlm checkpoint (run dir or checkpoint folder; AR models give the exact NLL,
-    other families their bound with a fixed seed) or ``hf:NAME_OR_DIR`` (a transformers causal LM,
-    e.g. ``hf:gpt2-large`` as in the papers, online or from a local copy). Texts are re-tokenized with
-    the scorer's tokenizer; the first token is context only; texts longer than the scorer's context
-    are scored in consecutive non-overlapping windows (each window's first token is context).
+    ``spec`` is a setdlm checkpoint (run dir or checkpoint folder) or ``hf:NAME_OR_DIR`` (a
+    transformers causal LM, e.g. ``hf:gpt2-large`` as in the papers, online or from a local copy).
+    Texts are re-tokenized with the scorer's tokenizer.
+
+    - setdlm checkpoint: the same number `eval likelihood --text` computes for a file holding that one
+      text -- the text framed as one training document (the recipe's packing: EOS after it, or
+      [CLS]/[SEP] around it), cut into rows of the training ``data.seq_len`` (the last one padded),
+      scored with the objective's bound (`prepare(bound=True)`: AR the exact NLL, SetDLM one sampled
+      order, MDLM/BD3-LM the NELBO). The framing tokens are scored too; the first token of each row is
+      context only for AR. A text scored alone has no neighbouring documents as context, so its NLL is
+      somewhat higher than that of the same tokens inside packed validation rows.
+    - ``hf:``: next-token NLL of the bare text (no framing; the first token is context only), in
+      consecutive non-overlapping windows of the model's context.
     """
 
     def __init__(self, spec: str, device: torch.device):
@@ -226,10 +234,13 @@ class Scorer:
 
     def describe(self) -> dict:
         if self._hf:
-            return {"scorer": self.spec}
+            return {"scorer": self.spec, "estimator": "next-token NLL (exact)"}
         c = Checkpoint(self.spec)
+        from .tasks.likelihood import ESTIMATORS
+
         return {"scorer": str(c.path), "scorer_step": c.meta.get("step"), "scorer_objective": c.objective,
-                "exact": c.objective == "ar"}
+                "exact": c.objective == "ar", "estimator": ESTIMATORS.get(c.objective, ""),
+                "framing": c.cfg.data.packing, "rows_of": c.cfg.data.seq_len, "ema": c.uses_ema}
 
     def _load(self):
         if self._loaded:
@@ -249,7 +260,7 @@ class Scorer:
             self.ckpt = Checkpoint(self.spec, device=self.device)
             self.lm = self.ckpt.model
             self.tok = self.ckpt.tokenizer
-            self.max_len = int(self.ckpt.cfg.model.max_seq_len)
+            self.max_len = int(self.ckpt.cfg.data.seq_len)
         self._loaded = True
 
     def encode(self, text: str) -> list[int]:
@@ -258,38 +269,30 @@ class Scorer:
 
     @torch.no_grad()
     def nll(self, text: str, seed: int = 0) -> tuple[float, int]:
-        """(summed NLL in nats, number of scored tokens) of `text`."""
+        """(summed NLL in nats, number of scored tokens) of `text`; `seed` drives the bound's draws."""
         self._load()
         ids = self.encode(text)
+        if not self._hf:
+            return self._setdlm_nll(ids, seed)
         total, count = 0.0, 0
         for s in range(0, len(ids), self.max_len):
             win = ids[s:s + self.max_len]
             if len(win) < 2:
                 continue
             x = torch.tensor([win], device=self.device)
-            if self._hf:
-                logits = self.lm(x).logits[0, :-1].float()
-                total += float(torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum"))
-                count += len(win) - 1
-            else:
-                nll, n = self._setdlm_nll(x, seed + s)
-                total += nll
-                count += n
+            logits = self.lm(x).logits[0, :-1].float()
+            total += float(torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum"))
+            count += len(win) - 1
         return total, count
 
-    def _setdlm_nll(self, x: torch.Tensor, seed: int) -> tuple[float, int]:
-        from model.objectives import build_objective
+    def _setdlm_nll(self, ids: list[int], seed: int) -> tuple[float, int]:
+        """Through the code path of `eval likelihood --text` (eval.tasks.likelihood.score_rows)."""
+        from .tasks.likelihood import score_rows, text_rows
 
+        if not ids:
+            return 0.0, 0
         cfg = self.ckpt.cfg
-        L = x.shape[1]
-        obj = build_objective(dataclasses.replace(cfg.objective), cfg.model, L)
-        batch = {"input_ids": x}
-        if cfg.objective.name != "ar":  # the first token is context, as for AR
-            ctx = torch.zeros_like(x, dtype=torch.bool)
-            ctx[:, 0] = True
-            batch["context_mask"] = ctx
-        gen = torch.Generator(device=x.device).manual_seed(seed)
-        inputs = obj.prepare(batch, gen)
-        logits = self.lm(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
-        _, m = obj.loss(logits, inputs)
-        return float(m["nll_sum"]), int(round(float(m["nll_tokens"])))
+        batch = text_rows([ids], self.tok, cfg.data.packing, cfg.data.seq_len)
+        gen = torch.Generator(device=self.device).manual_seed(int(seed))
+        nll, tokens = score_rows(self.lm, cfg, batch, gen)
+        return nll, tokens

@@ -70,7 +70,7 @@ class Shard:
 
 def detect_shard(shard: str | None = None) -> Shard:
     """This process's share. ``shard="I/N"`` (e.g. from a Slurm array) wins; otherwise the launcher
-    environment (torchrun, srun, mpirun) is read with `launch.env.detect_env`."""
+    environment (torchrun, srun, mpirun) is read by `launcher_rank` (eval never imports launch/)."""
     if shard:
         try:
             i, n = (int(x) for x in str(shard).split("/"))
@@ -79,10 +79,48 @@ def detect_shard(shard: str | None = None) -> Shard:
         if n < 1 or not 0 <= i < n:
             raise EvalError(f"--shard: need 0 <= I < N, got {shard!r}")
         return Shard(i, n, 0, "explicit")
-    from launch.env import detect_env
+    return Shard(*launcher_rank())
 
-    env = detect_env(use_mpi4py=False)
-    return Shard(env.rank, env.world_size, env.local_rank, env.launcher)
+
+_MPI = (("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+        ("PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"), ("PMIX_RANK", "OMPI_UNIVERSE_SIZE", "PMI_LOCAL_RANK"),
+        ("MV2_COMM_WORLD_RANK", "MV2_COMM_WORLD_SIZE", "MV2_COMM_WORLD_LOCAL_RANK"))
+
+
+def launcher_rank(env=None) -> tuple[int, int, int, str]:
+    """(rank, world size, local rank, launcher) from the launcher's environment: torchrun's
+    RANK/WORLD_SIZE, an srun step's SLURM_PROCID/SLURM_STEP_NUM_TASKS, or mpirun's rank variables; a
+    single process otherwise. Evaluation needs no rendezvous address (ranks coordinate by files), so
+    this reads only these three numbers (the same precedence as launch.env.detect_env)."""
+    env = os.environ if env is None else env
+
+    def num(name, default=None):
+        v = env.get(name)
+        if v in (None, ""):
+            return default
+        try:
+            return int(v)
+        except ValueError:
+            raise EvalError(f"launcher environment: {name}={v!r} is not an integer") from None
+
+    found = None
+    if num("RANK") is not None and num("WORLD_SIZE") is not None:
+        found = (num("RANK"), num("WORLD_SIZE"), num("LOCAL_RANK", num("RANK")), "torchrun")
+    elif num("SLURM_PROCID") is not None and (env.get("SLURM_STEP_ID") or env.get("SLURM_STEPID")) is not None \
+            and "OMPI_COMM_WORLD_RANK" not in env:
+        world = num("SLURM_STEP_NUM_TASKS", num("SLURM_NTASKS", num("SLURM_NPROCS")))
+        if world is not None:
+            found = (num("SLURM_PROCID"), world, num("SLURM_LOCALID", 0), "slurm")
+    if found is None:
+        for r, w, lr in _MPI:
+            if num(r) is not None and num(w) is not None:
+                found = (num(r), num(w), num(lr, 0), "mpi")
+                break
+    if found is None:
+        return 0, 1, 0, "single"
+    if not 0 <= found[0] < found[1]:
+        raise EvalError(f"launcher environment ({found[3]}): rank {found[0]} is not in [0, world size {found[1]})")
+    return found
 
 
 def isolate_process_group() -> None:

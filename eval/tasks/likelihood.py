@@ -40,6 +40,40 @@ ESTIMATORS = {"ar": "exact NLL", "setdlm": "order-sampled upper bound (one order
               "bd3lm": "NELBO per block, exact discrete form (k ~ U{1..B} masked, weight B/k)"}
 
 
+def text_rows(docs_ids, tok, packing: str, seq_len: int) -> dict:
+    """Token documents framed as in training (`packing`), concatenated and cut into rows of `seq_len`,
+    the last row padded: {"input_ids", "valid_mask", "sample_id"} (CPU tensors)."""
+    import numpy as np
+
+    from data_pipeline.packing import frame_documents, token_dtype
+
+    flat, _ = frame_documents(docs_ids, packing, tok.bos_id, tok.eos_id, token_dtype(tok.vocab_size))
+    n = math.ceil(len(flat) / seq_len)
+    rows = np.zeros((n, seq_len), dtype=np.int64)
+    valid = np.zeros((n, seq_len), dtype=bool)
+    rows.flat[: len(flat)] = flat
+    valid.flat[: len(flat)] = True
+    return {"input_ids": torch.from_numpy(rows), "valid_mask": torch.from_numpy(valid), "sample_id": torch.arange(n)}
+
+
+@torch.no_grad()
+def score_rows(model, cfg, batch: dict, gen: torch.Generator, precision: str | None = None) -> tuple[float, int]:
+    """(summed NLL bound in nats, scored tokens) of a batch of rows under `model` with recipe `cfg`:
+    the objective's bound draw (`prepare(bound=True)`), as Trainer.validate and this task compute it."""
+    from model.objectives import build_objective
+
+    device = next(model.parameters()).device
+    batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    if "valid_mask" in batch and bool(batch["valid_mask"].all()):
+        batch.pop("valid_mask")
+    obj = build_objective(cfg.objective, cfg.model, batch["input_ids"].shape[1])
+    inputs = obj.prepare(batch, gen, bound=True)
+    with _autocast(precision or cfg.train.precision, device):
+        logits = model(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
+    _, m = obj.loss(logits, inputs)
+    return float(m["nll_sum"]), int(round(float(m["nll_tokens"])))
+
+
 class LikelihoodTask(Task):
     name = "likelihood"
     help = "NLL / bits per token / perplexity bound on held-out shards or text"
@@ -122,29 +156,18 @@ class LikelihoodTask(Task):
             raise EvalError(f"--data: {e}") from None
 
     def _text_batches(self) -> list[dict]:
-        import numpy as np
-
-        from data_pipeline.packing import frame_documents, token_dtype
-
         from ..data import load_texts
 
         tok = self.ckpt.tokenizer
         docs = load_texts(self.args.text)
-        L = self.data_cfg.seq_len
-        flat, _ = frame_documents(tok.encode_batch(docs), self.data_cfg.packing, tok.bos_id, tok.eos_id,
-                                  token_dtype(tok.vocab_size))
-        n = math.ceil(len(flat) / L)
+        rows = text_rows(tok.encode_batch(docs), tok, self.data_cfg.packing, self.data_cfg.seq_len)
+        n = len(rows["input_ids"])
         if n == 0:
             raise EvalError(f"--text: {self.args.text} gives no tokens")
-        rows = np.zeros((n, L), dtype=np.int64)
-        valid = np.zeros((n, L), dtype=bool)
-        rows.flat[: len(flat)] = flat
-        valid.flat[: len(flat)] = True
         batches = []
         for i in range(0, n, self.batch_size):
-            b = {"input_ids": torch.from_numpy(rows[i:i + self.batch_size]),
-                 "sample_id": torch.arange(i, min(n, i + self.batch_size))}
-            v = torch.from_numpy(valid[i:i + self.batch_size])
+            b = {k: v[i:i + self.batch_size] for k, v in rows.items() if k != "valid_mask"}
+            v = rows["valid_mask"][i:i + self.batch_size]
             if not bool(v.all()):
                 b["valid_mask"] = v
             batches.append(b)
