@@ -82,6 +82,8 @@ def execute(name: str, args, *, predictor=None, after_unit=None) -> dict:
     isolate_process_group()
     cls = get_task(name)
     task = cls(args, shard, predictor)
+    if hasattr(task, "check_fits"):
+        task.check_fits()
     spec = task.spec()
     run = EvalRun(args.out, name, spec, shard, overwrite=args.overwrite)
     stats = task.execute(run, after_unit)

@@ -89,7 +89,6 @@ class GenerationTask(Task):
         self.sampling = None
         if self.predictor is None:
             self.sampling = sampling_config(self.ckpt, args, window=self.default_window(), **self.sampling_extra())
-            self.check_fits()
             self.predictor = ModelPredictor(self.ckpt, self.sampling)
 
     def prompt_room(self) -> int:
@@ -97,7 +96,10 @@ class GenerationTask(Task):
         return 1
 
     def check_fits(self) -> None:
-        """Refuse, before the model loads, decoding that cannot fit the model's max_seq_len."""
+        """Refuse, before the model loads, decoding that cannot fit the model's max_seq_len (called by
+        eval.cli.execute once the task is set up)."""
+        if self.sampling is None or self.ckpt is None:
+            return
         need = self.prompt_room()
         if need == 0 and self.sampling.family == "ar":
             need = 1  # AR starts an empty prompt from EOS
