@@ -1,8 +1,9 @@
 """likelihood: NLL, bits per token and perplexity (bound) of a checkpoint on held-out data.
 
-Per objective, exactly what training validation computes (`Trainer.validate`): SW-SetDLM the
-order-sampled bound (one generation order per sequence from the sliding-window schedule), MDLM and
-BD3-LM the NELBO (1/t weights, normalised by the tokens), AR the exact NLL. The data, batches and
+Per objective, exactly what training validation computes (`Trainer.validate`; both draw with
+`prepare(bound=True)`): SW-SetDLM the order-sampled bound (one generation order per sequence from the
+sliding-window schedule), MDLM and BD3-LM an unbiased estimate of the continuous-time NELBO (its exact
+discrete form, see model/objectives/mdlm.py), normalised by the tokens, AR the exact NLL. The data, batches and
 randomness follow the training validation of a run with `--dp` data-parallel ranks (default 1):
 batch j of virtual rank k draws its orders / noise from the generator seeded `seed + 7919 (k + 1)`
 after the draws of batches 0..j-1, so with the recipe's seed, micro-batch and number of batches the
