@@ -41,14 +41,14 @@ FAMILIES = [("AR", {"name": "ar"}), ("SetDLM D=4", {"name": "setdlm", "set_size"
 THRESHOLDS = (0.5, 0.7, 0.9, 1.0)
 
 
-def recipe(objective: dict, steps: int, out_dir: str, name: str) -> dict:
+def recipe(objective: dict, steps: int, out_dir: str, name: str, hidden: int = 128) -> dict:
     return {
         "run": {"name": name, "out_dir": out_dir, "seed": 1234},
-        "model": {"n_layers": 2, "hidden": 128, "n_heads": 4, "ffn_hidden": 512, "norm": "layernorm",
+        "model": {"n_layers": 2, "hidden": hidden, "n_heads": 4, "ffn_hidden": 4 * hidden, "norm": "layernorm",
                   "activation": "gelu", "dropout": 0.0, "tie_embeddings": True, "max_seq_len": 64},
         "objective": objective,
         "data": {"source": "builtin:pydoc_topics", "tokenizer": "gpt2", "seq_len": 64, "val_fraction": 0.05},
-        "train": {"max_steps": steps, "micro_batch": 8, "global_batch": 8, "lr": 2.0e-3,
+        "train": {"max_steps": steps, "micro_batch": 8, "global_batch": 8, "lr": 3.0e-3,
                   "warmup_steps": max(1, steps // 10), "lr_schedule": "cosine", "min_lr": 2.0e-4, "grad_clip": 1.0,
                   "log_every": max(1, steps // 4), "eval_every": steps, "eval_batches": 8, "save_every": steps,
                   "keep_last": 1, "sample_at_end": False},
@@ -66,7 +66,7 @@ def train(name: str, objective: dict, args) -> tuple[Path, float]:
     run_dir = Path(args.out) / slug
     path = Path(args.out) / f"{slug}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(yaml.safe_dump(recipe(objective, args.steps, args.out, slug)))
+    path.write_text(yaml.safe_dump(recipe(objective, args.steps, args.out, slug, args.hidden)))
     t0 = time.perf_counter()
     if not (run_dir / "checkpoints").is_dir() or args.retrain:
         Trainer(load_config(str(path), [])).train()
@@ -109,6 +109,7 @@ def forced_mask_bound(run_dir: Path, batches: int, orders: int) -> tuple[float, 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--steps", type=int, default=150, help="optimizer steps per family (8 sequences of 64 tokens each)")
+    p.add_argument("--hidden", type=int, default=128, help="model width (2 layers, 4 heads, MLP 4x)")
     p.add_argument("--orders", type=int, default=16, help="Monte-Carlo draws of each bound per sequence")
     p.add_argument("--batches", type=int, default=6, help="validation batches of 16 sequences")
     p.add_argument("--examples", type=int, default=6, help="prompts per threshold in the speed sweep")
@@ -192,8 +193,8 @@ def write_doc(doc: Path, rows, speed, args, total: float) -> None:
     machine = f"{platform.machine()} CPU, {os.cpu_count()} cores ({platform.processor() or 'unknown'}), no GPU"
     lines = [f"# Family ordering study ({when})", "",
              f"Machine: {machine}; shared with other jobs while it ran. Written by `benchmarks/study_families.py "
-             f"--steps {args.steps} --orders {args.orders} --batches {args.batches}` in {total / 60:.1f} minutes.",
-             "", f"Every family: the same 2 x 128 model, {args.steps} steps of 8 x 64 tokens of the pydoc corpus "
+             f"--steps {args.steps} --hidden {args.hidden} --orders {args.orders} --batches {args.batches}` in {total / 60:.1f} minutes.",
+             "", f"Every family: the same 2 x {args.hidden} model (tied GPT-2 embeddings), {args.steps} steps of 8 x 64 tokens of the pydoc corpus "
              "(GPT-2 tokenizer), the same seed. Bounds on the same "
              f"{args.batches} x 16 validation sequences; s.e. = std over the {args.orders} Monte-Carlo draws / sqrt(draws).",
              "", "| family | bound (nats/token) | s.e. | perplexity bound | tokens | draws |", "|---|---|---|---|---|---|"]
