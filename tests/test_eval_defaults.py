@@ -186,3 +186,19 @@ def test_infill_paper_preset(runs, tmp_path):
                                    data=str(FIX / "rocstories_cloze.csv")), Shard())
     (a2, n2, b2), _ = plain.part(plain.stories[0])
     assert a2 == a[1:] and b2 == b[:-1] and n2 == n and plain.sampling.repetition_penalty == 1.0
+
+
+def test_hf_export_refuses_to_decode_past_its_positions():
+    pytest.importorskip("transformers")
+    import torch
+
+    from model.convert.hf_code.configuration_setdlm import SetDLMConfig
+    from model.convert.hf_code.modeling_setdlm import SetDLMForMaskedLM
+
+    torch.manual_seed(0)
+    cfg = SetDLMConfig(vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                       max_position_embeddings=12, mask_token_id=23, eos_token_id=22, set_diffusion={"family": "setdlm", "set_size": 2})
+    m = SetDLMForMaskedLM(cfg).eval()
+    with pytest.raises(ValueError, match="exceed max_position_embeddings 12"):
+        m.set_diffusion_generate([[1, 2, 3, 4]], max_new_tokens=9)
+    assert len(m.set_diffusion_generate([[1, 2, 3, 4]], max_new_tokens=8, stop_on_eos=False).sequences[0]) == 8
