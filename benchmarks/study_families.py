@@ -62,7 +62,7 @@ def train(name: str, objective: dict, args) -> tuple[Path, float]:
     from pretrain.config import load_config
     from pretrain.trainer import Trainer
 
-    slug = name.lower().replace(" ", "").replace("=", "").replace("-", "")
+    slug = slug_of(name)
     run_dir = Path(args.out) / slug
     path = Path(args.out) / f"{slug}.yaml"
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -71,6 +71,29 @@ def train(name: str, objective: dict, args) -> tuple[Path, float]:
     if not (run_dir / "checkpoints").is_dir() or args.retrain:
         Trainer(load_config(str(path), [])).train()
     return run_dir, time.perf_counter() - t0
+
+
+def train_parallel(args, argv: list[str]) -> None:
+    """Train the families without a checkpoint in up to `--jobs` subprocesses (same recipes, same seeds)."""
+    import subprocess
+
+    todo = [n for n, _ in FAMILIES if args.retrain or not (Path(args.out) / slug_of(n) / "checkpoints").is_dir()]
+    procs: list = []
+    for name in todo:
+        while len([p for p in procs if p.poll() is None]) >= args.jobs:
+            time.sleep(5)
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        log = open(Path(args.out) / f"{slug_of(name)}.log", "w")
+        procs.append(subprocess.Popen([sys.executable, __file__, *argv, "--train-only", name, "--threads", "1"],
+                                      stdout=log, stderr=subprocess.STDOUT))
+        print(f"[study] training {name} in process {procs[-1].pid}", flush=True)
+    for p in procs:
+        if p.wait() != 0:
+            raise SystemExit(f"study: a training subprocess failed (exit {p.returncode}); see {args.out}/*.log")
+
+
+def slug_of(name: str) -> str:
+    return name.lower().replace(" ", "").replace("=", "").replace("-", "")
 
 
 def forced_mask_bound(run_dir: Path, batches: int, orders: int) -> tuple[float, float]:
@@ -118,7 +141,17 @@ def main(argv=None) -> int:
     p.add_argument("--doc", default="docs/study_families.md", help="markdown table written here (PNG next to it)")
     p.add_argument("--retrain", action="store_true", help="train again even when a run exists")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--jobs", type=int, default=1, help="families trained at once in subprocesses (default 1)")
+    p.add_argument("--train-only", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
+    if args.train_only:
+        import torch
+
+        torch.set_num_threads(args.threads)
+        train(args.train_only, dict(FAMILIES)[args.train_only], args)
+        return 0
+    if args.jobs > 1:
+        train_parallel(args, argv if argv is not None else sys.argv[1:])
 
     import torch
 
