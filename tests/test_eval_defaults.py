@@ -120,7 +120,7 @@ def test_impossible_options_fail_before_loading_and_leave_no_out(runs, tmp_path,
     out = tmp_path / "out"
     assert eval_main([task, "--checkpoint", str(runs["setdlm"]), "--out", str(out), *extra]) == 2
     err = capsys.readouterr().err
-    assert ("--max-new-tokens" in err or "--num-samples" in err) and "Traceback" not in err
+    assert ("--max-new-tokens" in err or "--num-samples" in err or "--length" in err) and "Traceback" not in err
     assert not out.exists()
 
 

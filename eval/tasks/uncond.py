@@ -55,6 +55,13 @@ class UncondTask(GenerationTask):
 
     def prompt_room(self) -> int:
         return 0  # unconditional: an empty prompt
+
+    def check_fits(self) -> None:
+        try:
+            super().check_fits()
+        except EvalError as e:
+            raise EvalError(str(e).replace("--max-new-tokens:", "--length:", 1)) from None
+
     @property
     def device(self):
         return self.ckpt.device if self.ckpt else __import__("torch").device("cpu")
