@@ -61,14 +61,20 @@ def _select_device(shard, device: str | None) -> None:
 
 
 def run_task(name: str, argv: list[str], *, predictor=None, after_unit=None) -> dict:
-    """Parse `argv`, run this rank's share of task `name`, merge when this process should.
+    """Parse `argv` into the task's typed options (eval.api) and run it (see `execute`)."""
+    from .api import from_argv
+
+    return execute(name, from_argv(name, argv), predictor=predictor, after_unit=after_unit)
+
+
+def execute(name: str, args, *, predictor=None, after_unit=None) -> dict:
+    """Run this rank's share of task `name` with typed options `args` (eval.api), merge when this
+    process should.
 
     Returns {"metrics": ... or None, "stats": ..., "merged": bool, "out": DIR}. `predictor` replaces
     the checkpoint's sampler (tests, or scoring another system); `after_unit(unit, records)` is
-    called after each unit is written (tests use it to simulate a kill)."""
-    args = task_parser(name).parse_args(argv)
-    if args.seed is None and name != "likelihood":
-        args.seed = 0
+    called after each unit is written (tests use it to simulate a kill). Every option check, the
+    task's included, runs before --out is created."""
     if args.limit < 0:
         raise EvalError(f"--limit: must be >= 0, got {args.limit}")
     shard = detect_shard(args.shard)
@@ -78,6 +84,8 @@ def run_task(name: str, argv: list[str], *, predictor=None, after_unit=None) -> 
     isolate_process_group()
     cls = get_task(name)
     task = cls(args, shard, predictor)
+    if hasattr(task, "check_fits"):
+        task.check_fits()
     spec = task.spec()
     run = EvalRun(args.out, name, spec, shard, overwrite=args.overwrite)
     stats = task.execute(run, after_unit)

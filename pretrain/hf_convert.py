@@ -363,12 +363,20 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
     L = int(seq_len or bc.get("length") or config.get("max_length") or 1024)
     objective: dict = {"name": family}
     if family == "setdlm":
-        if not set_size:
-            raise ConvertError("--set-size: the SetDLM set size D is not recorded in the checkpoint; pass it "
-                               "(the reference's model names carry it: owt-setdlm-d4 is D=4; smax8 is D=4)")
-        objective.update(set_size=int(set_size))  # S_max = 2 D, k from the budget (SETDLM.md section 2)
+        recorded = ref.schedule_from_config(config, L)  # noise_config.desired_block_size / max_block_size / k
+        if set_size and recorded.get("set_size") not in (None, int(set_size)):
+            log(f"setdlm convert: --set-size {set_size} overrides the checkpoint's desired_block_size "
+                f"{recorded['set_size']}")
+        if set_size:
+            recorded["set_size"] = int(set_size)
+        if not recorded.get("set_size"):
+            raise ConvertError("--set-size: the SetDLM set size D is not recorded in the checkpoint (no "
+                               "noise_config.desired_block_size in its config.json); pass it (the reference's "
+                               "model names carry it: owt-setdlm-d4 is D=4; smax8 is D=4)")
+        objective.update(recorded)  # S_max = 2 D and k from the budget unless recorded (SETDLM.md section 2)
     elif family == "bd3lm":
-        objective["block_size"] = int(set_size or bc.get("block_size") or 4)
+        nc = config.get("noise_config") if isinstance(config.get("noise_config"), dict) else {}
+        objective["block_size"] = int(set_size or nc.get("block_size") or bc.get("block_size") or config.get("block_size") or 4)
     train_sd = ref.dit_to_training(sd, arch, sigma)
     V = tok.vocab_size
     if arch["vocab"] > V:

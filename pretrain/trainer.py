@@ -159,7 +159,7 @@ class Trainer:
         for i, batch in enumerate(loader):
             if cfg.train.eval_batches and i >= cfg.train.eval_batches:
                 break
-            micro.append(self.objective.prepare(self._to_device(batch), gen))
+            micro.append(self.objective.prepare(self._to_device(batch), gen, bound=True))
             if len(micro) == 16:  # bounded memory on long validation splits
                 add_metrics(acc, self.stepper.eval_step(micro))
                 micro = []

@@ -22,7 +22,7 @@ import random
 from ..data import load_gsm8k
 from ..metrics import extract_answer, gold_answer, mean
 from ..runner import EvalError, Unit
-from .base import GenerationTask, chunk_units, speed_metrics
+from .base import GenerationTask, chunk_units, speed_metrics, truncation_metrics
 
 TEMPLATE = "Question: {question}\nAnswer:"
 STOP = ["Question:"]
@@ -128,6 +128,7 @@ class GSM8KTask(GenerationTask):
             rules[r["rule"]] = rules.get(r["rule"], 0) + 1
         m = {"accuracy": mean([float(r["correct"]) for r in records]), "n": len(records),
              "extraction": rules, "backend": spec.get("backend"), "fewshot": spec.get("fewshot")}
+        m.update(truncation_metrics(records))  # prompts (few-shot context included) cut to fit max_seq_len
         m.update(speed_metrics(records))
         if spec.get("backend") == "lm-eval" and out is not None:
             from ..lmeval import replay_metrics

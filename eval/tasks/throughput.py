@@ -18,7 +18,7 @@ import dataclasses
 from ..metrics import mean, percentile, unigram_entropy
 from ..models import ModelPredictor, Scorer
 from ..runner import EvalError, Unit
-from .base import GenerationTask
+from .base import GenerationTask, truncation_metrics
 
 
 def parse_value(v: str):
@@ -95,6 +95,9 @@ class ThroughputTask(GenerationTask):
 
     def sampling_extra(self) -> dict:
         return {"stop_on_eos": not self.args.no_eos_stop}
+
+    def prompt_room(self) -> int:
+        return 0 if not self.args.prompts and self.args.prompt_tokens == 0 else max(1, self.args.prompt_tokens)
 
     def prompts(self) -> list[list[int]]:
         n, tok = self.args.num_examples, self.tokenizer
@@ -185,7 +188,7 @@ class ThroughputTask(GenerationTask):
                     n = sum(r["gen_scored_tokens"] for r in rs)
                     row["gen_ppl"] = math.exp(min(sum(r["gen_nll"] for r in rs) / n, 50.0)) if n else None
                 rows.append(row)
-        m = {"rows": rows}
+        m = {"rows": rows, **truncation_metrics(records)}
         base = next((r for r in rows if r["setting"] == "base" and r["batch_size"] == min(spec.get("batch_sizes", [1]))), None)
         if base:
             m.update({k: base[k] for k in ("tokens_per_s", "latency_s", "tokens_per_step", "batch_size")})

@@ -51,6 +51,11 @@ def generate(model, prompts, config: SamplingConfig | None = None, *, mask_id: i
     if generator is None and cfg.seed is not None:
         generator = torch.Generator(device=device).manual_seed(int(cfg.seed))
     reqs = to_requests(prompts, cfg, mask_id, model.cfg.vocab_size, eos_id)
+    limit = getattr(model.cfg, "max_seq_len", None)
+    for i, r in enumerate(reqs):  # positions past max_seq_len were never trained: refuse, do not extrapolate
+        if limit and len(r.prefix) + r.span + len(r.suffix) > limit:
+            raise ValueError(f"generate: prompts[{i}]: {len(r.prefix) + len(r.suffix)} prompt tokens + {r.span} new tokens "
+                             f"exceed the model's max_seq_len {limit}; shorten the prompt or lower max_new_tokens")
     cls = decoder_class(cfg.family)
     was_training = model.training
     model.eval()
