@@ -201,13 +201,28 @@ class Transformer(torch.nn.Module):
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel logits (this rank's slice of the padded vocabulary) with MASK/padding at -inf."""
         hidden = self.final_norm(hidden)
+        fast = hidden.device.type == "cpu" and torch.is_inference_mode_enabled() and not self.mp.sequence_parallel
         if self.cfg.tie_embeddings:
             weight = self.shared_embedding_weight()
             hidden = tensor_parallel.copy_to_tensor_model_parallel_region(hidden) if self.mp.tensor_model_parallel_size > 1 else hidden
-            logits = F.linear(hidden, weight)
+            logits = hidden @ self._transposed(weight) if fast else F.linear(hidden, weight)
+        elif fast:  # the head's forward is a plain matmul in inference (its TP input copy is the identity)
+            logits = hidden @ self._transposed(self.head.weight)
+            logits = logits + self.head.bias if self.head.bias is not None else logits
         else:
             logits, _ = self.head(hidden)
         return logits.float() + self.logit_bias
+
+    def _transposed(self, weight: torch.Tensor) -> torch.Tensor:
+        """Inference fast path on CPU: a contiguous [hidden, vocab] copy of the output weight (the decode
+        matmul with few rows runs 1.3-3x faster on it than on the [vocab, hidden] layout). Rebuilt when
+        the weight changes (new storage or an in-place update); not part of the state dict."""
+        key = (weight.data_ptr(), weight._version, weight.dtype, weight.shape)
+        cached = self.__dict__.get("_head_t")
+        if cached is None or cached[0] != key:
+            cached = (key, weight.detach().t().contiguous())
+            self.__dict__["_head_t"] = cached
+        return cached[1]
 
     def shared_embedding_weight(self) -> torch.Tensor:
         """The tied input/output embedding (on a last stage without the input embedding: its copy)."""
@@ -233,10 +248,8 @@ class Transformer(torch.nn.Module):
             mask = mask_spec
         if cache is not None:
             B, T = position_ids.shape
-            cache.begin(commit if commit is not None else torch.zeros(B, T, dtype=torch.bool, device=x.device))
-            new = attn_mask if attn_mask is not None else torch.ones(T, T, dtype=torch.bool, device=x.device)
-            new = new.expand(B, 1, T, T) if new.dim() == 2 else new
-            mask = torch.cat((cache.prefix_mask()[:, None, None, :].expand(B, 1, T, -1), new), dim=-1)
+            mask = cache.begin(commit if commit is not None else torch.zeros(B, T, dtype=torch.bool, device=x.device),
+                               attn_mask)
         with fp8_layers.autocast(self.cfg.fp8 if getattr(self, "fp8_active", False) else "none"):
             for block in self.layers.values():
                 x = block(x, rope, mask, cache)
@@ -254,11 +267,13 @@ class Transformer(torch.nn.Module):
             return device.type == "cuda" and flex.available()
         return backend == "flex"
 
-    def new_cache(self, batch: int, capacity: int, dtype=None, device=None) -> KVCache:
+    def new_cache(self, batch: int, capacity: int, dtype=None, device=None, extra: int = 0) -> KVCache:
+        """KV cache of `batch` slots holding `capacity` committed tokens each (+ `extra` scratch entries
+        for the uncommitted tokens of the widest decoding forward)."""
         cfg, tp = self.cfg, self.mp.tensor_model_parallel_size
         p = next(self.parameters())
         return KVCache(self.layer_range, batch, cfg.kv_heads // tp, cfg.dim_head, capacity,
-                       dtype=dtype or p.dtype, device=device or p.device)
+                       dtype=dtype or p.dtype, device=device or p.device, extra=extra)
 
 
 def full_logits(model: Transformer, logits: torch.Tensor) -> torch.Tensor:
