@@ -77,7 +77,8 @@ class KVCache:
 
     def end(self) -> None:
         self.length += self._count
-        self.bound = min(self.capacity, self.bound + self._t_new)
+        if not self.static:  # (a static forward reads no host value: nothing for torch.compile to guard on)
+            self.bound = min(self.capacity, self.bound + self._t_new)
         self._dest = None
 
     # -- slots ------------------------------------------------------------------------------------

@@ -69,6 +69,19 @@ def _seeded(base: int, name: str):
         yield
 
 
+def _linear(layer, x: torch.Tensor) -> torch.Tensor:
+    """A megatron TP linear. Without autograd at TP = 1 it is the same product as F.linear, called
+    directly: no per-call Python of megatron's (it also warns on every call when a process group
+    exists), which keeps a compiled decode step in one graph."""
+    if (not torch.is_grad_enabled() and type(layer) in _PLAIN_LINEARS
+            and parallel_state.get_tensor_model_parallel_world_size() == 1):
+        return F.linear(x, layer.weight, layer.bias)
+    return layer(x)[0]
+
+
+_PLAIN_LINEARS = (tensor_parallel.ColumnParallelLinear, tensor_parallel.RowParallelLinear)
+
+
 class Attention(torch.nn.Module):
     def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, layer_id: int):
         super().__init__()
@@ -99,7 +112,7 @@ class Attention(torch.nn.Module):
 
     def forward(self, x, rope, mask, cache: KVCache | None = None):
         B, T, _ = x.shape
-        qkv, _ = self.qkv(x)
+        qkv = _linear(self.qkv, x)
         qkv = qkv.view(B, T, self.groups, self.q_per_group + 2, self.head_dim)
         q = qkv[:, :, :, : self.q_per_group].reshape(B, T, -1, self.head_dim).transpose(1, 2)
         k = qkv[:, :, :, -2].transpose(1, 2)
@@ -117,7 +130,7 @@ class Attention(torch.nn.Module):
                 q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0,
                 enable_gqa=self.q_per_group > 1)
         out = out.transpose(1, 2).reshape(B, T, -1)
-        out, _ = self.proj(out)
+        out = _linear(self.proj, out)
         return out
 
 
@@ -134,12 +147,12 @@ class MLP(torch.nn.Module):
             input_is_parallel=True, skip_bias_add=False)
 
     def forward(self, x):
-        h, _ = self.fc1(x)
+        h = _linear(self.fc1, x)
         if self.swiglu:
             h = F.silu(h[..., 0::2]) * h[..., 1::2]
         else:
             h = F.gelu(h, approximate="tanh")
-        out, _ = self.fc2(h)
+        out = _linear(self.fc2, h)
         return out
 
 
@@ -201,7 +214,8 @@ class Transformer(torch.nn.Module):
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel logits (this rank's slice of the padded vocabulary) with MASK/padding at -inf."""
         hidden = self.final_norm(hidden)
-        fast = hidden.device.type == "cpu" and torch.is_inference_mode_enabled() and not self.mp.sequence_parallel
+        fast = (not torch.compiler.is_compiling() and hidden.device.type == "cpu" and torch.is_inference_mode_enabled()
+                and not self.mp.sequence_parallel)
         if self.cfg.tie_embeddings:
             weight = self.shared_embedding_weight()
             hidden = tensor_parallel.copy_to_tensor_model_parallel_region(hidden) if self.mp.tensor_model_parallel_size > 1 else hidden

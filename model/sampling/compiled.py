@@ -19,7 +19,18 @@ cache (entries past each row's length are masked), and the batch only shrinks to
 
 from __future__ import annotations
 
+import warnings
+
 import torch
+
+
+def _compile(fn):
+    # megatron-core's linear layers call warnings.warn (a deprecation notice) on every forward when a
+    # process group exists; without this each layer would be a graph break (many small graphs).
+    cfg = torch._dynamo.config
+    if warnings.warn not in cfg.reorderable_logging_functions:
+        cfg.reorderable_logging_functions.add(warnings.warn)
+    return torch.compile(fn, dynamic=False)
 
 
 class StepRunner:
@@ -28,7 +39,7 @@ class StepRunner:
         cfg = dec.cfg
         self.compiled = bool(cfg.compile) and dec.compilable
         self.graphs = (self.compiled and cfg.cuda_graphs and cfg.greedy and dec.device.type == "cuda")
-        self.fn = torch.compile(dec.device_step, dynamic=False) if self.compiled else dec.device_step
+        self.fn = _compile(dec.device_step) if self.compiled else dec.device_step
         self.reset()
 
     @property

@@ -218,7 +218,7 @@ class Decoder:
 
     def grow_bound(self, n: int) -> None:
         """Host bookkeeping after a step: each slot's cache grew by at most n entries."""
-        if self.uses_cache:
+        if self.uses_cache and not self.static:
             self.len_ub = np.minimum(self.len_ub + n, self.capacity)
             self.cache.bound = int(self.len_ub.max())
 
