@@ -231,7 +231,7 @@ class Transformer(torch.nn.Module):
         """Inference fast path on CPU: a contiguous [hidden, vocab] copy of the output weight (the decode
         matmul with few rows runs 1.3-3x faster on it than on the [vocab, hidden] layout). Rebuilt when
         the weight changes (new storage or an in-place update); not part of the state dict."""
-        key = (weight.data_ptr(), weight._version, weight.dtype, weight.shape)
+        key = (weight.data_ptr(), 0 if weight.is_inference() else weight._version, weight.dtype, weight.shape)
         cached = self.__dict__.get("_head_t")
         if cached is None or cached[0] != key:
             cached = (key, weight.detach().t().contiguous())
