@@ -55,7 +55,7 @@ class InfillTask(GenerationTask):
         return s
 
     def units(self) -> list[Unit]:
-        return chunk_units(self.stories, self.args.batch_size)
+        return chunk_units(self.stories, self.unit_size())
 
     def run_unit(self, unit: Unit) -> list[dict]:
         tok = self.tokenizer
@@ -64,7 +64,7 @@ class InfillTask(GenerationTask):
             pre, mid, suf = split_story(st["sentences"], self.args.span)
             parts.append((tok.encode(pre), len(tok.encode(mid)), tok.encode(suf)))
             texts.append((pre, mid.strip(), suf.strip()))
-        outs = self.predictor.infill(parts, self.unit_seed(unit), examples=unit.payload)
+        outs = self.predictor.infill(parts, self.unit_seed(unit), examples=unit.payload, max_batch=self.args.batch_size)
         recs = []
         for key, (pre, ref, suf), part, o in zip(unit.keys, texts, parts, outs):
             gen = (o["text"] or "").strip()
