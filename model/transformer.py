@@ -74,7 +74,7 @@ def _linear(layer, x: torch.Tensor) -> torch.Tensor:
     directly: no per-call Python of megatron's (it also warns on every call when a process group
     exists), which keeps a compiled decode step in one graph."""
     if (not torch.is_grad_enabled() and type(layer) in _PLAIN_LINEARS
-            and parallel_state.get_tensor_model_parallel_world_size() == 1):
+            and layer.config.tensor_model_parallel_size == 1 and not layer.config.sequence_parallel):
         return F.linear(x, layer.weight, layer.bias)
     return layer(x)[0]
 
