@@ -61,6 +61,6 @@ def destroy_process_group() -> None:
 
 
 def ensure_process_group() -> None:
-    """`init_process_group()` for callers that only need a group to exist (model.parallel re-exports it)."""
+    """`init_process_group()` for callers that only need a group to exist (pretrain.parallel re-exports it)."""
     init_process_group()
 

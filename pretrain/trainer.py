@@ -264,19 +264,17 @@ class Trainer:
         return last
 
     def print_sample(self) -> None:
-        from model.sampling import SamplingConfig, generate
+        from model.sampling import SamplingConfig
+        from model.sampling.report import speed_report
 
         if self.cfg.parallel.tp * self.cfg.parallel.pp > 1:
             return
         t, o = self.cfg.train, self.cfg.objective
-        prompt = self.tokenizer.encode(t.sample_prompt) if t.sample_prompt else []
         sc = SamplingConfig(family=o.name, max_new_tokens=t.sample_tokens, block_size=o.block_size,
                             window=o.set_size if o.name == "setdlm" else None, temperature=t.sample_temperature,
                             top_p=t.sample_top_p, threshold=t.sample_threshold or None, seed=self.cfg.run.seed,
                             repetition_penalty=t.sample_repetition_penalty)
-        out = generate(self.model, [prompt], sc, mask_id=self.cfg.model.mask_id, tokenizer=self.tokenizer)[0]
-        self.logger.write(f"sample ({out.steps} steps, {out.tokens_per_step:.2f} tokens/step):\n"
-                          f"{t.sample_prompt or ''}{out.text}")
+        self.logger.write(speed_report(self.model, self.tokenizer, t.sample_prompt or "", sc, mask_id=self.cfg.model.mask_id))
 
 
 def train(cfg: RecipeConfig) -> dict:

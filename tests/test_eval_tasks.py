@@ -212,9 +212,10 @@ def test_infill_summarize_uncond_throughput_run_end_to_end(run_dir, tmp_path):
     assert m["sample_tokens"] == 8 and "final hidden states" in m["featurizer"]
 
     m = run_task("throughput", ck + ["--out", str(tmp_path / "thr"), "--num-examples", "2", "--max-new-tokens", "4",
-                                     "--warmup", "1", "--batch-sizes", "1,2", "--sweep", "threshold=0.5"])["metrics"]
+                                     "--warmup", "1", "--batch-sizes", "1,2", "--sweep", "threshold=0.5",
+                                     "--sweep", "adaptive_window=true"])["metrics"]
     rows = {(r["setting"], r["batch_size"]): r for r in m["rows"]}
-    assert set(rows) == {("base", 1), ("base", 2), ("threshold=0.5", 1), ("threshold=0.5", 2)}
+    assert set(rows) == {(s, b) for s in ("base", "threshold=0.5", "adaptive_window=True") for b in (1, 2)}
     assert all(r["tokens_per_s"] > 0 and r["tokens_per_step"] >= 1 for r in rows.values())
     assert (tmp_path / "thr" / "frontier.png").stat().st_size > 1000
     assert "frontier.png" in (tmp_path / "thr" / "summary.md").read_text()

@@ -59,6 +59,13 @@ class Task:
     headline: tuple[str, ...] = ()
 
 
+# With greedy decoding a unit (the resumable piece of a task) holds this many batches of examples and
+# its prompts decode with --batch-size slots (continuous batching: a finished row's slot takes the next
+# prompt; the tokens are those of decoding each alone). Sampled decoding keeps one batch per unit: its
+# draws depend on which rows share a batch, and units must not depend on the number of ranks.
+UNIT_BATCHES = 8
+
+
 def chunk_units(examples: list[dict], batch_size: int, key=lambda e: e["id"]) -> list[Unit]:
     """Consecutive examples in groups of `batch_size` (the last group may be smaller)."""
     if batch_size < 1:
@@ -120,6 +127,11 @@ class GenerationTask(Task):
             s["sampling"] = sampling_spec(self.sampling)
         return s
 
+    def unit_size(self) -> int:
+        """Examples per unit (see UNIT_BATCHES); they decode with --batch-size slots."""
+        greedy = self.sampling is not None and self.sampling.greedy
+        return self.args.batch_size * (UNIT_BATCHES if greedy else 1)
+
     def unit_seed(self, unit: Unit) -> int:
         return seed_for(self.seed, self.name, unit.keys[0])
 
@@ -144,4 +156,5 @@ def speed_metrics(records: list[dict]) -> dict:
             "speed/steps": mean([r.get("steps", 0) for r in recs]), "speed/new_tokens": mean([r["n_tokens"] for r in recs])}
 
 
-__all__ = ["Task", "GenerationTask", "chunk_units", "speed_metrics", "truncation_metrics", "seed_for", "Unit", "EvalError"]
+__all__ = ["UNIT_BATCHES", "Task", "GenerationTask", "chunk_units", "speed_metrics", "truncation_metrics", "seed_for", "Unit",
+           "EvalError"]

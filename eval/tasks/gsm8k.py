@@ -96,10 +96,11 @@ class GSM8KTask(GenerationTask):
         return shots + TEMPLATE.format(question=ex["question"])
 
     def units(self) -> list[Unit]:
-        return chunk_units(self.examples, self.args.batch_size)
+        return chunk_units(self.examples, self.unit_size())
 
     def _records(self, unit: Unit, docs: list[dict], prompts: list[str], stop: list[str]) -> list[dict]:
-        outs = self.predictor.complete(prompts, self.unit_seed(unit), examples=docs, stop=list(stop))
+        outs = self.predictor.complete(prompts, self.unit_seed(unit), examples=docs, stop=list(stop),
+                                       max_batch=self.args.batch_size)
         recs = []
         for key, doc, prompt, o in zip(unit.keys, docs, prompts, outs):
             gold = gold_answer(doc["answer"])

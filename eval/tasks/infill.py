@@ -93,11 +93,11 @@ class InfillTask(GenerationTask):
         return s
 
     def units(self) -> list[Unit]:
-        return chunk_units(self.stories, self.args.batch_size)
+        return chunk_units(self.stories, self.unit_size())
 
     def run_unit(self, unit: Unit) -> list[dict]:
         parts, texts = zip(*(self.part(st) for st in unit.payload))
-        outs = self.predictor.infill(list(parts), self.unit_seed(unit), examples=unit.payload)
+        outs = self.predictor.infill(list(parts), self.unit_seed(unit), examples=unit.payload, max_batch=self.args.batch_size)
         recs = []
         for key, (pre, ref, suf), part, o in zip(unit.keys, texts, parts, outs):
             gen = (o["text"] or "").strip()

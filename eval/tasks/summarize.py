@@ -47,7 +47,7 @@ class SummarizeTask(GenerationTask):
         return s
 
     def units(self) -> list[Unit]:
-        return chunk_units(self.docs, self.args.batch_size)
+        return chunk_units(self.docs, self.unit_size())
 
     def prompt(self, article: str) -> tuple[str, bool]:
         tok = self.tokenizer
@@ -66,7 +66,8 @@ class SummarizeTask(GenerationTask):
 
     def run_unit(self, unit: Unit) -> list[dict]:
         prompts, cut = zip(*(self.prompt(d["article"]) for d in unit.payload))
-        outs = self.predictor.complete(list(prompts), self.unit_seed(unit), examples=unit.payload)
+        outs = self.predictor.complete(list(prompts), self.unit_seed(unit), examples=unit.payload,
+                                       max_batch=self.args.batch_size)
         recs = []
         for key, d, c, o in zip(unit.keys, unit.payload, cut, outs):
             gen = (o["text"] or "").strip()

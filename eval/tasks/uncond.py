@@ -108,11 +108,12 @@ class UncondTask(GenerationTask):
 
     def units(self) -> list[Unit]:
         exs = [{"id": str(i), "index": i} for i in range(self.args.num_samples)]
-        return chunk_units(exs, self.args.batch_size)
+        return chunk_units(exs, self.unit_size())
 
     def run_unit(self, unit: Unit) -> list[dict]:
         refs = self.references()
-        outs = self.predictor.complete([[] for _ in unit.payload], self.unit_seed(unit), examples=unit.payload)
+        outs = self.predictor.complete([[] for _ in unit.payload], self.unit_seed(unit), examples=unit.payload,
+                                       max_batch=self.args.batch_size)
         gens = [o["text"] or "" for o in outs]
         my_refs = [refs[e["index"]] for e in unit.payload]
         feats = self.featurizer(gens)

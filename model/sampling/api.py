@@ -22,7 +22,8 @@ def decoder_class(family: str):
     return cls
 
 
-def generate(model, prompts, config: SamplingConfig | None = None, *, mask_id: int | None = None,
+def generate(model, prompts, config: SamplingConfig | None = None, *, max_batch: int | None = None,
+             mask_id: int | None = None,
              eos_id: int | None = None, tokenizer=None, generator: torch.Generator | None = None,
              **overrides) -> list[SampleOutput]:
     """Decode a batch of prompts with the family in `config` (see SamplingConfig).
@@ -32,8 +33,12 @@ def generate(model, prompts, config: SamplingConfig | None = None, *, mask_id: i
     independently. mask_id / eos_id default to the model's config and the tokenizer; EOS stops a
     plain prompt unless `config.stop_on_eos` is False. generator (or config.seed) drives sampling when
     temperature > 0. Keyword overrides replace config fields: generate(m, p, window=8, threshold=0.9).
+    max_batch: continuous batching with this many slots (config.max_batch; None: all prompts at once);
+    outputs are in input order and, greedy, identical to decoding each prompt alone.
     """
     cfg = SamplingConfig() if config is None else config
+    if max_batch is not None:
+        overrides["max_batch"] = max_batch
     if overrides:
         import dataclasses
 
