@@ -6,6 +6,8 @@ grouped-query attention; and the whole model with padded batches (flex backend v
 same weights on the CPU). On CPU the same checks run forward only (flex has no CPU backward).
 """
 
+import math
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -170,5 +172,9 @@ def test_model_flex_matches_sdpa_with_padding(model_parallel, device, objective)
     assert abs(float(fast[1]) - float(dense[1])) < 1e-4 * max(1.0, abs(float(dense[1])))
     if backward:
         assert fast[2].keys() == dense[2].keys() and len(dense[2]) == len(list(model.parameters()))
+        # Per parameter, relative to its own norm plus a floor from the whole gradient: the key bias's
+        # true gradient is 0 (softmax ignores a per-row shift), so its computed one is rounding noise.
+        total = math.sqrt(sum(float(g.double().norm()) ** 2 for g in dense[2].values()))
         for n in dense[2]:
-            assert rel_err(fast[2][n], dense[2][n]) < 1e-3, n
+            diff = float((fast[2][n].double() - dense[2][n].double()).norm())
+            assert diff <= 1e-3 * float(dense[2][n].double().norm()) + 1e-6 * total, n
