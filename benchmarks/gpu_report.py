@@ -43,7 +43,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 PARTS = ("install", "env", "tests", "train", "decode")
 # Seconds per part on the GPU machine (they sum to the default budget); --cpu-smoke uses its own.
-GPU_LIMITS = {"install": 60, "env": 40, "tests": 150, "train": 140, "decode": 80}
+GPU_LIMITS = {"install": 45, "env": 35, "tests": 130, "train": 190, "decode": 70}
 SMOKE_LIMITS = {"install": 60, "env": 60, "tests": 120, "train": 150, "decode": 120}
 H200_PEAK_TFLOPS = 790.0  # bf16 dense matmul measured on this workplace's H200 (8192^3, random data)
 MARK = "GPU_REPORT_ROW "  # a part prints one JSON row per line after this marker
@@ -305,8 +305,12 @@ def part_env(args) -> int:
         if torch.cuda.is_available():
             p = torch.cuda.get_device_properties(0)
             info.update(device_name=p.name, capability=f"{p.major}.{p.minor}", memory_gib=round(p.total_memory / 2**30, 1),
-                        sms=p.multi_processor_count, bf16=torch.cuda.is_bf16_supported(),
-                        nccl=".".join(map(str, torch.cuda.nccl.version())) if torch.distributed.is_nccl_available() else None)
+                        sms=p.multi_processor_count, bf16=torch.cuda.is_bf16_supported())
+            try:
+                v = torch.cuda.nccl.version()
+                info["nccl"] = ".".join(map(str, v)) if isinstance(v, tuple) else str(v)
+            except Exception as e:  # noqa: BLE001
+                info["nccl"] = f"unknown ({type(e).__name__})"
         else:
             info["device_name"] = f"CPU ({platform.processor() or platform.machine()}, {os.cpu_count()} cores)"
         from torch.nn.attention import flex_attention  # noqa: F401
@@ -412,7 +416,7 @@ def part_train(args) -> int:
     failures = 0
     for i, case in enumerate(_train_cases(args.smoke)):
         row = {"preset": case["preset"], "objective": case["objective"], "seq_len": case["seq_len"]}
-        if deadline.left() < (60 if case["preset"] == "qwen3-1.7b" else 25) and not args.smoke:
+        if deadline.left() < (50 if case["preset"] == "qwen3-1.7b" else 25) and not args.smoke:
             emit({**row, "note": "skipped: part time limit"})
             continue
         over = [f"model.preset={case['preset']}", "model.vocab_size=50258", "model.mask_id=50257",

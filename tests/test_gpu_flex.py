@@ -64,7 +64,7 @@ def check(name: str, fast, dense, ref, dtype) -> None:
     if dtype == torch.float32:
         assert e_fast < 1e-4, f"{name}: flex fp32 relative error {e_fast:.2e} (SDPA {e_dense:.2e})"
     else:
-        assert e_fast < 2e-2 and e_fast <= 2 * e_dense + 2e-3, \
+        assert e_fast < 5e-2 and e_fast <= 2 * e_dense + 2e-3, \
             f"{name}: flex bf16 relative error {e_fast:.2e} vs SDPA bf16 {e_dense:.2e}"
 
 
