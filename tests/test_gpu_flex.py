@@ -178,3 +178,14 @@ def test_model_flex_matches_sdpa_with_padding(model_parallel, device, objective)
         for n in dense[2]:
             diff = float((fast[2][n].double() - dense[2][n].double()).norm())
             assert diff <= 1e-3 * float(dense[2][n].double().norm()) + 1e-6 * total, n
+
+
+def test_auto_backend_keeps_sdpa_when_attention_dropout_is_on(model_parallel):
+    """`attention_backend: auto` picks flex on CUDA only where it computes the same thing: flex has no
+    attention-probability dropout, so with model.attention_dropout > 0 the SDPA path stays."""
+    cfg = ModelConfig(n_layers=1, hidden=32, n_heads=2, ffn_hidden=64, vocab_size=50, mask_id=49, max_seq_len=32)
+    model = Transformer(cfg)
+    cuda, cpu = torch.device("cuda"), torch.device("cpu")
+    assert model.use_flex(cuda) and not model.use_flex(cpu)
+    cfg.attention_dropout = 0.1
+    assert not model.use_flex(cuda)

@@ -89,8 +89,8 @@ def test_junit_summary(tmp_path):
 
 @pytest.mark.slow
 def test_cpu_smoke_writes_the_report_and_enforces_time_limits(tmp_path):
-    """gpu_check.sh --cpu-smoke: install (pointed at a missing folder: fails, named), env stopped at a 2 s limit, train and
-    decode with tiny shapes; the report is complete and names the part that ran out of time."""
+    """gpu_check.sh --cpu-smoke: install pointed at a missing folder (fails, naming it), env stopped at
+    a 2 s limit, train and decode with tiny shapes; the report is complete and names each outcome."""
     out = tmp_path / "out"
     env = {**cli_env(), "OUT": str(out)}
     r = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--cpu-smoke", "--parts",
