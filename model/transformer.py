@@ -270,8 +270,8 @@ class Transformer(torch.nn.Module):
 
     def use_flex(self, device: torch.device) -> bool:
         backend = self.cfg.attention_backend
-        if backend == "auto":
-            return device.type == "cuda" and flex.available()
+        if backend == "auto":  # flex has no attention-probability dropout: SDPA keeps it when asked for
+            return device.type == "cuda" and flex.available() and self.cfg.attention_dropout == 0
         return backend == "flex"
 
     def new_cache(self, batch: int, capacity: int, dtype=None, device=None, extra: int = 0) -> KVCache:
