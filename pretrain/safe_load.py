@@ -110,3 +110,75 @@ def restricted_torch_load():
         yield
     finally:
         torch.load = saved
+
+
+class Inert:
+    """What a foreign checkpoint's non-allow-listed class or function becomes in `load_foreign`: calling
+    it, constructing it or setting its state does nothing, so no code named by the file runs."""
+
+    qualname = "?"
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state) -> None:
+        pass
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+    def append(self, value) -> None:
+        pass
+
+    def extend(self, values) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<not loaded: {self.qualname}>"
+
+
+def load_foreign(path) -> tuple[object, list[str]]:
+    """A checkpoint written by other code (a Lightning or Composer training checkpoint, whose
+    hyper-parameters and callback states are pickled objects of its own classes): loaded as weights
+    only, with every class or function it names that is not allow-listed replaced by an inert
+    stand-in (`Inert`), so its tensors can be used and nothing in it runs. Returns (object, the
+    replaced names); the caller refuses the file if a stand-in sits where it needs weights."""
+    p = Path(path)
+    if p.is_file() and p.stat().st_size == 0:
+        raise CheckpointError(f"{p}: empty file (0 bytes)")
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(str(p))
+    except (ValueError, RuntimeError, pickle.UnpicklingError, EOFError, zipfile.BadZipFile):
+        return load(p), []  # not a zip checkpoint (legacy format, or damaged): the strict reader says which
+    stubs = [(type(f"Inert_{i}", (Inert,), {"qualname": n}), n) for i, n in enumerate(names)]
+    with torch.serialization.safe_globals([*SAFE_GLOBALS, *stubs]):
+        try:
+            obj = _REAL_LOAD(str(p), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:
+            raise CheckpointError(f"{p}: cannot be read as weights only ({str(e).splitlines()[-3][:160]})") from None
+        except (EOFError, RuntimeError, zipfile.BadZipFile) as e:
+            raise CheckpointError(f"{p}: truncated or damaged ({type(e).__name__}); use another file") from None
+    return obj, list(names)
+
+
+def inert_entries(obj, prefix: str = "", limit: int = 3) -> list[str]:
+    """Keys under which `obj` (nested dicts/lists) holds an `Inert` stand-in."""
+    found: list[str] = []
+
+    def walk(x, key):
+        if len(found) >= limit:
+            return
+        if isinstance(x, Inert):
+            found.append(f"{key or '(top level)'}: {x.qualname}")
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{key}[{i}]")
+
+    walk(obj, prefix)
+    return found
