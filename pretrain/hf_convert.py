@@ -476,6 +476,8 @@ def main(argv: list[str] | None = None) -> int:
                              n_heads=args.n_heads, tokenizer=args.tokenizer, ema=args.ema, sigma=args.sigma,
                              overrides=args.overrides, overwrite=args.overwrite)
     except (ConvertError, ValueError, FileNotFoundError) as e:
+        if os.environ.get("SETDLM_DEBUG"):
+            raise
         print(f"setdlm convert {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0
