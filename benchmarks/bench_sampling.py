@@ -55,11 +55,9 @@ def parse(argv=None):
 
 def build_model(args):
     from model.config import ModelConfig
-    from pretrain.parallel import ensure_model_parallel
     from model.transformer import Transformer
 
-    ensure_model_parallel(1, 1)
-    torch.manual_seed(0)
+    torch.manual_seed(0)  # a TP=1 model: no process group needed
     cfg = ModelConfig(n_layers=args.layers, hidden=args.hidden, n_heads=args.heads, ffn_hidden=4 * args.hidden,
                       vocab_size=args.vocab, mask_id=args.vocab - 1, dropout=0.0,
                       max_seq_len=args.prompt_len * 2 + args.new_tokens, init_std=0.5)

@@ -77,14 +77,7 @@ def load(path, map_location="cpu", **kw):
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return _REAL_LOAD(path, map_location=map_location, weights_only=True, **kw)
     except pickle.UnpicklingError as e:
-        m = _REFUSED.search(str(e))
-        if m:
-            what = next(g for g in m.groups() if g)
-            raise CheckpointError(
-                f"{where}: refused: it holds a Python object ({what}) that would run code when loaded; setdlm "
-                "loads checkpoints as weights only (tensors and plain values). Do not use files from an "
-                "untrusted source") from None
-        raise CheckpointError(f"{where}: damaged or not a torch checkpoint (cannot be unpickled)") from None
+        raise _unpickling_error(where, e) from None
     except (EOFError, zipfile.BadZipFile) as e:
         raise CheckpointError(f"{where}: truncated or damaged ({type(e).__name__}); use another step") from None
     except RuntimeError as e:
@@ -95,6 +88,17 @@ def load(path, map_location="cpu", **kw):
         if "storage" in msg.lower() or "magic" in msg:
             raise CheckpointError(f"{where}: truncated or damaged ({msg.splitlines()[0][:100]}); use another step") from None
         raise
+
+
+def _unpickling_error(where: str, e: Exception) -> CheckpointError:
+    m = _REFUSED.search(str(e))
+    if m:
+        what = next(g for g in m.groups() if g)
+        return CheckpointError(
+            f"{where}: refused: it holds a Python object ({what}) that would run code when loaded; setdlm "
+            "loads checkpoints as weights only (tensors and plain values). Do not use files from an "
+            "untrusted source")
+    return CheckpointError(f"{where}: damaged or not a torch checkpoint (cannot be unpickled)")
 
 
 def _routed_load(f, map_location=None, pickle_module=None, *, weights_only=None, **kw):
@@ -157,8 +161,8 @@ def load_foreign(path) -> tuple[object, list[str]]:
     with torch.serialization.safe_globals([*SAFE_GLOBALS, *stubs]):
         try:
             obj = _REAL_LOAD(str(p), map_location="cpu", weights_only=True)
-        except pickle.UnpicklingError as e:
-            raise CheckpointError(f"{p}: cannot be read as weights only ({str(e).splitlines()[-3][:160]})") from None
+        except pickle.UnpicklingError as e:  # a global the scan above did not see: refused, as by load()
+            raise _unpickling_error(str(p), e) from None
         except (EOFError, RuntimeError, zipfile.BadZipFile) as e:
             raise CheckpointError(f"{p}: truncated or damaged ({type(e).__name__}); use another file") from None
     return obj, list(names)
