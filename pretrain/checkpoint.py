@@ -180,7 +180,9 @@ def _raise_if_any_failed(failure: OSError | None, ckpt_root: Path, tmp: Path, st
     """After every rank has written its files: if any rank failed (disk full, permissions), remove
     the partial save and raise a CheckpointError on every rank; the last good checkpoint stays."""
     failed = torch.tensor([1.0 if failure is not None else 0.0])
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if dist.is_initialized() and dist.get_world_size() > 1:  # also the barrier before COMPLETE is written
+        if dist.get_backend() == "nccl":
+            failed = failed.to(torch.device("cuda", torch.cuda.current_device()))
         dist.all_reduce(failed, op=dist.ReduceOp.MAX)
     if not failed.item():
         return

@@ -317,12 +317,16 @@ def _read_reference(path: Path):
         from safetensors.torch import load_file
 
         return load_file(str(path)), config
-    from .safe_load import CheckpointError, load as safe_load
+    from .safe_load import CheckpointError, load_foreign
 
     try:  # weights only: a Lightning/Composer checkpoint's tensors and plain values, never its pickled objects
-        obj = safe_load(path)
+        obj, skipped = load_foreign(path)
     except CheckpointError as e:
         raise ConvertError(f"--model {e}") from None
+    if skipped:
+        print(f"setdlm convert: {path}: {len(skipped)} pickled object type(s) were not loaded and nothing in them ran "
+              f"({', '.join(skipped[:4])}{', ...' if len(skipped) > 4 else ''}); only tensors and plain values are read",
+              file=sys.stderr)
     return obj, config
 
 
@@ -337,12 +341,19 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
     obj, config = _read_reference(Path(path))
     shadow = None
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):  # Lightning
-        shadow = (obj.get("ema") or {}).get("shadow_params")
+        ema_state = obj.get("ema")
+        shadow = ema_state.get("shadow_params") if isinstance(ema_state, dict) else None
         obj = obj["state_dict"]
     elif isinstance(obj, dict) and isinstance(obj.get("state"), dict) and isinstance(obj["state"].get("model"), dict):
         obj = obj["state"]["model"]  # Composer
     if not isinstance(obj, dict):
         raise ConvertError(f"--model {path}: not a state dict")
+    from .safe_load import inert_entries
+
+    bad = inert_entries({"weights": obj, "ema": shadow})
+    if bad:
+        raise ConvertError(f"--model {path}: refused: the weights hold pickled objects that are not tensors "
+                           f"({'; '.join(bad)}); setdlm never runs code from a checkpoint")
     sd = ref.strip_prefixes(obj)
     used_ema = False
     if ema and shadow:
@@ -475,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
                              n_heads=args.n_heads, tokenizer=args.tokenizer, ema=args.ema, sigma=args.sigma,
                              overrides=args.overrides, overwrite=args.overwrite)
     except (ConvertError, ValueError, FileNotFoundError) as e:
+        if os.environ.get("SETDLM_DEBUG"):
+            raise
         print(f"setdlm convert {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0

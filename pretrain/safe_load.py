@@ -77,14 +77,7 @@ def load(path, map_location="cpu", **kw):
         with torch.serialization.safe_globals(SAFE_GLOBALS):
             return _REAL_LOAD(path, map_location=map_location, weights_only=True, **kw)
     except pickle.UnpicklingError as e:
-        m = _REFUSED.search(str(e))
-        if m:
-            what = next(g for g in m.groups() if g)
-            raise CheckpointError(
-                f"{where}: refused: it holds a Python object ({what}) that would run code when loaded; setdlm "
-                "loads checkpoints as weights only (tensors and plain values). Do not use files from an "
-                "untrusted source") from None
-        raise CheckpointError(f"{where}: damaged or not a torch checkpoint (cannot be unpickled)") from None
+        raise _unpickling_error(where, e) from None
     except (EOFError, zipfile.BadZipFile) as e:
         raise CheckpointError(f"{where}: truncated or damaged ({type(e).__name__}); use another step") from None
     except RuntimeError as e:
@@ -95,6 +88,17 @@ def load(path, map_location="cpu", **kw):
         if "storage" in msg.lower() or "magic" in msg:
             raise CheckpointError(f"{where}: truncated or damaged ({msg.splitlines()[0][:100]}); use another step") from None
         raise
+
+
+def _unpickling_error(where: str, e: Exception) -> CheckpointError:
+    m = _REFUSED.search(str(e))
+    if m:
+        what = next(g for g in m.groups() if g)
+        return CheckpointError(
+            f"{where}: refused: it holds a Python object ({what}) that would run code when loaded; setdlm "
+            "loads checkpoints as weights only (tensors and plain values). Do not use files from an "
+            "untrusted source")
+    return CheckpointError(f"{where}: damaged or not a torch checkpoint (cannot be unpickled)")
 
 
 def _routed_load(f, map_location=None, pickle_module=None, *, weights_only=None, **kw):
@@ -110,3 +114,75 @@ def restricted_torch_load():
         yield
     finally:
         torch.load = saved
+
+
+class Inert:
+    """What a foreign checkpoint's non-allow-listed class or function becomes in `load_foreign`: calling
+    it, constructing it or setting its state does nothing, so no code named by the file runs."""
+
+    qualname = "?"
+
+    def __new__(cls, *args, **kwargs):
+        return object.__new__(cls)
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def __setstate__(self, state) -> None:
+        pass
+
+    def __setitem__(self, key, value) -> None:
+        pass
+
+    def append(self, value) -> None:
+        pass
+
+    def extend(self, values) -> None:
+        pass
+
+    def __repr__(self) -> str:
+        return f"<not loaded: {self.qualname}>"
+
+
+def load_foreign(path) -> tuple[object, list[str]]:
+    """A checkpoint written by other code (a Lightning or Composer training checkpoint, whose
+    hyper-parameters and callback states are pickled objects of its own classes): loaded as weights
+    only, with every class or function it names that is not allow-listed replaced by an inert
+    stand-in (`Inert`), so its tensors can be used and nothing in it runs. Returns (object, the
+    replaced names); the caller refuses the file if a stand-in sits where it needs weights."""
+    p = Path(path)
+    if p.is_file() and p.stat().st_size == 0:
+        raise CheckpointError(f"{p}: empty file (0 bytes)")
+    try:
+        names = torch.serialization.get_unsafe_globals_in_checkpoint(str(p))
+    except (ValueError, RuntimeError, pickle.UnpicklingError, EOFError, zipfile.BadZipFile):
+        return load(p), []  # not a zip checkpoint (legacy format, or damaged): the strict reader says which
+    stubs = [(type(f"Inert_{i}", (Inert,), {"qualname": n}), n) for i, n in enumerate(names)]
+    with torch.serialization.safe_globals([*SAFE_GLOBALS, *stubs]):
+        try:
+            obj = _REAL_LOAD(str(p), map_location="cpu", weights_only=True)
+        except pickle.UnpicklingError as e:  # a global the scan above did not see: refused, as by load()
+            raise _unpickling_error(str(p), e) from None
+        except (EOFError, RuntimeError, zipfile.BadZipFile) as e:
+            raise CheckpointError(f"{p}: truncated or damaged ({type(e).__name__}); use another file") from None
+    return obj, list(names)
+
+
+def inert_entries(obj, prefix: str = "", limit: int = 3) -> list[str]:
+    """Keys under which `obj` (nested dicts/lists) holds an `Inert` stand-in."""
+    found: list[str] = []
+
+    def walk(x, key):
+        if len(found) >= limit:
+            return
+        if isinstance(x, Inert):
+            found.append(f"{key or '(top level)'}: {x.qualname}")
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(x, (list, tuple)):
+            for i, v in enumerate(x):
+                walk(v, f"{key}[{i}]")
+
+    walk(obj, prefix)
+    return found

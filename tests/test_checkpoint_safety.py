@@ -90,12 +90,15 @@ def pretrain(recipe: Path, run_dir: Path, *overrides: str) -> int:
 
 # -- planted payloads ---------------------------------------------------------------------------
 def test_the_payload_is_real(run, tmp_path):
-    """The planted file does run code under a plain torch.load (so the tests below can fail)."""
+    """The planted objects do run code under a plain torch.load (so the tests below can fail)."""
     marker = tmp_path / "ran"
     f = step(run[1]) / "ema_mp_rank_00.pt"
     plant(f, marker)
     torch.load(f, weights_only=False)
     assert marker.read_text() == "code ran"
+    torch.save({"config": LightningConfig(tmp_path / "setstate")}, tmp_path / "c.pt")
+    torch.load(tmp_path / "c.pt", weights_only=False)
+    assert (tmp_path / "setstate").read_text() == "setstate ran"
 
 
 @pytest.mark.parametrize("file", ["mp_rank_00_model_states.pt", "ema_mp_rank_00.pt"])
@@ -146,15 +149,51 @@ def test_load_model_refuses_a_planted_consolidated_file(run, tmp_path):
     assert not marker.exists()
 
 
-def test_from_reference_refuses_a_planted_lightning_checkpoint(run, tmp_path, capsys):
+class LightningConfig:
+    """Stands for the classes a foreign training checkpoint pickles besides its weights (an OmegaConf
+    config, callback states), whose own code runs when a plain unpickler rebuilds them: here its
+    `__setstate__` writes `marker`."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __setstate__(self, state):
+        open(state["marker"], "w").write("setstate ran")
+
+
+def test_from_reference_reads_the_weights_of_a_lightning_checkpoint_and_runs_nothing(tmp_path, capsys, model_parallel):
+    """A Lightning .ckpt whose hyper-parameters hold a payload and an object of a foreign class: the
+    weights are imported, the objects are replaced by inert stand-ins (named on stderr), the payload
+    never runs."""
     from pretrain.hf_convert import main
+    from test_convert_reference import L, _compare, synthetic_dit
 
     marker = tmp_path / "ran"
-    f = tmp_path / "reference.ckpt"
-    torch.save({"state_dict": {"backbone.vocab_embed.embedding": torch.zeros(8, 4)}, "hyper_parameters": Planted(marker)}, f)
-    code = main(["from-reference", "--model", str(f), "--out", str(tmp_path / "imported")])
-    one_line_error(capsys, code, "reference.ckpt", "refused")
-    assert not marker.exists() and not (tmp_path / "imported").exists()
+    sd = synthetic_dit(adaln=False)
+    f = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {"backbone." + k: v for k, v in sd.items()},
+                "hyper_parameters": {"config": LightningConfig(tmp_path / "setstate"), "hook": Planted(marker)}}, f)
+    code = main(["from-reference", "--model", str(f), "--out", str(tmp_path / "run"), "--family", "ar",
+                 "--seq-len", str(L)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert not marker.exists() and not (tmp_path / "setstate").exists()
+    assert "nothing in them ran" in err and "builtins.exec" in err and "LightningConfig" in err, err
+    _compare(tmp_path / "run", sd)
+
+
+def test_from_reference_refuses_objects_in_place_of_weights(tmp_path, capsys):
+    from pretrain.hf_convert import main
+    from test_convert_reference import synthetic_dit
+
+    marker = tmp_path / "ran"
+    sd = {"backbone." + k: v for k, v in synthetic_dit(adaln=False).items()}
+    sd["backbone.blocks.0.attn_qkv.weight"] = Planted(marker)
+    torch.save({"state_dict": sd}, tmp_path / "last.ckpt")
+    code = main(["from-reference", "--model", str(tmp_path / "last.ckpt"), "--out", str(tmp_path / "run"),
+                 "--family", "ar"])
+    one_line_error(capsys, code, "last.ckpt", "refused", "blocks.0.attn_qkv.weight")
+    assert not marker.exists() and not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("file", ["extra_rank00000.pt", "mp_rank_00_model_states.pt"])
