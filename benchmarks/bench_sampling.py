@@ -20,7 +20,9 @@ threshold off (one token per step) and at 0 (the whole window every step), BD3-L
   GPT-2 tokens; else a documented synthetic distribution, see `answer_lengths`) and their questions as
   prompts, each answer length an exact span (an `Infill` with no suffix: a random model never emits
   EOS where a trained one would); examples/s with continuous batching (`max_batch` slots) against
-  today's shrinking batches (consecutive chunks of `max_batch` prompts, finished rows dropped).
+  today's shrinking batches (consecutive chunks of `max_batch` prompts, finished rows dropped), and the
+  batch forwards each needs (`forwards`: hardware-independent; on a GPU a step costs about the same for
+  1 or 16 rows, so their ratio is the speedup to expect there).
 
 CPU timings use process CPU time with one thread (`--clock auto`): immune to other processes on a
 shared machine, equal to wall time on an idle one. Random weights: tokens/step under a threshold says
@@ -292,6 +294,20 @@ def answer_lengths(n: int, seed: int = 0) -> tuple[list[int], list[list[int]], s
     return lens, qs, "synthetic log-normal (median 110, sigma 0.45)"
 
 
+def forwards(steps: list[int], S: int) -> tuple[int, int]:
+    """Decoding forwards (batch steps) of a job whose rows take `steps` each: shrinking batches of S
+    (a chunk runs until its longest row is done) vs S continuously refilled slots (a row admitted at
+    step t is done at t + steps; its slot takes the next prompt). On a GPU, where a step costs about the
+    same for 1 or S rows, their ratio is the speedup continuous batching can give."""
+    import heapq
+
+    shrink = sum(max(steps[i:i + S]) for i in range(0, len(steps), S))
+    slots = [0] * min(S, len(steps))
+    for n in steps:
+        heapq.heappush(slots, heapq.heappop(slots) + n)
+    return shrink, max(slots)
+
+
 def job(args, results):
     from model.sampling import Infill, generate
 
@@ -309,12 +325,15 @@ def job(args, results):
         t_shrink, outs2 = timed(lambda: [o for i in range(0, len(prompts), S) for o in generate(model, prompts[i:i + S], cfg)])
         assert [o.tokens for o in outs] == [o.tokens for o in outs2]  # same tokens either way (greedy)
         n = len(prompts)
-        rows.append([name, f"{n / t_shrink:.2f}", f"{n / t_cont:.2f}", f"{t_shrink / t_cont:.2f}x"])
+        f_shrink, f_cont = forwards([o.steps for o in outs], S)
+        rows.append([name, f"{n / t_shrink:.2f}", f"{n / t_cont:.2f}", f"{t_shrink / t_cont:.2f}x",
+                     f_shrink, f_cont, f"{f_shrink / f_cont:.2f}x"])
         results.append(dict(section="job", sampler=name, slots=S, examples=n, shrinking_examples_per_s=n / t_shrink,
-                            continuous_examples_per_s=n / t_cont))
+                            continuous_examples_per_s=n / t_cont, forwards_shrinking=f_shrink, forwards_continuous=f_cont))
     print(f"### GSM8K-like job: {len(prompts)} prompts, {S} slots, {args.job_shape} shape; answer lengths from "
           f"{source}, x{args.job_scale} (mean {sum(lens) / len(lens):.0f}, max {max(lens)} tokens)")
-    table(["sampler", "shrinking batches ex/s", "continuous batching ex/s", "speedup"], rows)
+    table(["sampler", "shrinking batches ex/s", "continuous batching ex/s", "speedup", "forwards shrinking",
+           "forwards continuous", "forwards ratio"], rows)
 
 
 def main(argv=None) -> int:
