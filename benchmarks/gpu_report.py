@@ -144,7 +144,11 @@ def _table(rows: list[dict], cols: list[tuple[str, str]]) -> list[str]:
         cells = []
         for _, key in cols:
             v = r.get(key)
-            if isinstance(v, float):
+            if key == "mfu" and isinstance(v, float):
+                v = f"{100 * v:.1f}%"
+            elif isinstance(v, int) and not isinstance(v, bool) and abs(v) >= 10000:
+                v = f"{v:,}"
+            elif isinstance(v, float):
                 v = f"{v:,.1f}" if abs(v) >= 100 else (f"{v:.3f}" if abs(v) < 1 else f"{v:.2f}")
             cells.append("-" if v is None else str(v))
         lines.append("| " + " | ".join(cells) + " |")
@@ -488,7 +492,7 @@ def part_train(args) -> int:
                 row["peak_mem_gib"] = round(torch.cuda.max_memory_allocated() / 2**30, 1)
         except Exception as e:  # noqa: BLE001 - reported, and the next case still runs
             oom = cuda and isinstance(e, torch.cuda.OutOfMemoryError)
-            row["note"] = ("out of memory: " if oom else f"{type(e).__name__}: ") + str(e).splitlines()[0][:200]
+            row["note"] = ("out of memory: " if oom else f"{type(e).__name__}: ") + (str(e).splitlines() or [''])[0][:200]
             failures += 1
             import traceback
 
@@ -580,7 +584,7 @@ def part_decode(args) -> int:
                                tokens_per_step=round(toks / max(steps, 1), 2), seconds=round(best, 3),
                                warmup_s=round(warm, 2), tokens=toks)
                 except Exception as e:  # noqa: BLE001
-                    row["note"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                    row["note"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
                     failures += 1
                     import traceback
 

@@ -29,26 +29,28 @@ SETUPS = [pytest.param("cpu", torch.float32, id="cpu-fp32"),
           pytest.param("cuda", torch.bfloat16, id="cuda-bf16", marks=ON_GPU)]
 
 
+def raise_recompile_limit() -> None:
+    """No silent fallback to eager flex: each (mask kind, shape, dtype, grad mode) is its own compiled
+    kernel, and a test process makes more than dynamo's default limit of 8. Kept for the process (the
+    Trainer tests that follow on the same xdist worker need it too)."""
+    import torch._dynamo
+
+    conf = torch._dynamo.config
+    for name, value in (("recompile_limit", 256), ("cache_size_limit", 256), ("fail_on_recompile_limit_hit", True)):
+        if hasattr(conf, name):
+            setattr(conf, name, value)
+
+
 @pytest.fixture(autouse=True)
 def strict_numerics():
-    """IEEE fp32 matmuls on CUDA, and no silent fallback to eager flex after many recompiles: each
-    (mask kind, shape, dtype) is its own compiled kernel, more than dynamo's default limit of 8."""
+    """IEEE fp32 matmuls on CUDA (flex's Triton kernels follow the same setting), and no eager fallback."""
     if not CUDA:
         yield
         return
-    import torch._dynamo
-
+    raise_recompile_limit()
     saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
     torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
-    conf = torch._dynamo.config
-    old = {}
-    for name, value in (("recompile_limit", 256), ("cache_size_limit", 256), ("fail_on_recompile_limit_hit", True)):
-        if hasattr(conf, name):
-            old[name] = getattr(conf, name)
-            setattr(conf, name, value)
     yield
-    for name, value in old.items():
-        setattr(conf, name, value)
     torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
 
 

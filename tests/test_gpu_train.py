@@ -24,6 +24,15 @@ ON_GPU = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU
 gpu = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none is visible)")
 
 
+@pytest.fixture(autouse=True)
+def _no_eager_flex_fallback():
+    if CUDA:
+        from test_gpu_flex import raise_recompile_limit
+
+        raise_recompile_limit()
+    yield
+
+
 def _torch_adamw(optimizer):
     """The client torch AdamW inside DeepSpeed's optimizer wrappers."""
     seen = 0
