@@ -6,8 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from megatron.core import tensor_parallel
-
+from ..layers import vocab_cross_entropy
 from ..masks import MaskSpec, build_mask, with_key_padding
 
 
@@ -58,7 +57,7 @@ class Objective:
 
     def loss(self, logits: torch.Tensor, inputs: ModelInputs) -> tuple[torch.Tensor, dict]:
         """logits: vocab-parallel [B, N, V/tp]. Returns (training loss, summed metrics)."""
-        ce = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), inputs.targets)
+        ce = vocab_cross_entropy(logits.float(), inputs.targets)
         lw, nw = inputs.loss_weight, inputs.nll_weight
         count = lw.sum()
         loss = (ce * lw).sum() / count.clamp(min=1)
