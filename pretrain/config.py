@@ -55,6 +55,7 @@ class TrainConfig:
     sample_top_p: float = 1.0
     sample_threshold: float = 0.0  # SetDLM/BD3-LM confidence threshold (0: one token per step)
     sample_repetition_penalty: float = 1.0
+    init_from: str | None = None  # start from these weights: a Hugging Face causal-LM directory or a setdlm run/checkpoint (docs/finetune.md)
 
 
 @dataclass
@@ -115,6 +116,8 @@ class RecipeConfig:
             raise ValueError(f"train.lr_schedule: unknown schedule {t.lr_schedule!r}; valid: constant, cosine")
         if t.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"train.precision: unknown precision {t.precision!r}; valid: auto, fp32, bf16")
+        if t.init_from is not None and (not isinstance(t.init_from, str) or not t.init_from.strip()):
+            raise ValueError(f"train.init_from: expected a directory path, got {t.init_from!r}")
         if not 0.0 <= t.ema < 1.0:
             raise ValueError(f"train.ema: decay must be in [0, 1), got {t.ema}")
         if self.logging.wandb not in ("auto", "online", "offline", "disabled"):
