@@ -10,7 +10,10 @@ PACKINGS = {
     "wrapped": "documents joined with EOS after each one, cut into seq_len chunks (OWT convention)",
     "wrapped_bos_eos": "each document framed as BOS ... EOS ([CLS] ... [SEP] for BERT), concatenated "
                        "and cut into seq_len chunks (LM1B convention)",
+    "padded": "prompt/answer examples, one per row, padded (shards with context and valid masks; prompt_answer.py)",
+    "packed": "prompt/answer examples packed whole into rows (none split across rows), the rest padded",
 }
+EXAMPLE_PACKINGS = ("padded", "packed")  # made only by `setdlm data prepare --format prompt_answer|chat|marker`
 
 
 @dataclass
@@ -93,6 +96,9 @@ class DataConfig:
             bad("seq_len", f"must be at least 2, got {self.seq_len}")
         if self.packing not in PACKINGS:
             bad("packing", f"unknown packing {self.packing!r}; valid: {', '.join(PACKINGS)}")
+        if self.is_builtin and self.packing in EXAMPLE_PACKINGS:
+            bad("packing", f"{self.packing!r} rows come from prompt/answer shards (setdlm data prepare --format "
+                           "prompt_answer); builtin corpora are packed 'wrapped' or 'wrapped_bos_eos'")
         if isinstance(self.val_fraction, bool) or not isinstance(self.val_fraction, (int, float)) \
                 or not 0.0 <= float(self.val_fraction) < 1.0:
             bad("val_fraction", f"must be a number in [0, 1), got {self.val_fraction!r}")

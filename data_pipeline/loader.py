@@ -144,7 +144,12 @@ def _batches(plan: _Plan, worker: int, epoch: int, pos: int):
 
 
 def _pack(plan, rows, ids, epochs, worker, last, stats):
-    batch = {"input_ids": torch.from_numpy(np.stack(rows).astype(np.int64))}
+    stacked = np.stack(rows)
+    if stacked.ndim == 3:  # prompt/answer shards: (ids, context mask, valid mask) per row
+        batch = {"input_ids": torch.from_numpy(stacked[:, 0].astype(np.int64)),
+                 "context_mask": torch.from_numpy(stacked[:, 1] != 0), "valid_mask": torch.from_numpy(stacked[:, 2] != 0)}
+    else:
+        batch = {"input_ids": torch.from_numpy(stacked.astype(np.int64))}
     if plan.with_ids:
         batch["sample_id"] = torch.tensor(ids, dtype=torch.long)
         batch["epoch"] = torch.tensor(epochs, dtype=torch.long)
