@@ -87,6 +87,10 @@ def _resume_source(cfg, pointer: Path) -> InitSource:
 
     _merge_model(cfg, _arch(model_config_from_dict({**saved.get("model", {}), "preset": None})),
                  f"this run's checkpoint {ckpt}")
+    default = ModelConfig()
+    for name in ("dropout", "max_seq_len"):  # the values the import chose when the recipe left the default
+        if getattr(cfg.model, name) == getattr(default, name) and name in saved.get("model", {}):
+            setattr(cfg.model, name, saved["model"][name])
     sd = saved.get("data", {})
     if cfg.data.tokenizer == _DEFAULT_TOKENIZER and sd.get("tokenizer"):
         tok_dir = cfg.run_dir / "tokenizer"  # the run's own copy: the source may be gone by now
