@@ -135,14 +135,9 @@ class Encoder:
             self.marker_offset = marker_offset
 
     def _chatml(self, messages: list[dict]) -> tuple[list[int], int, int]:
-        enc = self.tok.encode
-        ids: list[int] = []
-        for m in messages[:-1]:
-            ids += [self.im_start, *enc(f"{m['role']}\n"), *enc(m["content"]), self.im_end, *enc("\n")]
-        ids += [self.im_start, *enc(f"{messages[-1]['role']}\n")]
-        n_ctx = len(ids)
-        answer = enc(messages[-1]["content"])
-        return ids + answer + [self.im_end], n_ctx, len(answer)
+        ids = chatml_prompt(self.tok, messages[:-1], messages[-1]["role"])
+        answer = self.tok.encode(messages[-1]["content"])
+        return ids + answer + [self.im_end], len(ids), len(answer)
 
     def encode(self, ex) -> tuple[list[int], int] | str:
         """(ids, context length), or the name of the reason it is skipped (see SKIPS)."""
@@ -174,6 +169,18 @@ class Encoder:
             msgs = [{"role": "user", "content": ex[pf]}, {"role": "assistant", "content": ex[af]}]
         ids, n_ctx, n_answer = self._chatml(msgs)
         return (ids, n_ctx) if n_answer and msgs[-1]["content"].strip() else "empty_answer"
+
+
+def chatml_prompt(tok, messages: list[dict], next_role: str = "assistant") -> list[int]:
+    """Ids of `messages` in the built-in ChatML template followed by the header of the next turn
+    (``<|im_start|>assistant\n``): the context of training rows, and the prompt to decode from."""
+    im_start, im_end = tok.token_to_id(IM_START), tok.token_to_id(IM_END)
+    if im_start is None or im_end is None:
+        raise ExampleError(f"the chatml template needs {IM_START} / {IM_END}, which tokenizer {tok.name!r} lacks")
+    enc, ids = tok.encode, []
+    for m in messages:
+        ids += [im_start, *enc(f"{m['role']}\n"), *enc(m["content"]), im_end, *enc("\n")]
+    return ids + [im_start, *enc(f"{next_role}\n")]
 
 
 # -- examples -> rows ------------------------------------------------------------------------------
@@ -356,5 +363,5 @@ def main_from_args(args) -> int:
     return 0
 
 
-__all__ = ["FORMATS", "TEMPLATES", "ROW_PACKINGS", "Encoder", "build_rows", "prepare_examples", "read_jsonl",
+__all__ = ["FORMATS", "TEMPLATES", "ROW_PACKINGS", "Encoder", "build_rows", "chatml_prompt", "prepare_examples", "read_jsonl",
            "read_saved_dataset", "add_args", "main_from_args", "ExampleError"]

@@ -182,3 +182,27 @@ def test_cli_errors_name_the_option(tmp_path, capsys):
     assert main(["--format", "prompt_answer", "--input", str(f), "--output", str(tmp_path / "o"),
                  "--prompt-field", "question"]) == 2
     assert "'question' missing" in capsys.readouterr().err
+
+
+def test_gsm8k_eval_with_the_chatml_prompt_of_the_training_rows(qwen, tmp_path):
+    """`setdlm eval gsm8k --prompt-format chatml` decodes from exactly the context of a chatml training row."""
+    from eval.cli import run_task
+
+    fix = tmp_path / "g.jsonl"
+    fix.write_text(json.dumps({"question": "What is 2 + 3?", "answer": "2 + 3 = 5.\n#### 5"}) + "\n")
+    seen = []
+
+    class Predictor:
+        name, tokenizer = "chat-oracle", qwen
+
+        def complete(self, prompts, seed, examples=None, stop=(), **kw):
+            seen.append((prompts, list(stop)))
+            return [{"text": " #### 5", "tokens": [], "n_tokens": 0, "steps": 0, "seconds": 0.0,
+                     "tokens_per_step": 0.0, "stop_reason": "eos"} for _ in prompts]
+
+    res = run_task("gsm8k", ["--data", str(fix), "--prompt-format", "chatml", "--backend", "direct",
+                             "--out", str(tmp_path / "o")], predictor=Predictor())
+    assert res["metrics"]["accuracy"] == 1.0
+    enc = Encoder(qwen, "prompt_answer", "chatml", prompt_field="question")
+    ids, n_ctx = enc.encode({"question": "What is 2 + 3?", "answer": "x"})
+    assert seen[0][0] == [ids[:n_ctx]] and "<|im_end|>" in seen[0][1]
