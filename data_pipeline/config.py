@@ -96,9 +96,6 @@ class DataConfig:
             bad("seq_len", f"must be at least 2, got {self.seq_len}")
         if self.packing not in PACKINGS:
             bad("packing", f"unknown packing {self.packing!r}; valid: {', '.join(PACKINGS)}")
-        if self.is_builtin and self.packing in EXAMPLE_PACKINGS:
-            bad("packing", f"{self.packing!r} rows come from prompt/answer shards (setdlm data prepare --format "
-                           "prompt_answer); builtin corpora are packed 'wrapped' or 'wrapped_bos_eos'")
         if isinstance(self.val_fraction, bool) or not isinstance(self.val_fraction, (int, float)) \
                 or not 0.0 <= float(self.val_fraction) < 1.0:
             bad("val_fraction", f"must be a number in [0, 1), got {self.val_fraction!r}")

@@ -328,6 +328,11 @@ def build_loader(cfg: DataConfig, *, split: str, tokenizer, micro_batch: int, dp
     if dp_rank >= dp_size:
         raise ValueError(f"dp_rank: {dp_rank} is not below dp_size {dp_size}")
     if cfg.is_builtin:
+        from .config import EXAMPLE_PACKINGS
+
+        if cfg.packing in EXAMPLE_PACKINGS:
+            raise ValueError(f"data.packing: {cfg.packing!r} rows come from prompt/answer shards (setdlm data prepare "
+                             "--format prompt_answer); builtin corpora are packed 'wrapped' or 'wrapped_bos_eos'")
         source = BuiltinSource(cfg.source[len("builtin:"):], tokenizer, cfg.seq_len, cfg.packing,
                                float(cfg.val_fraction))
     else:
