@@ -131,7 +131,10 @@ class Trainer:
             for i, batch in enumerate(loader):
                 if limit and i >= limit:
                     break
-                c += torch.bincount(batch["input_ids"].flatten(), minlength=V)[:V].double()
+                ids = batch["input_ids"]
+                if "valid_mask" in batch:  # prompt/answer rows: the answer tokens, which validation scores
+                    ids = ids[batch["valid_mask"] & ~batch.get("context_mask", torch.zeros_like(ids, dtype=torch.bool))]
+                c += torch.bincount(ids.flatten(), minlength=V)[:V].double()
             if dist.get_world_size(self.dp_group) > 1:
                 dist.all_reduce(c, group=self.dp_group)
             return c

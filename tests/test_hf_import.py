@@ -75,6 +75,22 @@ def test_imported_logits_match_transformers_under_tp2_and_survive_export(hf_dirs
     with torch.no_grad():
         logits = exported(ids, attention_type="causal").logits
     torch.testing.assert_close(logits[..., :N_REAL].float(), ref, atol=1e-4, rtol=0)
+    # init_from a setdlm checkpoint of another layout (TP=2 shards, consolidated on the fly), in one process.
+    from data_pipeline.tokenizers import load_tokenizer
+    from model.parallel import ensure_model_parallel
+    from model.transformer import Transformer, full_logits, megatron_config
+    from pretrain import init_from
+
+    cfg, source = _prepare(tmp_path, run, objective="ar")
+    assert source.kind == "checkpoint" and cfg.model.n_layers == 2 and cfg.data.tokenizer == str(run / "tokenizer")
+    cfg.resolve_vocab(load_tokenizer(cfg.data.tokenizer, add_mask=cfg.data.add_mask_token))
+    ensure_model_parallel(1, 1)
+    model = Transformer(cfg.model, megatron_config()).eval()
+    model.load_state_dict(init_from.weights(source, cfg.model), strict=True)
+    with torch.no_grad():
+        again = full_logits(model, model(ids, torch.arange(ids.shape[1]).expand_as(ids),
+                                         attn_mask=torch.ones(ids.shape[1], ids.shape[1], dtype=torch.bool).tril()))
+    torch.testing.assert_close(again, ours, atol=1e-5, rtol=0)
 
 
 def _prepare(tmp_path, init_from, objective="setdlm", **model):
