@@ -7,7 +7,7 @@ head_dim 128, SwiGLU 6144, vocabulary 151,936, tied) as sharded bf16 safetensors
 and the Qwen tokenizer, then for each TP size launches that many processes which run the trainer's
 path (`init_from.prepare`, `build_stage`, `build_engine`, `init_from.load`) and prints a table: the
 time to build the randomly initialised stage, the time to load the weights into it, and the peak
-resident memory per rank (ru_maxrss). The weights are read one tensor at a time (hf_import.HFWeights),
+resident memory per rank (ru_maxrss) after building and after loading. The weights are read one tensor at a time (hf_import.HFWeights),
 so the load adds about one full tensor (the 1.2 GB fp32 embedding) to the model shard itself.
 """
 
@@ -91,12 +91,13 @@ def worker(d: str, tp: int, out: str) -> None:
     model = build_stage(cfg.model, tp, 1)
     engine, _, _ = build_engine(model, cfg, dist.get_world_size(), "fp32")
     t2 = time.perf_counter()
+    rss_built = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6
     init_from.load(engine, source, cfg.model)
     t3 = time.perf_counter()
     shard_gb = sum(p.numel() * p.element_size() for p in engine.module.parameters()) / 1e9
     rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6  # KiB -> GB (approx.)
     row = {"rank": dist.get_rank(), "prepare_s": t1 - t0, "build_s": t2 - t1, "load_s": t3 - t2,
-           "shard_gb": shard_gb, "peak_rss_gb": rss}
+           "shard_gb": shard_gb, "built_rss_gb": rss_built, "peak_rss_gb": rss}
     rows = [None] * dist.get_world_size()
     dist.all_gather_object(rows, row)
     if dist.get_rank() == 0:
@@ -120,7 +121,8 @@ def main() -> int:
         print(f"wrote a random Qwen3-1.7B-shape model ({a.layers} layers, bf16 safetensors) to {d} in "
               f"{time.perf_counter() - t:.0f} s")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
-    print(f"{'tp':>3} {'rank':>4} {'prepare s':>9} {'build s':>8} {'load s':>7} {'shard GB':>8} {'peak RSS GB':>11}")
+    print(f"{'tp':>3} {'rank':>4} {'prepare s':>9} {'build s':>8} {'load s':>7} {'shard GB':>8} {'RSS built GB':>12} "
+          f"{'peak RSS GB':>11}")
     for tp in a.tp:
         out = d / f"bench-tp{tp}.json"
         me = [str(Path(__file__).resolve()), "--worker", str(d), str(tp), str(out)]
@@ -132,7 +134,7 @@ def main() -> int:
             continue
         for row in json.loads(out.read_text()):
             print(f"{tp:>3} {row['rank']:>4} {row['prepare_s']:>9.1f} {row['build_s']:>8.1f} {row['load_s']:>7.1f} "
-                  f"{row['shard_gb']:>8.2f} {row['peak_rss_gb']:>11.2f}")
+                  f"{row['shard_gb']:>8.2f} {row['built_rss_gb']:>12.2f} {row['peak_rss_gb']:>11.2f}")
     return 0
 
 

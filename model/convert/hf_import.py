@@ -226,11 +226,15 @@ class HFWeights(Mapping):
 
     def _vocab(self, hf_name: str) -> torch.Tensor:
         c = self.cfg
-        src = self._get(hf_name)[: self.n_real]
-        out = torch.zeros(c.padded_vocab_size, src.shape[1], dtype=torch.float32)
-        out[: self.n_real] = src
+        h = self._where.get(hf_name)
+        if h is None:
+            raise ConvertError(f"{self.dir}: tensor {hf_name!r} is missing from the weights")
+        rows = h.get_slice(hf_name)[: self.n_real]  # only the tokenizer's rows are read
+        out = torch.zeros(c.padded_vocab_size, rows.shape[1], dtype=torch.float32)
+        out[: self.n_real] = rows  # cast in place: no full-size float32 intermediate
+        del rows
         if c.mask_id >= self.n_real:  # a MASK the tokenizer lacked: the mean of the real rows
-            out[c.mask_id] = src.mean(0)
+            out[c.mask_id] = out[: self.n_real].mean(0)
         return out
 
     def __getitem__(self, name: str) -> torch.Tensor:
