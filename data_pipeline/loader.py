@@ -144,7 +144,12 @@ def _batches(plan: _Plan, worker: int, epoch: int, pos: int):
 
 
 def _pack(plan, rows, ids, epochs, worker, last, stats):
-    batch = {"input_ids": torch.from_numpy(np.stack(rows).astype(np.int64))}
+    stacked = np.stack(rows)
+    if stacked.ndim == 3:  # prompt/answer shards: (ids, context mask, valid mask) per row
+        batch = {"input_ids": torch.from_numpy(stacked[:, 0].astype(np.int64)),
+                 "context_mask": torch.from_numpy(stacked[:, 1] != 0), "valid_mask": torch.from_numpy(stacked[:, 2] != 0)}
+    else:
+        batch = {"input_ids": torch.from_numpy(stacked.astype(np.int64))}
     if plan.with_ids:
         batch["sample_id"] = torch.tensor(ids, dtype=torch.long)
         batch["epoch"] = torch.tensor(epochs, dtype=torch.long)
@@ -323,6 +328,11 @@ def build_loader(cfg: DataConfig, *, split: str, tokenizer, micro_batch: int, dp
     if dp_rank >= dp_size:
         raise ValueError(f"dp_rank: {dp_rank} is not below dp_size {dp_size}")
     if cfg.is_builtin:
+        from .config import EXAMPLE_PACKINGS
+
+        if cfg.packing in EXAMPLE_PACKINGS:
+            raise ValueError(f"data.packing: {cfg.packing!r} rows come from prompt/answer shards (setdlm data prepare "
+                             "--format prompt_answer); builtin corpora are packed 'wrapped' or 'wrapped_bos_eos'")
         source = BuiltinSource(cfg.source[len("builtin:"):], tokenizer, cfg.seq_len, cfg.packing,
                                float(cfg.val_fraction))
     else:

@@ -74,6 +74,8 @@ class TrainConfig:
     sample_threshold: float = Field(0.0, ge=0.0, le=1.0, description=(
         "SetDLM/BD3-LM confidence threshold of the end-of-run sample (0: one token per step)"))
     sample_repetition_penalty: float = Field(1.0, gt=0.0, description="end-of-run sample repetition penalty (1: none)")
+    init_from: Text | None = Field(None, min_length=1, description=(
+        "start from these weights: a Hugging Face causal-LM directory or a setdlm run/checkpoint (docs/finetune.md)"))
 
     @model_validator(mode="after")
     def _min_lr_below_lr(self):

@@ -15,7 +15,7 @@ from model import fp8 as fp8_layers
 from model.objectives import build_objective, summarize
 from model.transformer import parameter_count
 
-from . import checkpoint
+from . import checkpoint, init_from
 from .config import RecipeConfig, save_config
 from .ema import EMA
 from .engine import build_engine, resolve_precision
@@ -34,7 +34,8 @@ class Trainer:
         ensure_process_group()
         self.world = dist.get_world_size()
         self.rank = dist.get_rank()
-        self.tokenizer = load_tokenizer(cfg.data.tokenizer)
+        self.init_source = init_from.prepare(cfg)  # train.init_from: architecture + tokenizer from the source
+        self.tokenizer = load_tokenizer(cfg.data.tokenizer, add_mask=cfg.data.add_mask_token)
         cfg.resolve_vocab(self.tokenizer)
         cfg.validate(self.world)
         fp8_layers.check_available(cfg.model.fp8)  # Transformer Engine + an FP8 GPU, or a clear error now
@@ -133,7 +134,10 @@ class Trainer:
             for i, batch in enumerate(loader):
                 if limit and i >= limit:
                     break
-                c += torch.bincount(batch["input_ids"].flatten(), minlength=V)[:V].double()
+                ids = batch["input_ids"]
+                if "valid_mask" in batch:  # prompt/answer rows: the answer tokens, which validation scores
+                    ids = ids[batch["valid_mask"] & ~batch.get("context_mask", torch.zeros_like(ids, dtype=torch.bool))]
+                c += torch.bincount(ids.flatten(), minlength=V)[:V].double()
             if dist.get_world_size(self.dp_group) > 1:
                 dist.all_reduce(c, group=self.dp_group)
             return c
@@ -182,6 +186,8 @@ class Trainer:
     def train(self) -> dict:
         cfg, t = self.cfg, self.cfg.train
         resumed = self.maybe_resume()
+        if not resumed:  # train.init_from: pretrained weights (never on resume)
+            self.notes += init_from.load(self.engine, self.init_source, cfg.model, self.ema)
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
