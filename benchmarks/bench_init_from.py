@@ -71,7 +71,7 @@ def worker(d: str, tp: int, out: str) -> None:
     import torch.distributed as dist
 
     from data_pipeline.tokenizers import load_tokenizer
-    from model.parallel import ensure_model_parallel, ensure_process_group
+    from pretrain.parallel import ensure_model_parallel, ensure_process_group
     from pretrain import init_from
     from pretrain.config import from_dict
     from pretrain.engine import _skip_cpu_shm_op, build_engine

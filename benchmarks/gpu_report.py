@@ -524,7 +524,7 @@ def part_decode(args) -> int:
     import torch
 
     from model.config import ModelConfig, apply_preset
-    from model.parallel import ensure_model_parallel
+    from pretrain.parallel import ensure_model_parallel
     from model.sampling import SamplingConfig, generate
     from model.transformer import Transformer
 

@@ -39,7 +39,7 @@ def main() -> int:
 
     from data_pipeline.tokenizers import load_tokenizer
     from model.objectives import build_objective
-    from model.parallel import ensure_model_parallel, ensure_process_group
+    from pretrain.parallel import ensure_model_parallel, ensure_process_group
     from model.transformer import full_logits
     from pretrain import checkpoint, init_from
     from pretrain.config import from_dict, save_config
@@ -68,7 +68,7 @@ def main() -> int:
     inputs = objective.prepare({"input_ids": ids_for_test()})
     engine.module.eval()
     last = parallel_state.is_pipeline_last_stage()
-    from model.compat_cpu import megatron_compat
+    from pretrain.compat_cpu import megatron_compat
 
     with torch.no_grad(), megatron_compat():
         if args.pp == 1:

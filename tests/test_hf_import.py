@@ -37,7 +37,7 @@ def _worker(model, run, tp: int):
 def test_imported_logits_match_transformers_one_process(hf_dirs, tmp_path, arch):
     from data_pipeline.tokenizers import load_tokenizer
     from model.objectives import build_objective
-    from model.parallel import ensure_model_parallel
+    from pretrain.parallel import ensure_model_parallel
     from model.transformer import Transformer, full_logits, megatron_config
     from pretrain import init_from
 
@@ -77,7 +77,7 @@ def test_imported_logits_match_transformers_under_tp2_and_survive_export(hf_dirs
     torch.testing.assert_close(logits[..., :N_REAL].float(), ref, atol=1e-4, rtol=0)
     # init_from a setdlm checkpoint of another layout (TP=2 shards, consolidated on the fly), in one process.
     from data_pipeline.tokenizers import load_tokenizer
-    from model.parallel import ensure_model_parallel
+    from pretrain.parallel import ensure_model_parallel
     from model.transformer import Transformer, full_logits, megatron_config
     from pretrain import init_from
 
