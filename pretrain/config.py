@@ -55,6 +55,8 @@ class TrainConfig:
     sample_top_p: float = 1.0
     sample_threshold: float = 0.0  # SetDLM/BD3-LM confidence threshold (0: one token per step)
     sample_repetition_penalty: float = 1.0
+    activation_checkpointing: str = "none"  # none | selective (attention core + MLP activation) | full (every block); model/recompute.py
+    compile: bool = False  # torch.compile each block (inductor, CPU and CUDA); eager with a message where the backend is unavailable
 
 
 @dataclass
@@ -62,6 +64,7 @@ class ParallelConfig:
     tp: int = 1
     pp: int = 1
     zero_stage: int = 0
+    sequence_parallel: bool = False  # megatron sequence parallelism over the TP group (needs tp > 1; norms/dropout on T/tp tokens)
 
 
 @dataclass
@@ -115,6 +118,19 @@ class RecipeConfig:
             raise ValueError(f"train.lr_schedule: unknown schedule {t.lr_schedule!r}; valid: constant, cosine")
         if t.precision not in ("auto", "fp32", "bf16"):
             raise ValueError(f"train.precision: unknown precision {t.precision!r}; valid: auto, fp32, bf16")
+        if t.activation_checkpointing not in ("none", "selective", "full"):
+            raise ValueError(f"train.activation_checkpointing: unknown mode {t.activation_checkpointing!r}; "
+                             "valid: none, selective, full")
+        if not isinstance(t.compile, bool):
+            raise ValueError(f"train.compile: expected true or false, got {t.compile!r}")
+        if t.compile and p.zero_stage == 3:
+            raise ValueError("train.compile: DeepSpeed ZeRO-3 gathers parameters in module hooks that the compiled "
+                             "blocks do not run; use parallel.zero_stage 0-2 with compile, or train.compile: false")
+        if not isinstance(p.sequence_parallel, bool):
+            raise ValueError(f"parallel.sequence_parallel: expected true or false, got {p.sequence_parallel!r}")
+        if p.sequence_parallel and p.tp < 2:
+            raise ValueError(f"parallel.sequence_parallel: needs tensor parallelism (parallel.tp >= 2, got {p.tp}); "
+                             "set it to false or raise parallel.tp")
         if not 0.0 <= t.ema < 1.0:
             raise ValueError(f"train.ema: decay must be in [0, 1), got {t.ema}")
         if self.logging.wandb not in ("auto", "online", "offline", "disabled"):
@@ -126,6 +142,11 @@ class RecipeConfig:
         self.objective.validate(self.data.seq_len)
         if p.pp > self.model.n_layers:
             raise ValueError(f"parallel.pp: {p.pp} stages for {self.model.n_layers} layers")
+        if p.sequence_parallel:
+            tokens = self.data.seq_len * (2 if self.objective.name in ("setdlm", "bd3lm") else 1)
+            if tokens % p.tp:
+                raise ValueError(f"parallel.sequence_parallel: {tokens} tokens per sequence through the model are not "
+                                 f"divisible by parallel.tp={p.tp}; choose data.seq_len so that they are")
 
     def resolve_vocab(self, tokenizer) -> None:
         """Fill model.vocab_size and model.mask_id from the tokenizer unless the recipe set them."""
