@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-from model.compat_cpu import megatron_compat
+from model.compat_cpu import megatron_compat, sequence_parallel_compat
 from model.transformer import Transformer, megatron_config
 
 from .engine import clip_gradients
@@ -112,7 +112,7 @@ class StepRunner:
         self.is_last = self.pp == 1 or parallel_state.is_pipeline_last_stage()
         # megatron's sequence-parallel collectives allocate on torch.cuda.current_device(): on a CPU-only
         # torch, run forward and backward inside the compatibility layer (as the pipeline schedule does)
-        self.sp_compat = megatron_compat if getattr(cfg.parallel, "sequence_parallel", False) else contextlib.nullcontext
+        self.sp_compat = sequence_parallel_compat if getattr(cfg.parallel, "sequence_parallel", False) else contextlib.nullcontext
         if self.pp > 1:
             from megatron.core.pipeline_parallel import get_forward_backward_func
 
