@@ -104,3 +104,26 @@ def test_new_keys_are_validated(tmp_path, overrides, field):
     cfg = load_config(write_recipe(tmp_path / "r.yaml"), ["model.vocab_size=300", "model.mask_id=299", *overrides])
     with pytest.raises(ValueError, match=field.replace(".", r"\.")):
         cfg.validate(1 if "parallel.tp=2" not in overrides else 2)
+
+
+def test_trainer_runs_with_checkpointing_and_logs_model_and_hardware_flops(tmp_path, model_parallel):
+    from helpers import read_metrics, write_recipe
+    from pretrain.config import load_config
+    from pretrain.flops import step_flops
+    from pretrain.trainer import Trainer
+
+    def run(name, mode):
+        cfg = load_config(write_recipe(tmp_path / "r.yaml"), [
+            f"run.out_dir={tmp_path}", f"run.name={name}", "train.max_steps=3", "train.eval_every=0",
+            "train.save_every=3", f"train.activation_checkpointing={mode}", "model.dropout=0.1"])
+        Trainer(cfg).train()
+        return cfg, read_metrics(tmp_path / name)
+
+    cfg, full = run("full", "full")
+    _, plain = run("plain", "none")
+    assert [full[s]["train/loss"] for s in (1, 2, 3)] == pytest.approx([plain[s]["train/loss"] for s in (1, 2, 3)], rel=1e-6)
+    f = step_flops(cfg)
+    assert f.hardware > f.model
+    ratio = full[3]["perf/hardware_tflops"] / full[3]["perf/model_tflops"]
+    assert ratio == pytest.approx(f.hardware / f.model)
+    assert "perf/hardware_tflops" not in plain[3] and plain[3]["perf/model_tflops"] > 0
