@@ -9,7 +9,8 @@ through the two-stream model), vocabulary 8,192, micro-batch 2, fp32, one proces
 trained with the trainer's code (build_stage, prepare_model, build_engine, StepRunner) on synthetic
 tokens, for train.activation_checkpointing none / selective / full with train.compile off and on.
 Each configuration is a fresh process: the median step time after warm-up (compilation excluded)
-and the peak RSS increase from just before the model is built, next to pretrain/plan.py's estimate
+and the peak RSS increase from just before the model is built (glibc's mmap threshold fixed at 64 KiB
+so freed buffers leave the RSS), next to pretrain/plan.py's estimate
 for the same recipe (device="cpu": weights, gradients, AdamW states, activations, logits).
 
 Plan table: `setdlm pretrain --dry-run` figures per GPU (bf16) for paper-12x768 (configs/owt-setdlm.yaml:
@@ -95,7 +96,10 @@ def cpu_table(steps: int) -> list[dict]:
     rows = []
     for compile in (False, True):
         for mode in ("none", "selective", "full"):
-            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), WANDB_MODE="disabled")
+            # a fixed mmap threshold: glibc returns freed large buffers to the OS, so the peak RSS measures
+            # live memory (its default threshold grows after the first large free and keeps freed blocks)
+            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), WANDB_MODE="disabled",
+                       MALLOC_MMAP_THRESHOLD_="65536")
             cmd = [sys.executable, __file__, "--worker", mode, str(int(compile)), "--steps", str(steps)]
             r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
             line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)

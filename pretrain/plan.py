@@ -21,11 +21,13 @@ The memory model (bytes per parameter, `bytes_per_param`), per rank, with d = da
 Activations are counted per layer and token from model/transformer.py (inputs saved for backward by
 each norm, linear, attention and activation function), times the micro-batches a stage holds under
 1F1B (pp - stage), plus the last stage's fp32 logits and softmax on the predicted tokens. On GPUs the
-attention kernels (flash/flex) keep O(T) state; the dense SDPA path of CPUs keeps the T x T
-probabilities, which the estimate adds for `device="cpu"`. Under `train.activation_checkpointing`
+attention kernels (flash/flex) keep O(T) state; so does torch's CPU SDPA (a flash kernel), which
+also saves the boolean mask converted to a float T x T mask per layer call, added for `device="cpu"`.
+The backward of a block holds gradient buffers about the size of the block's saved activations:
+one block's worth is added as a transient. Under `train.activation_checkpointing`
 (model/recompute.py): `selective` drops what the attention core and the MLP activation keep inside
-(the T x T probabilities, SwiGLU's silu(gate)); `full` keeps only each block's input, plus one block's
-working set for the recomputation in the backward. Under `parallel.sequence_parallel` the tensors
+(softmax statistics, the CPU float mask, SwiGLU's silu(gate)); `full` keeps only each block's input
+(its recomputation in the backward is the transient above). Under `parallel.sequence_parallel` the tensors
 outside the tensor-parallel regions (norm and residual inputs, linear inputs, dropout masks, a full
 checkpoint's block inputs) hold T/tp tokens. The figure excludes the CUDA context, allocator
 fragmentation and communication buffers (budget 10-20% on top); `micro_batch_fit` keeps 10% free.
@@ -137,9 +139,7 @@ def activation_bytes_per_token_layer(m, tp: int, T: int, dtype_bytes: int, devic
         elems += (a + kv) * d  # q, k before the norm
     total = elems * dtype_bytes
     if mode != "selective":
-        total += a * 4  # softmax statistics (log-sum-exp) per head
-        if device == "cpu":
-            total += a * T * 4  # dense SDPA: T x T attention probabilities (fp32)
+        total += a * 4  # softmax statistics (log-sum-exp) per head (the CPU float mask: estimate_memory)
     if m.dropout > 0:
         total += 2 * h / seq  # dropout masks (1 byte each)
     return total
@@ -193,13 +193,16 @@ def estimate_memory(cfg, world_size: int, *, precision: str | None = None, devic
     T, n_out = tokens_in(cfg)
     b = micro_batch or t.micro_batch
     per_layer = activation_bytes_per_token_layer(m, p.tp, T, act_bytes, device, mode, sp) * T * b
-    working = recompute_working_set(m, p.tp, T, act_bytes, device, sp) * T * b if mode == "full" else 0.0
+    # one block's backward: its gradient buffers (or, under `full`, its recomputed activations)
+    working = recompute_working_set(m, p.tp, T, act_bytes, device, sp) * T * b
+    # torch's CPU SDPA saves the boolean mask as a float T x T mask per layer call (not recomputed: none)
+    cpu_mask = T * T * 4 if device == "cpu" and mode == "none" else 0.0
     out = []
     sp_on = sp and p.tp > 1
     for sp in stage_params(m, p.pp):
         n = sp.per_rank(p.tp)
         in_flight = min(p.pp - sp.stage, accum) if p.pp > 1 else 1
-        acts = per_layer * len(sp.layers) * in_flight + (working if len(sp.layers) else 0.0)
+        acts = (per_layer + cpu_mask) * len(sp.layers) * in_flight + (working if len(sp.layers) else 0.0)
         boundary = T * b * m.hidden * act_bytes * in_flight / (p.tp if sp_on else 1)
         if sp.stage == 0:
             acts += boundary  # embedding output
