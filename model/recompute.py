@@ -9,9 +9,11 @@ Modes (`train.activation_checkpointing`):
 * `selective` (Megatron-LM's "selective recomputation", extended to the MLP activation): inside each
   block the attention core (scores, mask, softmax, weighted sum) and the MLP activation function
   (GELU, or SwiGLU's silu(gate) * up) are recomputed in the backward; every linear layer's input
-  stays saved, so no matmul of a linear layer is recomputed. It removes the T x T attention
-  probabilities of the dense (SDPA math, CPU) path and, for SwiGLU, one ffn-wide tensor per token;
-  with flash / flex kernels, which keep only O(T) state, the attention part saves little.
+  stays saved, so no matmul of a linear layer is recomputed. For SwiGLU it saves one ffn-wide
+  tensor per token. Flash-style kernels (flex / flash on CUDA, and torch's CPU SDPA) keep only O(T)
+  state besides q, k, v and the output, so the attention part saves little there (softmax statistics;
+  on CPU a float copy of the mask); it saves the T x T probabilities where a kernel keeps them
+  (SDPA's math fallback, e.g. with attention dropout).
 * `full`: every block is recomputed: only each block's input is kept (plus one block's working
   set during its backward), at the cost of one more forward of the blocks.
 
