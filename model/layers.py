@@ -94,12 +94,15 @@ def column_linear(input_size: int, output_size: int, *, config: ModelParallelCon
     return LocalLinear(input_size, output_size, config=config, init_method=init_method, bias=bias, split_dim=0)
 
 
-def row_linear(input_size: int, output_size: int, *, config: ModelParallelConfig, init_method, bias: bool):
-    """Input dimension split over TP ranks, output all-reduced (megatron RowParallelLinear)."""
+def row_linear(input_size: int, output_size: int, *, config: ModelParallelConfig, init_method, bias: bool,
+               skip_bias_add: bool = False):
+    """Input dimension split over TP ranks, output all-reduced (megatron RowParallelLinear); with
+    `skip_bias_add` the bias is returned, not added (sequence parallelism adds it itself)."""
     if config.tensor_model_parallel_size > 1:
         return tensor_parallel.RowParallelLinear(input_size, output_size, config=config, init_method=init_method,
-                                                 bias=bias, input_is_parallel=True, skip_bias_add=False)
-    return LocalLinear(input_size, output_size, config=config, init_method=init_method, bias=bias, split_dim=1)
+                                                 bias=bias, input_is_parallel=True, skip_bias_add=skip_bias_add)
+    return LocalLinear(input_size, output_size, config=config, init_method=init_method, bias=bias, split_dim=1,
+                       skip_bias_add=skip_bias_add)
 
 
 def vocab_embedding(num_embeddings: int, embedding_dim: int, *, config: ModelParallelConfig, init_method):

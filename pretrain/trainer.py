@@ -19,10 +19,10 @@ from . import checkpoint, init_from
 from .config import RecipeConfig, save_config
 from .ema import EMA
 from .engine import build_engine, resolve_precision
-from .flops import device_peak_tflops, train_step_flops
+from .flops import device_peak_tflops, step_flops
 from .logger import MetricsLogger
 from .parallel import ensure_model_parallel, ensure_process_group
-from .pipeline import StepRunner, add_metrics, build_stage
+from .pipeline import StepRunner, add_metrics, build_stage, prepare_model
 from .preemption import active_handler, release_handler
 
 
@@ -50,12 +50,13 @@ class Trainer:
         self.ckpt_root = self.run_dir / "checkpoints"
 
         torch.manual_seed(cfg.run.seed)
-        model = build_stage(cfg.model, p.tp, p.pp).to(self.device)  # this rank's TP shard of its PP stage
+        # this rank's TP shard of its PP stage, allocated and initialised on the device (model/init.py)
+        model = build_stage(cfg.model, p.tp, p.pp, device=self.device, sequence_parallel=p.sequence_parallel)
         if cfg.model.fp8 != "none":
             fp8_layers.convert_block_linears(model)
+        self.notes = prepare_model(model, cfg)  # sequence-parallel RNG, activation checkpointing, torch.compile
         self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len)
         self.precision = resolve_precision(cfg, self.device)
-        self.notes: list[str] = []
         if self.precision == "bf16" and p.zero_stage == 0:
             # DeepSpeed's bf16 path without ZeRO (its unfused FP16 wrapper) drifts from fp32 after the
             # first step; its ZeRO-1 bf16 optimizer tracks fp32 (docs/architecture.md). ZeRO-1 is the
@@ -205,7 +206,7 @@ class Trainer:
         handler = self.preemption
         accum = cfg.grad_accum(self.world)
         seq_tokens = t.global_batch * cfg.data.seq_len
-        step_flops = train_step_flops(cfg.model, cfg.objective.name, cfg.data.seq_len, t.global_batch)
+        flops = step_flops(cfg)  # model FLOPs (allowed attention pairs) and hardware FLOPs (+ recomputation)
         peak = device_peak_tflops(t.peak_tflops)
         last = {}
         for note in self.notes + self.relayout_notes:
@@ -242,7 +243,7 @@ class Trainer:
                            "train/grad_norm": float(gnorm) if gnorm is not None else None,
                            "train/tokens_seen": self.tokens_seen, "perf/tokens_per_s": tps,
                            "perf/step_s": elapsed / window_steps,
-                           "perf/mfu": (window_steps * step_flops / elapsed) / (peak * 1e12 * self.world) if peak else None}
+                           **flops.metrics(window_steps / elapsed, peak, self.world)}
                 window_t, window_steps, window_loss = time.perf_counter(), 0, {}
             if t.eval_every > 0 and (self.step % t.eval_every == 0 or self.step == t.max_steps):
                 metrics.update(self.validate())
