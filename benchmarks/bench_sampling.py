@@ -119,9 +119,6 @@ def timed(fn):
 def decode_rate(model, prompts, cfg, n_new: int, warm: set | None = None):
     """(decode tokens/s, tokens/step, steps) of one call generating n_new tokens per row: the prefill
     (admission) time, measured inside the call, is subtracted."""
-    from model.sampling.api import decoder_class
-    from model.sampling.engine import to_requests
-
     key = (id(model), cfg.family, cfg.threshold, cfg.compile)
     if warm is None or key not in warm:
         run_decoder(model, prompts[:1], cfg, 2)  # warm-up (and compiles)
