@@ -524,7 +524,10 @@ def part_decode(args) -> int:
     import torch
 
     from model.config import ModelConfig, apply_preset
-    from model.parallel import ensure_model_parallel
+    try:
+        from pretrain.parallel import ensure_model_parallel
+    except ImportError:  # before the move to pretrain/
+        from model.parallel import ensure_model_parallel
     from model.sampling import SamplingConfig, generate
     from model.transformer import Transformer
 
