@@ -381,11 +381,9 @@ def _activation_ckpt_override() -> str | None:
 
     from pretrain.config import TrainConfig
 
-    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    f = fields.get("activation_checkpointing")
-    if f is None:
+    if "activation_checkpointing" not in {f.name for f in dataclasses.fields(TrainConfig)}:
         return None
-    default = f.default
+    default = TrainConfig().activation_checkpointing  # the value, also where the field is a pydantic Field
     if isinstance(default, bool):
         return "train.activation_checkpointing=true"
     if isinstance(default, str):
