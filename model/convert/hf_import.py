@@ -157,16 +157,17 @@ class HFWeights(Mapping):
         from safetensors import safe_open
 
         self.dir, self.cfg, self.n_real = Path(d), cfg, int(n_real)
-        self._files = {}
-        self._where: dict[str, object] = {}
+        self._where: dict[str, Path] = {}  # tensor -> file; a file is opened (mapped) only while a tensor is read
+        self._rows = 0
         for f in weight_files(self.dir):
             try:
-                h = safe_open(str(f), framework="pt")
+                with safe_open(str(f), framework="pt") as h:
+                    for k in h.keys():
+                        self._where[k] = f
+                    if "model.embed_tokens.weight" in h.keys():
+                        self._rows = h.get_slice("model.embed_tokens.weight").get_shape()[0]
             except Exception as e:  # noqa: BLE001 - safetensors raises several types
                 raise ConvertError(f"{f}: not a readable safetensors file ({type(e).__name__}: {e})") from None
-            self._files[f] = h
-            for k in h.keys():
-                self._where[k] = h
         self._names = self._our_names()
         self._check()
 
@@ -203,7 +204,7 @@ class HFWeights(Mapping):
         if extra:
             raise ConvertError(f"{self.dir}: weights hold more layers than config.json's num_hidden_layers "
                                f"(first extra: {extra[0]!r})")
-        rows = self._where["model.embed_tokens.weight"].get_slice("model.embed_tokens.weight").get_shape()[0]
+        rows = self._rows
         if rows < self.n_real:
             raise ConvertError(f"{self.dir}: the embedding has {rows} rows, fewer than the tokenizer's {self.n_real} "
                                "tokens (tokenizer/model vocabulary mismatch)")
@@ -218,18 +219,22 @@ class HFWeights(Mapping):
         return name in self._names
 
     # -- tensors -------------------------------------------------------------------------------
-    def _get(self, hf_name: str) -> torch.Tensor:
-        h = self._where.get(hf_name)
-        if h is None:
+    def _open(self, hf_name: str):
+        from safetensors import safe_open
+
+        f = self._where.get(hf_name)
+        if f is None:
             raise ConvertError(f"{self.dir}: tensor {hf_name!r} is missing from the weights")
-        return h.get_tensor(hf_name).float()
+        return safe_open(str(f), framework="pt")
+
+    def _get(self, hf_name: str) -> torch.Tensor:
+        with self._open(hf_name) as h:
+            return h.get_tensor(hf_name).float()
 
     def _vocab(self, hf_name: str) -> torch.Tensor:
         c = self.cfg
-        h = self._where.get(hf_name)
-        if h is None:
-            raise ConvertError(f"{self.dir}: tensor {hf_name!r} is missing from the weights")
-        rows = h.get_slice(hf_name)[: self.n_real]  # only the tokenizer's rows are read
+        with self._open(hf_name) as h:
+            rows = h.get_slice(hf_name)[: self.n_real]  # only the tokenizer's rows are read
         out = torch.zeros(c.padded_vocab_size, rows.shape[1], dtype=torch.float32)
         out[: self.n_real] = rows  # cast in place: no full-size float32 intermediate
         del rows
