@@ -20,6 +20,7 @@ import contextlib
 import os
 import pickle
 import re
+import struct
 import zipfile
 from pathlib import Path
 
@@ -88,6 +89,10 @@ def load(path, map_location="cpu", **kw):
         if "storage" in msg.lower() or "magic" in msg:
             raise CheckpointError(f"{where}: truncated or damaged ({msg.splitlines()[0][:100]}); use another step") from None
         raise
+    except (KeyError, IndexError, ValueError, TypeError, OverflowError, UnicodeDecodeError, struct.error) as e:
+        # what the unpickler raises on arbitrary bytes (a legacy-format parse of garbage)
+        raise CheckpointError(f"{where}: not a checkpoint file or damaged ({type(e).__name__} while reading it); "
+                              "use another step") from None
 
 
 def _unpickling_error(where: str, e: Exception) -> CheckpointError:

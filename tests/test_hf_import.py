@@ -20,12 +20,6 @@ N_REAL = 50257  # GPT-2 tokens; our vocabulary adds MASK (logit -inf), HF pads i
 
 
 @pytest.fixture(scope="module")
-
-def _load_strict(model, state):
-    """Every parameter and buffer present (megatron-style linears' empty `_extra_state` may be absent)."""
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)
-
 def hf_dirs(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
     return {"qwen3": make_hf_model(root / "qwen3", "qwen3"), "llama": make_hf_model(root / "llama", "llama")}
@@ -162,3 +156,9 @@ def test_cli_reports_a_bad_init_from_in_one_line(tmp_path):
                f"train.init_from={tmp_path / 'missing'}", timeout=120)
     assert r.returncode != 0
     assert "train.init_from" in r.stderr and "Traceback" not in r.stderr, r.stderr[-2000:]
+
+
+def _load_strict(model, state):
+    """Every parameter and buffer present (megatron-style linears' empty `_extra_state` may be absent)."""
+    missing, unexpected = model.load_state_dict(state, strict=False)
+    assert not unexpected and all(k.endswith("_extra_state") for k in missing), (missing, unexpected)

@@ -44,10 +44,16 @@ def test_three_slots_over_ten_prompts_equal_one_by_one(model, family, kw):
     # a stop string = two characters another row produces
     plain = [o for p, o in zip(PROMPTS, free) if not isinstance(p, Infill)]
     eos = plain[0].tokens[3]
-    text = plain[2].text
-    cfg = SamplingConfig(family=family, max_new_tokens=12, stop=[text[5:7]], **kw)
-    alone = [generate(model, [p], cfg, eos_id=eos, tokenizer=tok)[0] for p in PROMPTS]
-    reasons = {o.stop_reason for o in alone}
+    # the first two-character stop string (of another row, not after that row's EOS) that leaves rows
+    # stopping for each of the three reasons: the test needs all three mixed in one batch
+    for j, start in ((j, s) for j in range(1, len(plain)) for s in range(2, 9)):
+        if eos in plain[j].tokens[:start + 2]:
+            continue
+        cfg = SamplingConfig(family=family, max_new_tokens=12, stop=[plain[j].text[start:start + 2]], **kw)
+        alone = [generate(model, [p], cfg, eos_id=eos, tokenizer=tok)[0] for p in PROMPTS]
+        reasons = {o.stop_reason for o in alone}
+        if {"length", "eos", "stop_string"} <= reasons:
+            break
     assert {"length", "eos", "stop_string"} <= reasons, reasons
     cont = generate(model, PROMPTS, cfg, max_batch=3, eos_id=eos, tokenizer=tok)
     assert [_key(o) for o in cont] == [_key(o) for o in alone]
