@@ -159,7 +159,7 @@ def _epoch0_ids(cfg, tok, dp_size, seed=0, micro_batch=4):
         ids = []
         for b in ld:
             ids += b["sample_id"][b["epoch"] == 0].tolist()
-            if (b["epoch"] >= 1).all():
+            if b["epoch"].numel() and (b["epoch"] >= 1).all():
                 break
         per_rank.append(ids)
     return per_rank
