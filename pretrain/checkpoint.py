@@ -241,7 +241,7 @@ def load_consolidated(engine, state: dict, *, ema=None, optimizer: bool = True) 
             with torch.no_grad():
                 for n, p in params:
                     if n in ema.shadow and n in state["ema"]:
-                        ema.shadow[n].copy_(_local_shard(state["ema"][n], p, tp, tp_rank))
+                        ema.set_full(n, _local_shard(state["ema"][n], p, tp, tp_rank))
         else:
             notes.append("no EMA weights in the consolidated checkpoint: EMA restarts from the weights")
     return notes

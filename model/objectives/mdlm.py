@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from .. import noise
 from ..masks import MaskSpec
 from .base import ModelInputs, Objective
 
 
 def sample_t(n: int, eps: float, antithetic: bool, generator, device) -> torch.Tensor:
-    u = torch.rand(n if not antithetic else 1, generator=generator, device=device)
-    if antithetic:
-        u = (u + torch.arange(n, device=device) / n) % 1.0
-    return eps + (1 - eps) * u
+    return noise.noise_levels(n, eps, antithetic, generator, device)
 
 
 class MaskedDiffusionObjective(Objective):
@@ -23,7 +21,7 @@ class MaskedDiffusionObjective(Objective):
         x, valid, context = self._batch_masks(batch)
         B, L = x.shape
         t = sample_t(B, self.cfg.eps, self.cfg.antithetic, generator, x.device)[:, None].expand(B, L)
-        u = torch.rand(B, L, generator=generator, device=x.device)
+        u = noise.rand((B, L), generator, x.device)
         masked = (u < t) & valid & ~context
         xt = torch.where(masked, torch.full_like(x, self.mask_id), x)
         pos = torch.arange(L, device=x.device).expand(B, L)
