@@ -43,7 +43,7 @@ class TrainConfig:
     precision: str = "auto"  # auto | fp32 | bf16 (bf16 weights, fp32 master weights; auto = bf16 on GPUs that support it)
     log_every: int = 10
     eval_every: int = 100
-    eval_batches: int = 0  # 0: the whole validation split
+    eval_batches: int = 0  # global batches (train.global_batch sequences) per validation; 0: the whole validation split
     save_every: int = 500
     keep_last: int = 2
     peak_tflops: float = 0.0  # per device, for MFU; 0: from a table of known GPUs, N/A elsewhere

@@ -158,7 +158,8 @@ class StepRunner:
             p.grad = None
         out = self._schedule(micro, forward_only=False)
         self._sync_tied_embedding_grads()
-        self.engine.allreduce_gradients()  # data-parallel reduction (ZeRO-0 all-reduce, ZeRO-1 reduce-scatter)
+        if self.engine.enable_backward_allreduce or self.engine.zero_optimization_stage() > 0:
+            self.engine.allreduce_gradients()  # data-parallel reduction (ZeRO-0 all-reduce, ZeRO-1 reduce-scatter)
         gnorm = clip_gradients(self.engine, self.cfg.train.grad_clip)
         self.engine.step()
         if gnorm is None:

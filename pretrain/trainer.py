@@ -168,11 +168,11 @@ class Trainer:
                             dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.run.seed,
                             global_batch=cfg.train.global_batch)
 
-    def _prepare(self, batch: dict, stream: int):
+    def _prepare(self, batch: dict, stream: int, **kw):
         """Model inputs of a micro-batch, its noise keyed by the samples' global positions."""
         batch = self._to_device(batch)
         noise = SampleNoise(self.cfg.run.seed, batch["sample_index"], self.cfg.train.global_batch, stream)
-        return self.objective.prepare(batch, noise)
+        return self.objective.prepare(batch, noise, **kw)
 
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
