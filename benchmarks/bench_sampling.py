@@ -1,20 +1,39 @@
-"""Sampling throughput on a small random model: tokens/s and tokens/step per sampler.
+"""Decoding throughput on random-weight models: batch scaling, cache vs recompute, per-step time split,
+and a GSM8K-like job with continuous batching vs shrinking batches. Prints markdown tables.
 
-    .venv/bin/python benchmarks/bench_sampling.py [--quick] [--device cpu|cuda] [--threads 1]
+    .venv/bin/python benchmarks/bench_sampling.py [--quick] [--sections scaling,cache,profile,job]
+        [--shapes tiny,paper] [--lengths 256,1024] [--batches 1,4,16,64] [--device cpu|cuda] [--compile]
 
-Rows: SW-SetDLM (w = D for D = 4, 8, 16; threshold 1.0 = one token per step, and 0.9), BD3-LM (block
-size B = 4, 8, 16; B steps per block, and threshold 0.9), MDLM (one token per step) and AR. Columns:
-batch 1 (tokens/s of one sequence, prefill included, averaged over prompts after a warm-up) and
-batch 16 (aggregate tokens/s over the batch, one timed run; prompts of mixed lengths, ragged progress), with tokens
-per step; for the cached samplers with a reference, the recomputing reference's batch-1 tokens/s and
-the speedup of the cached sampler over it (same tokens, greedy). The model is random, so
-tokens/step under a threshold says nothing about a trained model; it is reported for completeness.
+Shapes: `tiny` is the reference implementation's tiny model (4 layers x 256, 4 heads, GPT-2 vocabulary
+50,258 with MASK); `paper` is paper-12x768 (12 x 768, untied head). Samplers: SetDLM w = 4 with the
+threshold off (one token per step) and at 0 (the whole window every step), BD3-LM B = 4, AR.
+
+- scaling: decode-phase tokens/s at each batch size with a context of L tokens: every row has a prompt
+  of L - N tokens and generates N, and the time of a prefill-only call (N = 0) is subtracted, so the
+  number is the steady-state decoding rate at context about L (the prefill is what it is for any sampler).
+- cache: the cached sampler's decode rate at batch 1 against the recomputing reference
+  (model/sampling/reference.py: every step re-runs the model over the whole context), same tokens.
+- profile: one decode step split into matrix products (mm/addmm/bmm/linear kernels), attention
+  (SDPA kernels), other tensor ops, and host time (Python, dispatch: the step's wall time minus the
+  ops' own time), from torch.profiler over a few steps.
+- job: 200 prompts with answer lengths drawn from the GSM8K train answers (../shared/data/gsm8k,
+  GPT-2 tokens; else a documented synthetic distribution, see `answer_lengths`) and their questions as
+  prompts, each answer length an exact span (an `Infill` with no suffix: a random model never emits
+  EOS where a trained one would); examples/s with continuous batching (`max_batch` slots) against
+  today's shrinking batches (consecutive chunks of `max_batch` prompts, finished rows dropped), and the
+  batch forwards each needs (`forwards`: hardware-independent; on a GPU a step costs about the same for
+  1 or 16 rows, so their ratio is the speedup to expect there).
+
+CPU timings use process CPU time with one thread (`--clock auto`): immune to other processes on a
+shared machine, equal to wall time on an idle one. Random weights: tokens/step under a threshold says
+nothing about a trained model.
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime
+import json
 import os
 import platform
 import sys
@@ -25,48 +44,40 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+SHAPES = {"tiny": dict(n_layers=4, hidden=256, n_heads=4, ffn_hidden=1024),
+          "paper": dict(n_layers=12, hidden=768, n_heads=12, ffn_hidden=3072)}
+VOCAB = 50258  # GPT-2 + MASK
+
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--hidden", type=int, default=256)
-    p.add_argument("--heads", type=int, default=4)
-    p.add_argument("--vocab", type=int, default=8192, help="small, so that the transformer body (what the "
-                   "cache saves) is not hidden behind the output head; 50258 is GPT-2 + MASK")
-    p.add_argument("--prompt-len", type=int, default=64)
-    p.add_argument("--new-tokens", type=int, default=64)
-    p.add_argument("--reps", type=int, default=3, help="batch-1 prompts timed per row")
-    p.add_argument("--batch", type=int, default=16)
-    p.add_argument("--repeat", type=int, default=2, help="times each batch-1 prompt is run (the fastest is kept)")
+    p.add_argument("--sections", default="scaling,cache,profile,job")
+    p.add_argument("--shapes", default="tiny,paper")
+    p.add_argument("--lengths", default="256,1024", help="context lengths L")
+    p.add_argument("--batches", default="1,4,16,64")
+    p.add_argument("--new-tokens", type=int, default=16, help="tokens decoded per row in the timed calls")
+    p.add_argument("--max-work", type=float, default=40,
+                   help="skip a scaling cell when batch x L x layers x hidden / 1e6 exceeds this (CPU budget; "
+                        "0: no cap); skipped cells print 'skip'")
+    p.add_argument("--jobs", type=int, default=200, help="prompts in the GSM8K-like job")
+    p.add_argument("--slots", type=int, default=16, help="max_batch of the job")
+    p.add_argument("--job-shape", default="tiny")
+    p.add_argument("--job-scale", type=float, default=1.0, help="multiply the job's answer lengths (CPU budget)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
     p.add_argument("--dtype", choices=["fp32", "bf16"], default="fp32")
-    p.add_argument("--threads", type=int, default=1, help="torch CPU threads (1: stable on shared machines)")
-    p.add_argument("--clock", choices=["auto", "wall", "cpu"], default="auto",
-                   help="cpu: process CPU time (auto on CPU with 1 thread: immune to other processes on a shared "
-                        "machine; equals wall time on an idle one); wall: elapsed time (auto on GPU)")
+    p.add_argument("--compile", action="store_true", help="SamplingConfig.compile (and CUDA graphs on a GPU)")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--clock", choices=["auto", "wall", "cpu"], default="auto")
+    p.add_argument("--json", help="also write the results here")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check the script runs")
-    p.add_argument("--no-reference", action="store_true", help="skip the recomputing reference")
-    p.add_argument("--markdown", action="store_true", help="print a markdown table")
     args = p.parse_args(argv)
     if args.quick:
-        args.layers, args.hidden, args.vocab, args.prompt_len, args.new_tokens, args.reps, args.batch = 1, 64, 512, 8, 16, 1, 4
+        args.shapes, args.lengths, args.batches, args.new_tokens = "tiny", "64", "1,4", 4
+        args.jobs, args.slots, args.job_scale = 12, 4, 0.1
     return args
 
 
-def build_model(args):
-    from model.config import ModelConfig
-    from model.parallel import ensure_model_parallel
-    from model.transformer import Transformer
-
-    ensure_model_parallel(1, 1)
-    torch.manual_seed(0)
-    cfg = ModelConfig(n_layers=args.layers, hidden=args.hidden, n_heads=args.heads, ffn_hidden=4 * args.hidden,
-                      vocab_size=args.vocab, mask_id=args.vocab - 1, dropout=0.0,
-                      max_seq_len=args.prompt_len * 2 + args.new_tokens, init_std=0.5)
-    model = Transformer(cfg).eval().to(args.device)
-    if args.dtype == "bf16":
-        model = model.to(torch.bfloat16)
-    return model
+CLOCK = time.perf_counter
 
 
 def sync(device):
@@ -74,90 +85,279 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-CLOCK = time.perf_counter
+def build_model(shape: str, L: int, device, dtype):
+    from model.config import ModelConfig
+    from pretrain.parallel import ensure_model_parallel
+    from model.transformer import Transformer
+
+    ensure_model_parallel(1, 1)
+    torch.manual_seed(0)
+    cfg = ModelConfig(**SHAPES[shape], vocab_size=VOCAB, mask_id=VOCAB - 1, dropout=0.0, max_seq_len=max(L, 2048),
+                      init_std=0.5 if shape == "tiny" else 0.2)
+    model = Transformer(cfg).eval().to(device)
+    return model.to(torch.bfloat16) if dtype == "bf16" else model
 
 
-def timed(fn, model, prompts, cfg, device):
-    sync(device)
+def samplers(compile_: bool):
+    from model.sampling import SamplingConfig
+
+    base = dict(stop_on_eos=False, compile=compile_)
+    return [("SetDLM w=4 thr=off", SamplingConfig(family="setdlm", window=4, **base)),
+            ("SetDLM w=4 thr=0 (full window)", SamplingConfig(family="setdlm", window=4, threshold=0.0, **base)),
+            ("BD3-LM B=4", SamplingConfig(family="bd3lm", block_size=4, **base)),
+            ("AR", SamplingConfig(family="ar", **base))]
+
+
+def timed(fn):
+    sync(DEVICE)
     t = CLOCK()
-    outs = fn(model, prompts, cfg)
-    sync(device)
-    return CLOCK() - t, outs
+    out = fn()
+    sync(DEVICE)
+    return CLOCK() - t, out
 
 
-def measure(fn, model, batches, cfg, device, repeat=1, warmup=True):
-    """(tokens/s, tokens/step) over the given batches after one warm-up batch: each batch is timed
-    `repeat` times and its fastest time kept (shared machines are noisy), then tokens/s = all tokens /
-    the sum of those times."""
-    if warmup:
-        timed(fn, model, batches[0], cfg, device)
-    secs = toks = steps = 0
-    for b in batches:
-        best = float("inf")
-        for _ in range(repeat):
-            dt, outs = timed(fn, model, b, cfg, device)
-            best = min(best, dt)
-        secs += best
-        toks += sum(len(o.tokens) for o in outs)
-        steps += sum(o.steps for o in outs)
-    return toks / secs, toks / max(steps, 1)
+def decode_rate(model, prompts, cfg, n_new: int, warm: set | None = None):
+    """(decode tokens/s, tokens/step, steps) of one call generating n_new tokens per row: the prefill
+    (admission) time, measured inside the call, is subtracted."""
+    from model.sampling.api import decoder_class
+    from model.sampling.engine import to_requests
+
+    key = (id(model), cfg.family, cfg.threshold, cfg.compile)
+    if warm is None or key not in warm:
+        run_decoder(model, prompts[:1], cfg, 2)  # warm-up (and compiles)
+        if warm is not None:
+            warm.add(key)
+    total, pre, outs = run_decoder(model, prompts, cfg, n_new)
+    toks = sum(len(o.tokens) for o in outs)
+    return toks / max(total - pre, 1e-9), toks / max(sum(o.steps for o in outs), 1), max(o.steps for o in outs)
+
+
+def run_decoder(model, prompts, cfg, n_new: int):
+    """(total seconds, prefill seconds, outputs) of generate() with the prefill timed separately."""
+    import dataclasses
+
+    from model.sampling.api import decoder_class
+    from model.sampling.engine import to_requests
+
+    cfg = dataclasses.replace(cfg, max_new_tokens=n_new)
+    reqs = to_requests(prompts, cfg, model.cfg.mask_id, model.cfg.vocab_size, None)
+    dec = decoder_class(cfg.family)(model, reqs, cfg, mask_id=model.cfg.mask_id, eos_id=None)
+    pre = [0.0]
+    admit = dec.admit
+
+    def timed_admit(*a):
+        sync(DEVICE)
+        t = CLOCK()
+        admit(*a)
+        sync(DEVICE)
+        pre[0] += CLOCK() - t
+
+    dec.admit = timed_admit
+    total, outs = timed(dec.run)
+    return total, pre[0], outs
+
+
+def prompts_for(L: int, n_new: int, batch: int, seed: int = 1):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, VOCAB - 1, (L - n_new,), generator=g).tolist() for _ in range(batch)]
+
+
+def table(head, rows):
+    print("| " + " | ".join(head) + " |")
+    print("|" + "|".join("---" for _ in head) + "|")
+    for r in rows:
+        print("| " + " | ".join(str(c) for c in r) + " |")
+    print()
+    sys.stdout.flush()
+
+
+# -- sections ------------------------------------------------------------------------------------------
+def scaling(args, results):
+    batches = [int(b) for b in args.batches.split(",")]
+    warm: set = set()
+    for shape in args.shapes.split(","):
+        for L in [int(x) for x in args.lengths.split(",")]:
+            model = build_model(shape, L, args.device, args.dtype)
+            sh = SHAPES[shape]
+            rows = []
+            for name, cfg in samplers(args.compile):
+                cells, rates = [name], {}
+                for b in batches:
+                    work = b * L * sh["n_layers"] * sh["hidden"] / 1e6
+                    if args.max_work and work > args.max_work and b > 1:
+                        cells.append("skip")
+                        continue
+                    rate, tps, _ = decode_rate(model, prompts_for(L, args.new_tokens, b), cfg, args.new_tokens, warm)
+                    rates[b] = rate
+                    cells.append(f"{rate:.0f} ({tps:.1f})")
+                    results.append(dict(section="scaling", shape=shape, L=L, sampler=name, batch=b,
+                                        tokens_per_s=rate, tokens_per_step=tps))
+                big = max((b for b in rates if b > 1), default=None)
+                cells.append(f"{rates[big] / rates[1]:.1f}x (b{big})" if big and 1 in rates else "-")
+                rows.append(cells)
+            print(f"### scaling: {shape} ({sh['n_layers']} x {sh['hidden']}), context L = {L}: decode tokens/s "
+                  f"(tokens/step), {args.new_tokens} new tokens per row")
+            table(["sampler"] + [f"batch {b}" for b in batches] + ["largest / batch 1"], rows)
+
+
+def cache_vs_recompute(args, results):
+    from model.sampling.reference import generate_reference
+
+    for shape in args.shapes.split(","):
+        rows = []
+        for L in [int(x) for x in args.lengths.split(",")]:
+            model = build_model(shape, L, args.device, args.dtype)
+            n_ref = max(2, args.new_tokens // 4)
+            for name, cfg in samplers(args.compile):
+                p = prompts_for(L, args.new_tokens, 1)
+                rate, _, _ = decode_rate(model, p, cfg, args.new_tokens)
+                pr = [p[0][: L - n_ref]]
+                dt, outs = timed(lambda: generate_reference(model, pr, cfg, max_new_tokens=n_ref))
+                ref = sum(len(o.tokens) for o in outs) / dt
+                rows.append([name, L, f"{rate:.1f}", f"{ref:.1f}", f"{rate / ref:.1f}x"])
+                results.append(dict(section="cache", shape=shape, L=L, sampler=name, cached=rate, recompute=ref))
+        print(f"### cache vs recompute: {shape}, batch 1, decode tokens/s at context L")
+        table(["sampler", "L", "cached", "recompute", "speedup"], rows)
+
+
+MATMUL = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::addmv", "aten::mv", "aten::dot")
+ATTN = ("aten::_scaled_dot_product_flash_attention_for_cpu", "aten::_scaled_dot_product_attention_math",
+        "aten::_scaled_dot_product_flash_attention", "aten::_scaled_dot_product_efficient_attention",
+        "aten::_scaled_dot_product_cudnn_attention", "aten::_flash_attention_forward", "aten::_efficient_attention_forward")
+
+
+def profile(args, results):
+    """Per-step split: torch.profiler's own time per op kind over a decode of N tokens minus a
+    prefill-only call, as fractions of the profiled wall time; the step time itself from CLOCK."""
+    from torch.profiler import ProfilerActivity, profile as tprofile
+
+    L = min(int(x) for x in args.lengths.split(","))
+    n = max(args.new_tokens, 16)
+    rows = []
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    for shape in args.shapes.split(","):
+        model = build_model(shape, L, args.device, args.dtype)
+        for b in (1, 16):
+            for name, cfg in samplers(False):
+                p = prompts_for(L, n, b)
+                rate, _, steps = decode_rate(model, p, cfg, n)
+                step_ms = len(p) * n / rate / steps * 1e3  # decode time per step (every row makes n tokens)
+                parts = []
+                for k in (n, 0):
+                    with tprofile(activities=acts) as prof:
+                        t0 = time.perf_counter()
+                        run_decoder(model, p, cfg, k)
+                        sync(args.device)
+                        wall = time.perf_counter() - t0
+                    mm = at = other = 0.0
+                    for e in prof.key_averages():
+                        us = e.self_cpu_time_total if args.device == "cpu" else getattr(e, "self_device_time_total", 0)
+                        if e.key in MATMUL:
+                            mm += us
+                        elif e.key in ATTN:
+                            at += us
+                        elif e.key.startswith("aten::") or args.device != "cpu":
+                            other += us
+                    parts.append((wall * 1e6, mm, at, other))
+                w, mm, at, ot = (max(x - y, 0.0) for x, y in zip(*parts))
+                fr = [v / max(w, 1e-9) for v in (mm, at, ot)]
+                fr.append(max(0.0, 1 - sum(fr)))
+                rows.append([shape, b, name, f"{step_ms:.2f}"] + [f"{step_ms * f:.2f}" for f in fr] + [f"{100 * fr[0]:.0f}%"])
+                results.append(dict(section="profile", shape=shape, L=L, batch=b, sampler=name, step_ms=step_ms,
+                                    matmul_ms=step_ms * fr[0], attention_ms=step_ms * fr[1], other_ops_ms=step_ms * fr[2],
+                                    host_ms=step_ms * fr[3]))
+    print(f"### per-step time (ms) at context L = {L}, eager, {n} steps: matrix products vs the rest")
+    table(["shape", "batch", "sampler", "step", "matmul", "attention", "other ops", "host", "matmul share"], rows)
+
+
+def answer_lengths(n: int, seed: int = 0) -> tuple[list[int], list[list[int]], str]:
+    """(answer lengths, question token ids, source) for n examples: GSM8K train answers in GPT-2 tokens
+    when ../shared/data/gsm8k/train.jsonl exists, else lengths from a log-normal fitted to them
+    (median 110 tokens, sigma 0.45, clipped to [16, 400]) with random 60-token questions."""
+    g = torch.Generator().manual_seed(seed)
+    root = Path(__file__).resolve().parents[1]
+    cands = [os.environ.get("SETDLM_GSM8K_TRAIN", "")] + [str(d / "shared" / "data" / "gsm8k" / "train.jsonl")
+                                                          for d in (root.parent, root.parent.parent)]
+    path = next((Path(c) for c in cands if c and Path(c).is_file()), None)
+    if path is not None:
+        from data_pipeline.tokenizers import load_tokenizer
+
+        tok = load_tokenizer("gpt2")
+        lines = path.read_text().splitlines()
+        idx = torch.randperm(len(lines), generator=g)[:n].tolist()
+        ex = [json.loads(lines[i]) for i in idx]
+        return ([len(tok.encode(e["answer"])) for e in ex], [tok.encode(e["question"]) for e in ex],
+                f"GSM8K train answers ({path})")
+    z = torch.randn(n, generator=g, dtype=torch.float64)
+    lens = (110 * torch.exp(0.45 * z)).round().clamp(16, 400).long().tolist()
+    qs = [torch.randint(0, VOCAB - 1, (60,), generator=g).tolist() for _ in range(n)]
+    return lens, qs, "synthetic log-normal (median 110, sigma 0.45)"
+
+
+def forwards(steps: list[int], S: int) -> tuple[int, int]:
+    """Decoding forwards (batch steps) of a job whose rows take `steps` each: shrinking batches of S
+    (a chunk runs until its longest row is done) vs S continuously refilled slots (a row admitted at
+    step t is done at t + steps; its slot takes the next prompt). On a GPU, where a step costs about the
+    same for 1 or S rows, their ratio is the speedup continuous batching can give."""
+    import heapq
+
+    shrink = sum(max(steps[i:i + S]) for i in range(0, len(steps), S))
+    slots = [0] * min(S, len(steps))
+    for n in steps:
+        heapq.heappush(slots, heapq.heappop(slots) + n)
+    return shrink, max(slots)
+
+
+def job(args, results):
+    from model.sampling import Infill, generate
+
+    lens, qs, source = answer_lengths(args.jobs)
+    lens = [max(1, int(round(x * args.job_scale))) for x in lens]
+    model = build_model(args.job_shape, 2048, args.device, args.dtype)
+    prompts = [Infill(q, n, []) for q, n in zip(qs, lens)]
+    S = args.slots
+    rows = []
+    for name, cfg in samplers(args.compile):
+        if "thr=0" in name:
+            continue
+        generate(model, prompts[:S], cfg, max_new_tokens=2)
+        t_cont, outs = timed(lambda: generate(model, prompts, cfg, max_batch=S))
+        t_shrink, outs2 = timed(lambda: [o for i in range(0, len(prompts), S) for o in generate(model, prompts[i:i + S], cfg)])
+        assert [o.tokens for o in outs] == [o.tokens for o in outs2]  # same tokens either way (greedy)
+        n = len(prompts)
+        f_shrink, f_cont = forwards([o.steps for o in outs], S)
+        rows.append([name, f"{n / t_shrink:.2f}", f"{n / t_cont:.2f}", f"{t_shrink / t_cont:.2f}x",
+                     f_shrink, f_cont, f"{f_shrink / f_cont:.2f}x"])
+        results.append(dict(section="job", sampler=name, slots=S, examples=n, shrinking_examples_per_s=n / t_shrink,
+                            continuous_examples_per_s=n / t_cont, forwards_shrinking=f_shrink, forwards_continuous=f_cont))
+    print(f"### GSM8K-like job: {len(prompts)} prompts, {S} slots, {args.job_shape} shape; answer lengths from "
+          f"{source}, x{args.job_scale} (mean {sum(lens) / len(lens):.0f}, max {max(lens)} tokens)")
+    table(["sampler", "shrinking batches ex/s", "continuous batching ex/s", "speedup", "forwards shrinking",
+           "forwards continuous", "forwards ratio"], rows)
 
 
 def main(argv=None) -> int:
-    global CLOCK
+    global CLOCK, DEVICE
     args = parse(argv)
     torch.set_num_threads(args.threads)
     cpu_clock = args.clock == "cpu" or (args.clock == "auto" and args.device == "cpu" and args.threads == 1)
     CLOCK = time.process_time if cpu_clock else time.perf_counter
-    from model.sampling import SamplingConfig, generate
-    from model.sampling.reference import generate_reference
-
-    model = build_model(args)
-    g = torch.Generator().manual_seed(1)
-    V = args.vocab - 1
-    one = [[torch.randint(0, V, (args.prompt_len,), generator=g).tolist()] for _ in range(args.reps)]
-    lens = torch.randint(args.prompt_len // 2, args.prompt_len * 3 // 2 + 1, (args.batch,), generator=g).tolist()
-    many = [[torch.randint(0, V, (n,), generator=g).tolist() for n in lens]]
-    base = dict(max_new_tokens=args.new_tokens, stop_on_eos=False)
-    rows = []
-    for D in (4, 8, 16):
-        for thr in (1.0, 0.9):
-            rows.append((f"SetDLM D={D} thr={thr}", SamplingConfig(family="setdlm", window=D, threshold=thr, **base), True))
-    for B in (4, 8, 16):
-        for thr in (None, 0.9):
-            rows.append((f"BD3-LM B={B} thr={thr or '-'}", SamplingConfig(family="bd3lm", block_size=B, threshold=thr, **base), True))
-    rows.append(("MDLM steps=N", SamplingConfig(family="mdlm", **base), False))
-    rows.append(("AR", SamplingConfig(family="ar", **base), True))
-
-    dev_name = torch.cuda.get_device_name() if str(args.device).startswith("cuda") else platform.processor() or platform.machine()
+    DEVICE = args.device
+    dev_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else platform.processor() or platform.machine()
     print(f"# bench_sampling {datetime.datetime.now().isoformat(timespec='seconds')} | {platform.node()} | "
           f"{args.device} ({dev_name}), torch {torch.__version__}, {args.threads} thread(s), {os.cpu_count()} cores, "
-          f"{'process CPU' if cpu_clock else 'wall'} clock, load average {os.getloadavg()[0]:.1f}")
-    print(f"# model: {args.layers} layers x {args.hidden}, vocab {args.vocab}, {args.dtype}, random weights; "
-          f"prompt {args.prompt_len} tokens (batch {args.batch}: {min(lens)}-{max(lens)}), {args.new_tokens} new tokens, greedy")
-    head = ["sampler", "b1 tok/s", "b1 tok/step", f"b{args.batch} tok/s", f"b{args.batch} tok/step",
-            "recompute b1 tok/s", "cached speedup"]
-    if args.markdown:
-        print("| " + " | ".join(head) + " |")
-        print("|" + "|".join("---" for _ in head) + "|")
-    else:
-        print("{:<24}{:>10}{:>13}{:>11}{:>13}{:>20}{:>16}".format(*head))
-    for name, cfg, has_ref in rows:
-        gen = lambda m, p, c: generate(m, p, c)  # noqa: E731
-        r1 = measure(gen, model, one, cfg, args.device, args.repeat)
-        rb = measure(gen, model, many, cfg, args.device, 1, warmup=False)  # warm after batch 1
-        ref, speed = "-", "-"
-        if has_ref and not args.no_reference:
-            rr = measure(lambda m, p, c: generate_reference(m, p, c), model, one[:1], cfg, args.device, args.repeat)
-            ref, speed = f"{rr[0]:.1f}", f"{r1[0] / rr[0]:.2f}x"
-        cells = [name, f"{r1[0]:.1f}", f"{r1[1]:.2f}", f"{rb[0]:.1f}", f"{rb[1]:.2f}", ref, speed]
-        if args.markdown:
-            print("| " + " | ".join(cells) + " |")
-        else:
-            print("{:<24}{:>10}{:>13}{:>11}{:>13}{:>20}{:>16}".format(*cells))
-        sys.stdout.flush()
+          f"{'process CPU' if cpu_clock else 'wall'} clock, load average {os.getloadavg()[0]:.1f}, {args.dtype}, "
+          f"compile={args.compile}\n")
+    results: list[dict] = []
+    with torch.inference_mode():
+        for sec in args.sections.split(","):
+            {"scaling": scaling, "cache": cache_vs_recompute, "profile": profile, "job": job}[sec](args, results)
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
 
+
+DEVICE = "cpu"
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -117,7 +117,7 @@ def worker(args) -> None:
     from megatron.core import parallel_state
 
     from model.objectives import build_objective
-    from model.parallel import ensure_model_parallel, ensure_process_group
+    from pretrain.parallel import ensure_model_parallel, ensure_process_group
     from pretrain.config import from_dict
     from pretrain.engine import _skip_cpu_shm_op, build_engine
     from pretrain.pipeline import StepRunner, build_stage

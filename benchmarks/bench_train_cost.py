@@ -22,7 +22,7 @@ import torch  # noqa: E402
 
 from model.config import ModelConfig, ObjectiveConfig, apply_preset  # noqa: E402
 from model.objectives import build_objective  # noqa: E402
-from model.parallel import ensure_model_parallel  # noqa: E402
+from pretrain.parallel import ensure_model_parallel  # noqa: E402
 from model.transformer import Transformer, megatron_config, parameter_count  # noqa: E402
 
 

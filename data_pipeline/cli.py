@@ -1,8 +1,9 @@
 """`setdlm data ...`: ``prepare`` (see prepare.py) and ``inspect``."""
 from __future__ import annotations
 
-import argparse
 import sys
+
+from common.cli import ArgumentParser as CLIParser
 
 USAGE = """usage: setdlm data {prepare,inspect} ...
 
@@ -12,7 +13,7 @@ USAGE = """usage: setdlm data {prepare,inspect} ...
 
 
 def inspect_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="setdlm data inspect")
+    p = CLIParser(prog="setdlm data inspect")
     p.add_argument("source", help="prepared directory (or fsspec URL)")
     p.add_argument("--verify", action="store_true", help="read every shard and check it against the manifest")
     p.add_argument("--show", type=int, default=0, metavar="N", help="decode the first N train sequences")

@@ -56,6 +56,36 @@ def _local_files(path: str) -> list[str]:
     return files
 
 
+def check_text_files(files: list[str]) -> None:
+    """Name the first input file that is empty or (text/JSON) not UTF-8, before any work starts.
+    One streaming pass with an incremental decoder (tokenizing the files reads them anyway)."""
+    import codecs
+    import gzip
+
+    for f in files:
+        builder = _builder_for(f)
+        opener = gzip.open if f.endswith(".gz") else open
+        if os.path.getsize(f) == 0:
+            raise ValueError(f"--input: {f}: empty file (0 bytes); remove it or point --input elsewhere")
+        if builder == "parquet":
+            continue
+        decoder, offset, size = codecs.getincrementaldecoder("utf-8")(), 0, 0
+        try:
+            with opener(f, "rb") as fh:
+                while chunk := fh.read(1 << 20):
+                    decoder.decode(chunk)
+                    offset += len(chunk)
+                    size += len(chunk.strip())
+                decoder.decode(b"", final=True)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--input: {f}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                             f"{offset + e.start}); convert it first, e.g. iconv -f latin1 -t utf-8") from None
+        except (OSError, EOFError) as e:  # a damaged .gz
+            raise ValueError(f"--input: {f}: cannot be read ({type(e).__name__}: {e})") from None
+        if size == 0:
+            raise ValueError(f"--input: {f}: holds no text (only whitespace); remove it or point --input elsewhere")
+
+
 def _check(ds, field: str, desc: str):
     if field not in ds.column_names:
         raise ValueError(f"--text-field: {desc} has no column {field!r} (columns: {', '.join(ds.column_names)})")
@@ -85,6 +115,7 @@ def open_text(spec: str, *, text_field: str = "text", split: str = "train", txt_
         if len(builders) > 1:
             raise ValueError(f"--input: {spec!r} mixes file types ({', '.join(sorted(builders))}); use one type")
         builder = builders.pop()
+        check_text_files(files)
         kw = {"sample_by": txt_unit} if builder == "text" else {}
         if txt_unit not in TXT_UNITS:
             raise ValueError(f"--txt-unit: {txt_unit!r}; valid: {', '.join(TXT_UNITS)}")

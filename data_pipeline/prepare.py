@@ -15,7 +15,11 @@ import sys
 import time
 from collections import deque
 
+from common.cli import ArgumentParser as CLIParser
+
 import numpy as np
+
+from common.io import atomic_write_bytes
 
 from .config import PACKINGS
 from .ingest import TXT_UNITS, open_text
@@ -123,10 +127,7 @@ class _SplitWriter:
         rel = f"{self.split}/shard-{k:06d}.tar"
         data = encode_shard(rows, first)
         path = os.path.join(self.out, rel)
-        tmp = f"{path}.tmp.{os.getpid()}"
-        with open(tmp, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
+        atomic_write_bytes(path, data)
         self.entries.append({"path": rel, "num_samples": int(len(rows)), "first_sample": int(first),
                              "bytes": len(data), "sha256": sha256_bytes(data), "next": cursor})
         self.save_progress()
@@ -310,7 +311,7 @@ def _read_partial(output: str) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="setdlm data prepare", description=__doc__.split("\n")[0],
+    p = CLIParser(prog="setdlm data prepare", description=__doc__.split("\n")[0],
                                 formatter_class=argparse.RawDescriptionHelpFormatter,
                                 epilog="presets:\n" + "\n".join(f"  {k}: {v['help']}" for k, v in PRESETS.items()))
     p.add_argument("--input", help="Hugging Face dataset name, local parquet/json/jsonl/txt file(s) "

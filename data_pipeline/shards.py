@@ -21,6 +21,8 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from common.io import atomic_write_json
+
 from .sources import ShardError
 
 MANIFEST = "manifest.json"
@@ -146,13 +148,7 @@ def read_manifest(base: str) -> dict:
 
 
 def write_json_atomic(path: str, obj: dict) -> None:
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        f.write("\n")
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_json(path, obj, indent=1)
 
 
 class ShardSource:

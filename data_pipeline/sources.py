@@ -16,8 +16,10 @@ from .packing import frame_documents, token_dtype, wrap
 SPLITS = ("train", "val")
 
 
-class ShardError(RuntimeError):
-    """A shard cannot be read or does not match its manifest entry (message names the shard)."""
+class ShardError(RuntimeError, ValueError):
+    """A shard cannot be read or does not match its manifest entry (message names the shard).
+
+    Also a ValueError (bad input data): every command prints it as one line, as it does a bad recipe."""
 
 
 def check_split(split: str) -> str:

@@ -17,13 +17,15 @@ import json
 import os
 import sys
 
+from common.cli import ArgumentParser as CLIParser
+
 from .runner import EvalError, EvalRun, IncompleteError, detect_shard, isolate_process_group, merge
 from .tasks import TASKS, get_task
 
 
 def task_parser(name: str) -> argparse.ArgumentParser:
     cls = get_task(name)
-    p = argparse.ArgumentParser(prog=f"setdlm eval {name}", description=(cls.__doc__ or cls.help).strip().split("\n")[0])
+    p = CLIParser(prog=f"setdlm eval {name}", description=(cls.__doc__ or cls.help).strip().split("\n")[0])
     g = p.add_argument_group("run")
     g.add_argument("--checkpoint", help="run directory (newest checkpoint) or a checkpoints/step_* folder")
     g.add_argument("--out", required=True, help="output directory (per-rank records, metrics.json, summary.md)")
@@ -59,14 +61,20 @@ def _select_device(shard, device: str | None) -> None:
 
 
 def run_task(name: str, argv: list[str], *, predictor=None, after_unit=None) -> dict:
-    """Parse `argv`, run this rank's share of task `name`, merge when this process should.
+    """Parse `argv` into the task's typed options (eval.api) and run it (see `execute`)."""
+    from .api import from_argv
+
+    return execute(name, from_argv(name, argv), predictor=predictor, after_unit=after_unit)
+
+
+def execute(name: str, args, *, predictor=None, after_unit=None) -> dict:
+    """Run this rank's share of task `name` with typed options `args` (eval.api), merge when this
+    process should.
 
     Returns {"metrics": ... or None, "stats": ..., "merged": bool, "out": DIR}. `predictor` replaces
     the checkpoint's sampler (tests, or scoring another system); `after_unit(unit, records)` is
-    called after each unit is written (tests use it to simulate a kill)."""
-    args = task_parser(name).parse_args(argv)
-    if args.seed is None and name != "likelihood":
-        args.seed = 0
+    called after each unit is written (tests use it to simulate a kill). Every option check, the
+    task's included, runs before --out is created."""
     if args.limit < 0:
         raise EvalError(f"--limit: must be >= 0, got {args.limit}")
     shard = detect_shard(args.shard)
@@ -76,6 +84,8 @@ def run_task(name: str, argv: list[str], *, predictor=None, after_unit=None) -> 
     isolate_process_group()
     cls = get_task(name)
     task = cls(args, shard, predictor)
+    if hasattr(task, "check_fits"):
+        task.check_fits()
     spec = task.spec()
     run = EvalRun(args.out, name, spec, shard, overwrite=args.overwrite)
     stats = task.execute(run, after_unit)
@@ -108,7 +118,7 @@ def _print_headline(name, metrics, cls) -> None:
 
 
 def merge_main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="setdlm eval merge", description="Final metrics from the records of all ranks.")
+    p = CLIParser(prog="setdlm eval merge", description="Final metrics from the records of all ranks.")
     p.add_argument("out", nargs="+", help="output directories")
     p.add_argument("--allow-partial", action="store_true", help="merge even when examples are missing (marked partial)")
     args = p.parse_args(argv)
@@ -127,7 +137,7 @@ def merge_main(argv: list[str]) -> int:
 def frontier_cli(argv: list[str]) -> int:
     from .report import frontier_main
 
-    p = argparse.ArgumentParser(prog="setdlm eval frontier", description="Speed-quality frontier across result directories.")
+    p = CLIParser(prog="setdlm eval frontier", description="Speed-quality frontier across result directories.")
     p.add_argument("dirs", nargs="+")
     p.add_argument("--x", default="speed/tokens_per_s", help="metric on the x axis (default speed/tokens_per_s)")
     p.add_argument("--y", required=True, help="metric on the y axis, e.g. accuracy, rouge1, gen_ppl")

@@ -22,11 +22,12 @@ Matrix file (YAML)::
 
 from __future__ import annotations
 
-import argparse
 import os
 import shlex
 import sys
 from pathlib import Path
+
+from common.cli import ArgumentParser as CLIParser
 
 import yaml
 
@@ -87,7 +88,7 @@ def cell_argv(cell: dict) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
-    p = argparse.ArgumentParser(prog="setdlm eval matrix", description="Run one cell of an evaluation matrix.")
+    p = CLIParser(prog="setdlm eval matrix", description="Run one cell of an evaluation matrix.")
     p.add_argument("matrix", help="matrix YAML")
     g = p.add_mutually_exclusive_group()
     g.add_argument("--count", action="store_true", help="print the number of cells")

@@ -34,11 +34,13 @@ class Checkpoint:
 
         if not path:
             raise EvalError("--checkpoint: required (a run directory or one of its checkpoints/step_* folders)")
+        from pretrain.checkpoint import read_meta
+
         try:
             self.path = resolve_checkpoint(path)
-        except (FileNotFoundError, RuntimeError) as e:
+            self.meta = read_meta(self.path)
+        except (FileNotFoundError, RuntimeError, ValueError) as e:  # CheckpointError: a damaged checkpoint
             raise EvalError(f"--checkpoint: {e}") from None
-        self.meta = json.loads((self.path / "meta.json").read_text())
         from pretrain.config import from_dict
 
         self.cfg = from_dict(self.meta["config"])
@@ -68,15 +70,32 @@ class Checkpoint:
         if self._model is None:
             from pretrain.checkpoint import load_model
 
-            self._model, tok, cfg = load_model(self.path, ema=self.ema, device=self.device)
+            try:
+                self._model, tok, cfg = load_model(self.path, ema=self.ema, device=self.device)
+            except ValueError as e:  # CheckpointError (refused, damaged, incomplete files) and tokenizer errors
+                raise EvalError(f"--checkpoint: {e}") from None
             self._tokenizer = self._tokenizer or tok
         return self._model
 
+    @property
+    def has_ema(self) -> bool:
+        """Whether the checkpoint holds EMA weights (an EMA file, or a consolidated state of a run with EMA)."""
+        if any(self.path.glob("ema_mp_rank_*.pt")):
+            return True
+        return (self.path / "consolidated.pt").is_file() and bool(self.cfg.train.ema)
+
+    @property
+    def uses_ema(self) -> bool:
+        """EMA weights are what the model is evaluated with (asked for, and present)."""
+        return self.ema and self.has_ema
+
     def describe(self) -> dict:
-        """What identifies the weights (goes into run.json: a restart on other weights is refused)."""
+        """What identifies the weights (goes into run.json: a restart on other weights is refused).
+        `ema` is what is used: True only when EMA weights were asked for and the checkpoint has them."""
         return {"path": str(self.path), "step": self.meta.get("step"), "objective": self.objective,
                 "tokenizer": self.meta.get("tokenizer"), "tokenizer_sha256": (self.meta.get("tokenizer_sha256") or "")[:16],
-                "ema": self.ema, "seq_len": self.cfg.data.seq_len, "max_seq_len": self.cfg.model.max_seq_len}
+                "ema": self.uses_ema, "ema_requested": self.ema, "seq_len": self.cfg.data.seq_len,
+                "max_seq_len": self.cfg.model.max_seq_len}
 
 
 # ------------------------------------------------------------------------------------------ sampling
@@ -134,6 +153,17 @@ def _out_dict(o, seconds: float | None = None) -> dict:
             "stop_reason": o.stop_reason}
 
 
+def prompt_budget(max_seq_len: int, max_new_tokens: int, *, min_prompt: int = 1) -> int:
+    """Prompt tokens that fit beside `max_new_tokens` in `max_seq_len`; EvalError when fewer than
+    `min_prompt` (checked by the tasks before the model loads)."""
+    budget = int(max_seq_len) - int(max_new_tokens)
+    if budget < min_prompt:
+        need = f"at most {int(max_seq_len) - min_prompt}" if min_prompt else f"at most {int(max_seq_len)}"
+        raise EvalError(f"--max-new-tokens: {max_new_tokens} leaves no room for a prompt in the model's max_seq_len "
+                        f"{max_seq_len}; valid: {need}")
+    return budget
+
+
 class ModelPredictor:
     """Generation from a checkpoint with one SamplingConfig."""
 
@@ -162,10 +192,9 @@ class ModelPredictor:
         """Continue each prompt (text or token ids); stops per the SamplingConfig (EOS, stop strings)
         and the `overrides` (e.g. stop=[...]). `examples` is unused here (oracles in tests use it)."""
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-        budget = int(self.ckpt.cfg.model.max_seq_len) - int(overrides.get("max_new_tokens", self.sampling.max_new_tokens))
-        if budget < 1:
-            raise EvalError(f"--max-new-tokens: {self.sampling.max_new_tokens} leaves no room for a prompt in the model's "
-                            f"max_seq_len {self.ckpt.cfg.model.max_seq_len}")
+        ar_start = int(self.sampling.family == "ar" and any(not p for p in ids))  # AR starts an empty prompt at EOS
+        budget = prompt_budget(self.ckpt.cfg.model.max_seq_len, overrides.get("max_new_tokens", self.sampling.max_new_tokens),
+                               min_prompt=0) - ar_start
         cut = [max(0, len(p) - budget) for p in ids]
         ids = [p[c:] for p, c in zip(ids, cut)]  # keep the end of over-long prompts (as lm-eval does)
         outs, wall = self._generate(ids, seed, **overrides)
@@ -188,11 +217,19 @@ class ModelPredictor:
 class Scorer:
     """Per-text NLL under a scoring model (generative perplexity).
 
-    ``spec`` is a setdlm checkpoint (run dir or checkpoint folder; AR models give the exact NLL,
-    other families their bound with a fixed seed) or ``hf:NAME_OR_DIR`` (a transformers causal LM,
-    e.g. ``hf:gpt2-large`` as in the papers, online or from a local copy). Texts are re-tokenized with
-    the scorer's tokenizer; the first token is context only; texts longer than the scorer's context
-    are scored in consecutive non-overlapping windows (each window's first token is context).
+    ``spec`` is a setdlm checkpoint (run dir or checkpoint folder) or ``hf:NAME_OR_DIR`` (a
+    transformers causal LM, e.g. ``hf:gpt2-large`` as in the papers, online or from a local copy).
+    Texts are re-tokenized with the scorer's tokenizer.
+
+    - setdlm checkpoint: the same number `eval likelihood --text` computes for a file holding that one
+      text -- the text framed as one training document (the recipe's packing: EOS after it, or
+      [CLS]/[SEP] around it), cut into rows of the training ``data.seq_len`` (the last one padded),
+      scored with the objective's bound (`prepare(bound=True)`: AR the exact NLL, SetDLM one sampled
+      order, MDLM/BD3-LM the NELBO). The framing tokens are scored too; the first token of each row is
+      context only for AR. A text scored alone has no neighbouring documents as context, so its NLL is
+      somewhat higher than that of the same tokens inside packed validation rows.
+    - ``hf:``: next-token NLL of the bare text (no framing; the first token is context only), in
+      consecutive non-overlapping windows of the model's context.
     """
 
     def __init__(self, spec: str, device: torch.device):
@@ -202,10 +239,13 @@ class Scorer:
 
     def describe(self) -> dict:
         if self._hf:
-            return {"scorer": self.spec}
+            return {"scorer": self.spec, "estimator": "next-token NLL (exact)"}
         c = Checkpoint(self.spec)
+        from .tasks.likelihood import ESTIMATORS
+
         return {"scorer": str(c.path), "scorer_step": c.meta.get("step"), "scorer_objective": c.objective,
-                "exact": c.objective == "ar"}
+                "exact": c.objective == "ar", "estimator": ESTIMATORS.get(c.objective, ""),
+                "framing": c.cfg.data.packing, "rows_of": c.cfg.data.seq_len, "ema": c.uses_ema}
 
     def _load(self):
         if self._loaded:
@@ -225,7 +265,7 @@ class Scorer:
             self.ckpt = Checkpoint(self.spec, device=self.device)
             self.lm = self.ckpt.model
             self.tok = self.ckpt.tokenizer
-            self.max_len = int(self.ckpt.cfg.model.max_seq_len)
+            self.max_len = int(self.ckpt.cfg.data.seq_len)
         self._loaded = True
 
     def encode(self, text: str) -> list[int]:
@@ -234,38 +274,30 @@ class Scorer:
 
     @torch.no_grad()
     def nll(self, text: str, seed: int = 0) -> tuple[float, int]:
-        """(summed NLL in nats, number of scored tokens) of `text`."""
+        """(summed NLL in nats, number of scored tokens) of `text`; `seed` drives the bound's draws."""
         self._load()
         ids = self.encode(text)
+        if not self._hf:
+            return self._setdlm_nll(ids, seed)
         total, count = 0.0, 0
         for s in range(0, len(ids), self.max_len):
             win = ids[s:s + self.max_len]
             if len(win) < 2:
                 continue
             x = torch.tensor([win], device=self.device)
-            if self._hf:
-                logits = self.lm(x).logits[0, :-1].float()
-                total += float(torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum"))
-                count += len(win) - 1
-            else:
-                nll, n = self._setdlm_nll(x, seed + s)
-                total += nll
-                count += n
+            logits = self.lm(x).logits[0, :-1].float()
+            total += float(torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum"))
+            count += len(win) - 1
         return total, count
 
-    def _setdlm_nll(self, x: torch.Tensor, seed: int) -> tuple[float, int]:
-        from model.objectives import build_objective
+    def _setdlm_nll(self, ids: list[int], seed: int) -> tuple[float, int]:
+        """Through the code path of `eval likelihood --text` (eval.tasks.likelihood.score_rows)."""
+        from .tasks.likelihood import score_rows, text_rows
 
+        if not ids:
+            return 0.0, 0
         cfg = self.ckpt.cfg
-        L = x.shape[1]
-        obj = build_objective(dataclasses.replace(cfg.objective), cfg.model, L)
-        batch = {"input_ids": x}
-        if cfg.objective.name != "ar":  # the first token is context, as for AR
-            ctx = torch.zeros_like(x, dtype=torch.bool)
-            ctx[:, 0] = True
-            batch["context_mask"] = ctx
-        gen = torch.Generator(device=x.device).manual_seed(seed)
-        inputs = obj.prepare(batch, gen)
-        logits = self.lm(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
-        _, m = obj.loss(logits, inputs)
-        return float(m["nll_sum"]), int(round(float(m["nll_tokens"])))
+        batch = text_rows([ids], self.tok, cfg.data.packing, cfg.data.seq_len)
+        gen = torch.Generator(device=self.device).manual_seed(int(seed))
+        nll, tokens = score_rows(self.lm, cfg, batch, gen)
+        return nll, tokens

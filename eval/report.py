@@ -33,14 +33,21 @@ def summary_markdown(task: str, metrics: dict, spec: dict, created: dict, task_c
     ck = spec.get("checkpoint") or {}
     lines = [f"# setdlm eval {task}", ""]
     if ck:
-        lines.append(f"checkpoint `{ck.get('path')}` (step {ck.get('step')}, objective {ck.get('objective')}, "
-                     f"EMA {ck.get('ema')})")
+        weights = ("EMA weights" if ck.get("ema") else "raw weights (the checkpoint has no EMA weights)"
+                   if ck.get("ema_requested") else "raw weights (--no-ema)")
+        lines.append(f"checkpoint `{ck.get('path')}` (step {ck.get('step')}, objective {ck.get('objective')}, {weights})")
     elif spec.get("predictor"):
         lines.append(f"predictor `{spec['predictor']}`")
     lines.append(f"run on {created.get('device', '?')} ({created.get('host', '?')}), {created.get('world', 1)} rank(s), "
                  f"{created.get('time', '')}")
     if metrics.get("partial"):
         lines.append(f"\n**PARTIAL**: {metrics.get('missing_examples')} examples missing")
+    if metrics.get("prompts_cut"):
+        lines.append(f"\n**TRUNCATED**: {metrics['prompts_cut']} prompts were cut from the left to fit the model's "
+                     f"max_seq_len ({metrics.get('prompt_tokens_cut')} tokens in all)")
+    for k, v in metrics.items():
+        if k.endswith("_warning") and v:
+            lines.append(f"\n**WARNING** ({k}): {v}")
     lines += ["", "## Metrics", ""]
     rows = metrics.get("rows")
     scalars = {k: v for k, v in metrics.items() if k != "rows" and not isinstance(v, (dict, list))}

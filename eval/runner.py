@@ -37,6 +37,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from common.io import atomic_write_text
+
 FORMAT = "setdlm-eval"
 VERSION = 1
 
@@ -70,7 +72,7 @@ class Shard:
 
 def detect_shard(shard: str | None = None) -> Shard:
     """This process's share. ``shard="I/N"`` (e.g. from a Slurm array) wins; otherwise the launcher
-    environment (torchrun, srun, mpirun) is read with `launch.env.detect_env`."""
+    environment (torchrun, srun, mpirun) is read with `common.env.detect_env`."""
     if shard:
         try:
             i, n = (int(x) for x in str(shard).split("/"))
@@ -79,9 +81,12 @@ def detect_shard(shard: str | None = None) -> Shard:
         if n < 1 or not 0 <= i < n:
             raise EvalError(f"--shard: need 0 <= I < N, got {shard!r}")
         return Shard(i, n, 0, "explicit")
-    from launch.env import detect_env
+    from common.env import detect_env  # not launch/: eval sits below it
 
-    env = detect_env(use_mpi4py=False)
+    try:
+        env = detect_env(use_mpi4py=False)
+    except ValueError as e:
+        raise EvalError(str(e)) from None
     return Shard(env.rank, env.world_size, env.local_rank, env.launcher)
 
 
@@ -124,13 +129,7 @@ def seed_for(base: int, *parts) -> int:
 
 # ------------------------------------------------------------------------------------------ files
 def atomic_write(path: Path, text: str) -> None:
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_text(path, text)  # common/io.py: temp file, fsync, rename, fsync of the directory
 
 
 def write_json(path: Path, obj) -> None:

@@ -21,9 +21,11 @@ import os
 import sys
 from pathlib import Path
 
+from common.cli import ArgumentParser as CLIParser
+
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="setdlm sample", description="Decode from a checkpoint.")
+    p = CLIParser(prog="setdlm sample", description="Decode from a checkpoint.")
     p.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
     src = p.add_argument_group("prompts")
     src.add_argument("--prompt", action="append", default=None, help="prompt text (repeatable); the prefix when infilling")
@@ -145,7 +147,9 @@ def main(argv: list[str] | None = None) -> int:
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:
         model, tokenizer, recipe = load_model(ckpt, ema=not args.no_ema, device=device)
-    except (OSError, ValueError) as e:
+    except (OSError, ValueError) as e:  # CheckpointError: refused, damaged or incomplete checkpoint files
+        if os.environ.get("SETDLM_DEBUG"):
+            raise
         return err(str(e))
     model = model.to(dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype])
     infill = any("infill_length" in r for r in rows)

@@ -1,6 +1,7 @@
 """The `setdlm` command line.
 
-    setdlm pretrain --config FILE [--out DIR] [section.key=value ...]
+    setdlm pretrain --config FILE [--out DIR] [--name NAME] [section.key=value ...]
+    setdlm pretrain --describe [SECTION]     every recipe key: type, valid values, default, description
     setdlm sample   --checkpoint RUN_OR_CKPT --prompt TEXT ...
     setdlm data     prepare ...
     setdlm eval     TASK --checkpoint ...
@@ -8,12 +9,13 @@
     setdlm launch   local -n N -- COMMAND ...
 
 Subcommands other than `pretrain` live next to the code they drive and are imported on demand, so
-`setdlm --help` stays fast and a missing optional dependency only affects its own command.
+`setdlm --help` stays fast and a missing optional dependency only affects its own command. Every
+subcommand runs under common/cli.py: a configuration, data, checkpoint or command-line mistake is one
+line (`setdlm CMD: error: ...`, exit status 2) and `SETDLM_DEBUG=1` shows the traceback.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import os
 import sys
@@ -29,15 +31,33 @@ SUBCOMMANDS = {
 
 
 def pretrain_main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="setdlm pretrain", description="Train a model from a YAML recipe.")
-    parser.add_argument("--config", required=True, help="recipe YAML (see configs/)")
+    from common.cli import ArgumentParser
+
+    parser = ArgumentParser(prog="setdlm pretrain", description="Train a model from a YAML recipe.")
+    parser.add_argument("--config", help="recipe YAML (see configs/); required unless --describe/--schema")
     parser.add_argument("--out", help="directory for run directories (overrides run.out_dir)")
     parser.add_argument("--name", help="run name (overrides run.name); the run directory is OUT/NAME")
     parser.add_argument("--dry-run", action="store_true", help="validate the recipe and layout, print the plan, do not train")
     parser.add_argument("--world-size", type=int, default=None, help="with --dry-run: the number of GPUs to plan for")
-    parser.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.max_steps=10")
+    parser.add_argument("--describe", nargs="?", const="", metavar="SECTION",
+                        help="print every recipe key (type, valid values, default, description) and exit")
+    parser.add_argument("--schema", action="store_true", help="print the recipe's JSON schema and exit")
+    parser.add_argument("overrides", nargs="*", help="section.key=value overrides, e.g. train.max_steps=10 (anywhere on the line)")
     args = parser.parse_args(argv)
 
+    if args.describe is not None or args.schema:
+        from pretrain.describe import describe, json_schema
+
+        print(json_schema() if args.schema else describe(args.describe or None))
+        return 0
+    if not args.config:
+        parser.error("the following arguments are required: --config")
+    if not args.dry_run:
+        from pretrain.preemption import active_handler
+
+        active_handler()  # SIGTERM/SIGUSR1/Ctrl-C from here on save at the first step after set-up
+
+    from common.env import detect_env
     from pretrain.config import load_config
 
     overrides = list(args.overrides)
@@ -45,33 +65,24 @@ def pretrain_main(argv: list[str]) -> int:
         overrides.append(f"run.out_dir={args.out}")
     if args.name:
         overrides.append(f"run.name={args.name}")
-    try:
-        cfg = load_config(args.config, overrides)
-    except ValueError as e:
-        print(f"setdlm pretrain: error: {e}", file=sys.stderr)
-        return 2
+    cfg = load_config(args.config, overrides)  # typed fields: wrong keys, types and ranges stop here
     if args.dry_run:
         from pretrain.plan import print_plan
 
-        try:
-            print_plan(cfg, world_size=args.world_size or int(os.environ.get("WORLD_SIZE", "1")))
-        except ValueError as e:
-            print(f"setdlm pretrain: error: {e}", file=sys.stderr)
-            return 2
+        print_plan(cfg, world_size=args.world_size or int(os.environ.get("WORLD_SIZE", "1")))
         return 0
+    try:  # the layout checks, before any process group (MPI without a size variable: checked after init)
+        world = detect_env(use_mpi4py=False).world_size
+    except ValueError:
+        world = None
+    cfg.validate(world_size=world, need_vocab=False)
 
-    from launch.env import init_distributed
+    from common.dist import init_process_group
 
-    init_distributed()
+    init_process_group()
     from pretrain.trainer import Trainer
 
-    try:
-        Trainer(cfg).train()
-    except (ValueError, FileNotFoundError) as e:  # bad recipe, data, checkpoint or layout: no traceback
-        if os.environ.get("SETDLM_DEBUG"):
-            raise
-        print(f"setdlm pretrain: error: {e}", file=sys.stderr)
-        return 2
+    Trainer(cfg).train()
     return 0
 
 
@@ -85,8 +96,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<9} {help_}")
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
+    from common.cli import run_command  # one-line errors for every subcommand (SETDLM_DEBUG=1: tracebacks)
+
     if cmd == "pretrain":
-        return pretrain_main(rest)
+        return run_command("setdlm pretrain", pretrain_main, rest)
     if cmd not in SUBCOMMANDS:
         print(f"setdlm: unknown command {cmd!r}; valid: {', '.join(names)}", file=sys.stderr)
         return 2
@@ -98,7 +111,14 @@ def main(argv: list[str] | None = None) -> int:
             print(f"setdlm {cmd}: not available in this version ({module} is missing)", file=sys.stderr)
             return 2
         raise
-    return int(getattr(mod, func)(rest) or 0)
+    return run_command(_prog(cmd, rest), getattr(mod, func), rest)
+
+
+def _prog(cmd: str, rest: list[str]) -> str:
+    """`setdlm eval likelihood`, `setdlm convert to-hf`, ...: the name an error message starts with."""
+    if rest and not rest[0].startswith("-") and "=" not in rest[0] and cmd in ("data", "eval", "convert", "launch"):
+        return f"setdlm {cmd} {rest[0]}"
+    return f"setdlm {cmd}"
 
 
 if __name__ == "__main__":

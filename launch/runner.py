@@ -28,6 +28,8 @@ import time
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from common.cli import ArgumentParser as CLIParser
+
 from launch.env import find_free_port
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
@@ -171,7 +173,7 @@ def overall_status(statuses: Sequence[int]) -> int:
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    p = parser or argparse.ArgumentParser(
+    p = parser or CLIParser(
         prog="setdlm launch local",
         description="Run N local processes with the torchrun-style environment (gloo on CPU).",
     )

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-from dataclasses import dataclass
+from typing import Literal
+
+from common.schema import Field, check_keys, section
 
 # Named shapes. A recipe may name a preset and override any field of it.
 PRESETS: dict[str, dict] = {
@@ -27,32 +28,35 @@ OBJECTIVES = ("ar", "mdlm", "bd3lm", "setdlm")
 ORDERS = ("sliding_window", "any_order", "left_to_right")
 
 
-@dataclass
+@section("model")
 class ModelConfig:
-    preset: str | None = None
-    n_layers: int = 12
-    hidden: int = 768
-    n_heads: int = 12
-    n_kv_heads: int | None = None  # None: equal to n_heads (multi-head attention)
-    head_dim: int | None = None  # None: hidden // n_heads
-    ffn_hidden: int = 3072
-    norm: str = "layernorm"  # layernorm | rmsnorm
-    norm_eps: float = 1e-5
-    activation: str = "gelu"  # gelu | swiglu
-    qk_norm: bool = False
-    bias: bool = True
-    rope_base: float = 10000.0
-    dropout: float = 0.1
-    attention_dropout: float = 0.0
-    attention_backend: str = "auto"  # auto (flex on CUDA, sdpa elsewhere) | sdpa | flex
-    fp8: str = "none"  # none | hybrid | e4m3: Transformer Engine FP8 block linears (H100/H200; model/fp8.py)
-    vocab_size: int = 0  # 0: taken from the tokenizer (MASK included)
-    mask_id: int = -1  # -1: taken from the tokenizer
-    vocab_pad_multiple: int = 128  # padded vocabulary is independent of the TP size
-    max_seq_len: int = 1024
-    tie_embeddings: bool = False
-    head_bias: bool = False  # bias on the (untied) output head, as in imported reference checkpoints
-    init_std: float = 0.02
+    preset: Literal[tuple(PRESETS)] | None = Field(None, description=(
+        "named shape (" + ", ".join(PRESETS) + "); explicit keys override the preset's"))
+    n_layers: int = Field(12, ge=1, description="transformer blocks")
+    hidden: int = Field(768, ge=1, description="model width")
+    n_heads: int = Field(12, ge=1, description="attention (query) heads")
+    n_kv_heads: int | None = Field(None, ge=1, description="key/value heads for GQA (null: n_heads, multi-head attention)")
+    head_dim: int | None = Field(None, ge=2, description="per-head dimension, even for rotary (null: hidden // n_heads)")
+    ffn_hidden: int = Field(3072, ge=1, description="MLP inner width (SwiGLU: per gate/up branch)")
+    norm: Literal["layernorm", "rmsnorm"] = Field("layernorm", description="normalisation of every block and the final norm")
+    norm_eps: float = Field(1e-5, gt=0, description="epsilon of the norms")
+    activation: Literal["gelu", "swiglu"] = Field("gelu", description="MLP activation")
+    qk_norm: bool = Field(False, description="RMS-normalise queries and keys per head (Qwen3)")
+    bias: bool = Field(True, description="biases in the attention and MLP linears")
+    rope_base: float = Field(10000.0, gt=0, description="rotary embedding base (theta)")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on embeddings and block outputs")
+    attention_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on attention probabilities (sdpa only)")
+    attention_backend: Literal["auto", "sdpa", "flex"] = Field("auto", description=(
+        "attention kernel: auto (flex on CUDA, sdpa elsewhere), sdpa (dense mask) or flex (block mask)"))
+    fp8: Literal["none", "hybrid", "e4m3"] = Field("none", description=(
+        "Transformer Engine FP8 block linears (H100/H200; model/fp8.py); none: bf16/fp32"))
+    vocab_size: int = Field(0, ge=0, description="vocabulary size with MASK (0: taken from the tokenizer)")
+    mask_id: int = Field(-1, ge=-1, description="MASK token id (-1: taken from the tokenizer)")
+    vocab_pad_multiple: int = Field(128, ge=1, description="embedding rows padded to a multiple of this (independent of TP)")
+    max_seq_len: int = Field(1024, ge=1, description="longest sequence the model is built for (>= data.seq_len)")
+    tie_embeddings: bool = Field(False, description="share the input embedding and the output head")
+    head_bias: bool = Field(False, description="bias on the untied output head (as in imported reference checkpoints)")
+    init_std: float = Field(0.02, gt=0, description="standard deviation of the normal weight initialisation")
 
     @property
     def kv_heads(self) -> int:
@@ -67,36 +71,25 @@ class ModelConfig:
         m = self.vocab_pad_multiple
         return ((self.vocab_size + m - 1) // m) * m
 
-    def validate(self, tp: int = 1) -> None:
+    def validate(self, tp: int = 1, need_vocab: bool = True) -> None:
+        """Checks across fields (each field's type and range are enforced on construction).
+        `need_vocab=False` skips the vocabulary checks before the tokenizer has filled it in."""
         def bad(name, msg):
             raise ValueError(f"model.{name}: {msg}")
 
-        for name in ("n_layers", "hidden", "n_heads", "ffn_hidden", "max_seq_len"):
-            if getattr(self, name) <= 0:
-                bad(name, f"must be a positive integer, got {getattr(self, name)}")
-        if self.norm not in ("layernorm", "rmsnorm"):
-            bad("norm", f"unknown norm {self.norm!r}; valid: layernorm, rmsnorm")
-        if self.attention_backend not in ("auto", "sdpa", "flex"):
-            bad("attention_backend", f"unknown backend {self.attention_backend!r}; valid: auto, sdpa, flex")
         if self.attention_backend == "flex" and self.attention_dropout > 0:
             bad("attention_dropout", "flex attention has no attention-probability dropout; use 0 or attention_backend=sdpa")
-        if self.fp8 not in ("none", "hybrid", "e4m3"):
-            bad("fp8", f"unknown mode {self.fp8!r}; valid: none, hybrid, e4m3")
         if self.fp8 != "none" and (self.hidden % 16 or (self.ffn_hidden // tp) % 16):
             bad("fp8", f"FP8 GEMMs need hidden ({self.hidden}) and ffn_hidden/tp ({self.ffn_hidden // tp}) divisible by 16")
-        if self.activation not in ("gelu", "swiglu"):
-            bad("activation", f"unknown activation {self.activation!r}; valid: gelu, swiglu")
         if self.head_dim is None and self.hidden % self.n_heads:
             bad("n_heads", f"hidden={self.hidden} is not divisible by n_heads={self.n_heads} (or set model.head_dim)")
         if self.dim_head % 2:
             bad("head_dim", f"rotary embeddings need an even head dimension, got {self.dim_head}")
         if self.n_heads % self.kv_heads:
             bad("n_kv_heads", f"n_heads={self.n_heads} must be a multiple of n_kv_heads={self.kv_heads}")
-        if not 0.0 <= self.dropout < 1.0:
-            bad("dropout", f"must be in [0, 1), got {self.dropout}")
-        if self.vocab_size <= 0:
+        if need_vocab and self.vocab_size <= 0:
             bad("vocab_size", "unknown: set it or let the tokenizer fill it in")
-        if not 0 <= self.mask_id < self.vocab_size:
+        if need_vocab and not 0 <= self.mask_id < self.vocab_size:
             bad("mask_id", f"{self.mask_id} is not a token id of a vocabulary of {self.vocab_size} (the tokenizer needs a MASK token)")
         if self.head_bias and self.tie_embeddings:
             bad("head_bias", "an output-head bias needs an untied head (set model.tie_embeddings: false)")
@@ -111,36 +104,30 @@ class ModelConfig:
                 bad("vocab_pad_multiple", f"{self.vocab_pad_multiple} is not divisible by parallel.tp={tp}")
 
 
-@dataclass
+@section("objective")
 class ObjectiveConfig:
-    name: str = "setdlm"  # ar | mdlm | bd3lm | setdlm
+    name: Literal[OBJECTIVES] = Field("setdlm", description="training objective: ar, mdlm, bd3lm or setdlm (SW-SetDLM)")
     # SW-SetDLM schedule (SETDLM.md section 2)
-    set_size: int = 4  # D: equivalent block size; expected prediction budget D/2
-    s_max: int | None = None  # window of overlapping intervals; None: 2 * D
-    k: float | None = None  # masking-curve exponent; None: derived so that the budget is D/2
-    order: str = "sliding_window"  # sliding_window | any_order | left_to_right
+    set_size: int = Field(4, ge=1, description="setdlm: D, the equivalent block size (expected prediction budget D/2)")
+    s_max: int | None = Field(None, ge=1, description="setdlm: window of overlapping intervals, >= set_size (null: 2 * D)")
+    k: float | None = Field(None, gt=0, description="setdlm: masking-curve exponent (null: derived so the budget is D/2)")
+    order: Literal[ORDERS] = Field("sliding_window", description="setdlm: generation orders sampled in training")
     # BD3-LM
-    block_size: int = 4
+    block_size: int = Field(4, ge=1, description="bd3lm: block size, divides data.seq_len")
     # MDLM / BD3-LM noise
-    eps: float = 1e-3
-    antithetic: bool = True
+    eps: float = Field(1e-3, gt=0.0, lt=1.0, description="mdlm/bd3lm: smallest masking rate t ~ U[eps, 1]")
+    antithetic: bool = Field(True, description="mdlm/bd3lm: antithetic (stratified) sampling of t across the batch")
 
     def validate(self, seq_len: int) -> None:
         def bad(name, msg):
             raise ValueError(f"objective.{name}: {msg}")
 
-        if self.name not in OBJECTIVES:
-            bad("name", f"unknown objective {self.name!r}; valid: {', '.join(OBJECTIVES)}")
         if self.name == "setdlm":
-            if self.order not in ORDERS:
-                bad("order", f"unknown order {self.order!r}; valid: {', '.join(ORDERS)}")
             if not 1 <= self.set_size <= seq_len:
                 bad("set_size", f"D={self.set_size} must be in [1, seq_len={seq_len}]")
             s_max = self.s_max if self.s_max is not None else 2 * self.set_size
             if s_max < self.set_size:
                 bad("s_max", f"S_max={s_max} must be >= D={self.set_size}")
-            if self.k is not None and self.k <= 0:
-                bad("k", f"must be positive, got {self.k}")
         if self.name == "bd3lm" and (self.block_size < 1 or seq_len % self.block_size):
             bad("block_size", f"block size {self.block_size} must divide seq_len={seq_len}")
         if self.name in ("mdlm", "bd3lm") and not 0.0 < self.eps < 1.0:
@@ -160,10 +147,7 @@ def apply_preset(section: dict) -> dict:
 
 def model_config_from_dict(section: dict) -> ModelConfig:
     section = apply_preset(section)
-    names = {f.name for f in dataclasses.fields(ModelConfig)}
-    unknown = sorted(set(section) - names)
-    if unknown:
-        raise ValueError(f"model.{unknown[0]}: unknown key; valid keys: {', '.join(sorted(names))}")
+    check_keys(ModelConfig, "model", section)
     return ModelConfig(**section)
 
 

@@ -98,16 +98,16 @@ class TELinear(torch.nn.Module):
 
 def convert_block_linears(module: torch.nn.Module) -> None:
     """Replace the attention and MLP linears of every block with TE layers (call on a CUDA model)."""
-    from megatron.core import tensor_parallel
+    from .layers import is_column, is_row
 
     for m in module.modules():
         if hasattr(m, "layers") and hasattr(m, "cfg"):
             m.fp8_active = True  # the Transformer enters fp8_autocast only once its linears are TE layers
     for parent in list(module.modules()):
         for name, child in list(parent.named_children()):
-            if isinstance(child, tensor_parallel.ColumnParallelLinear) and name in ("qkv", "fc1"):
+            if is_column(child) and name in ("qkv", "fc1"):
                 setattr(parent, name, TELinear(child, "column"))
-            elif isinstance(child, tensor_parallel.RowParallelLinear) and name in ("proj", "fc2"):
+            elif is_row(child) and name in ("proj", "fc2"):
                 setattr(parent, name, TELinear(child, "row"))
 
 

@@ -1,10 +1,20 @@
-"""Preallocated key/value cache for set decoding with ragged progress per row.
+"""Preallocated, slot-indexed key/value cache for set decoding with ragged progress per row.
 
-Entries are the keys/values of *committed* tokens (rotary already applied, so their order in the
-cache does not matter). A forward over new tokens attends to the cache plus the new tokens and then
-appends those marked `commit` in place; the others (MASK queries) are dropped. Nothing here reads a
-value back to the host: write offsets are computed on the device, and the attended prefix length
-`bound` is a host-side upper bound that grows by the number of new tokens per forward.
+Each batch row is a *slot*: row b holds exactly `length[b]` committed entries, packed at
+[0, length[b]) (rotary already applied, so their order does not matter). A forward over T new tokens
+writes all of them in place at [length, length + T) (the committed ones first, in input order), attends
+to the packed prefix plus the new tokens, and then advances `length` by the committed count only: the
+uncommitted ones (MASK queries) are overwritten by the next forward. So there is no concatenation of
+the cache per layer, key validity is simply `index < length`, and a slot is recycled for a new prompt
+by setting its length to 0 (`reset_rows`) or by copying another cache's rows in (`load_rows`).
+
+Storage per row is `capacity + extra` entries: `capacity` committed tokens (the longest visible context
+plus span) and `extra` scratch entries for the widest forward's uncommitted tokens. Memory is bounded
+by slots x (capacity + extra), independent of how many prompts a job decodes.
+
+Nothing here reads a value back to the host. `bound` is a host-side upper bound on every row's length
+(the decoders keep it tight); the attended key range of a forward is [0, bound + T). `static = True`
+attends to the whole storage instead (fixed shapes for torch.compile / CUDA graphs).
 """
 
 from __future__ import annotations
@@ -14,53 +24,79 @@ import torch
 
 class KVCache:
     def __init__(self, layer_ids, batch: int, kv_heads: int, head_dim: int, capacity: int,
-                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"):
+                 dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu", extra: int = 0):
         self.capacity = int(capacity)
-        slots = self.capacity + 1  # the last slot absorbs writes of uncommitted tokens
-        shape = (batch, kv_heads, slots, head_dim)
+        self.storage = self.capacity + max(int(extra), 1)
+        shape = (batch, kv_heads, self.storage, head_dim)
         self.k = {int(i): torch.zeros(shape, dtype=dtype, device=device) for i in layer_ids}
         self.v = {int(i): torch.zeros(shape, dtype=dtype, device=device) for i in layer_ids}
-        self.valid = torch.zeros(batch, slots, dtype=torch.bool, device=device)
         self.length = torch.zeros(batch, dtype=torch.long, device=device)
+        self.positions = torch.arange(self.storage, device=device)
         self.bound = 0
+        self.static = False
         self._dest: torch.Tensor | None = None
 
     @property
     def batch(self) -> int:
-        return self.valid.shape[0]
+        return self.length.shape[0]
 
-    def begin(self, commit: torch.Tensor) -> None:
-        """commit [B, T_new] bool: which new tokens are appended after this forward."""
+    def key_count(self, t_new: int) -> int:
+        return self.storage if self.static else min(self.storage, self.bound + t_new)
+
+    def begin(self, commit: torch.Tensor, new_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """Start a forward over T new tokens; commit [B, T] bool marks those appended afterwards.
+
+        new_mask: attention among the new tokens, [T, T] or [B, 1, T, T] (True = attend; None: all).
+        Returns the forward's full mask [B, 1, T, K] over the attended keys [0, K)."""
         commit = commit.bool()
-        offset = torch.cumsum(commit.long(), dim=1) - 1
-        dest = torch.where(commit, self.length[:, None] + offset, torch.full_like(offset, self.capacity))
-        self._dest = dest.clamp_(max=self.capacity)
-        self._count = commit.long().sum(1)
-        self._t_new = commit.shape[1]
-
-    def prefix_mask(self) -> torch.Tensor:
-        """[B, bound] validity of the cached entries that new tokens may attend to."""
-        return self.valid[:, : self.bound]
+        B, T = commit.shape
+        c = commit.long()
+        count = c.sum(1)
+        before = torch.cumsum(c, 1) - c  # committed tokens before each one
+        dest = torch.where(commit, before, count[:, None] + torch.arange(T, device=c.device)[None] - before)
+        self._dest = (self.length[:, None] + dest).clamp_(max=self.storage - 1)
+        self._count = count
+        self._t_new = T
+        K = self.key_count(T)
+        self._keys = K
+        old = (self.positions[None, :K] < self.length[:, None])[:, None, None, :]  # [B, 1, 1, K]
+        mask = old.expand(B, 1, T, K).clone()
+        if new_mask is None:
+            new_mask = torch.ones(T, T, dtype=torch.bool, device=c.device)
+        new_mask = new_mask.expand(B, 1, T, T) if new_mask.dim() == 2 else new_mask
+        idx = self._dest.clamp(max=K - 1)[:, None, None, :].expand(B, 1, T, T)
+        return mask.scatter_(3, idx, new_mask)
 
     def attend_kv(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
-        """Keys/values to attend to: cached prefix followed by the new tokens; then append committed ones."""
-        k_all = torch.cat((self.k[layer][:, :, : self.bound], k_new), dim=2)
-        v_all = torch.cat((self.v[layer][:, :, : self.bound], v_new), dim=2)
+        """Write the new keys/values in place; return the attended keys/values [B, H, K, D] (views)."""
         idx = self._dest[:, None, :, None].expand(-1, k_new.shape[1], -1, k_new.shape[3])
-        self.k[layer].scatter_(2, idx, k_new.to(self.k[layer].dtype))
-        self.v[layer].scatter_(2, idx, v_new.to(self.v[layer].dtype))
-        return k_all, v_all
+        k, v = self.k[layer], self.v[layer]
+        k.scatter_(2, idx, k_new.to(k.dtype))
+        v.scatter_(2, idx, v_new.to(v.dtype))
+        return k[:, :, : self._keys], v[:, :, : self._keys]
 
     def end(self) -> None:
-        self.valid.scatter_(1, self._dest, True)
-        self.valid[:, self.capacity] = False
         self.length += self._count
-        self.bound = min(self.capacity, self.bound + self._t_new)
+        if not self.static:  # (a static forward reads no host value: nothing for torch.compile to guard on)
+            self.bound = min(self.capacity, self.bound + self._t_new)
         self._dest = None
 
+    # -- slots ------------------------------------------------------------------------------------
     def reorder(self, rows: torch.Tensor) -> None:
         """Keep only the given batch rows (e.g. finished rows removed)."""
         for d in (self.k, self.v):
             for i in d:
                 d[i] = d[i][rows]
-        self.valid, self.length = self.valid[rows], self.length[rows]
+        self.length = self.length[rows]
+
+    def reset_rows(self, rows: torch.Tensor) -> None:
+        """Empty the given slots (their storage is reused by the next prompt)."""
+        self.length.index_fill_(0, rows, 0)
+
+    def load_rows(self, rows: torch.Tensor, other: "KVCache") -> None:
+        """Copy `other`'s rows (a cache of len(rows) rows, e.g. a prefill's) into the given slots."""
+        n = min(other.storage, self.storage)
+        for i in self.k:
+            self.k[i][rows, :, :n] = other.k[i][:, :, :n].to(self.k[i].dtype)
+            self.v[i][rows, :, :n] = other.v[i][:, :, :n].to(self.v[i].dtype)
+        self.length[rows] = other.length

@@ -1,8 +1,11 @@
-"""Recipe configuration: YAML file + `section.key=value` overrides -> validated dataclasses.
+"""Recipe configuration: YAML file + `section.key=value` overrides -> typed, validated sections.
 
-A recipe has the sections run, model, objective, data, train, parallel, logging. Every key can be
-overridden on the command line (`train.max_steps=6 model.dropout=0.0`); values are parsed as YAML.
-Unknown sections or keys are errors that name the key.
+A recipe has the sections run, model, objective, data, train, parallel, logging; a recipe file must
+write the four a run cannot do without (model, objective, data, train). Every field is typed, ranged
+and described (common/schema.py; `setdlm pretrain --describe` lists them). Every key can be
+overridden on the command line (`train.max_steps=6 model.dropout=0.0`); values are read as YAML,
+except for string fields, which take the text as written. Unknown sections or keys, wrong types and
+out-of-range values are one-line errors that name the field.
 """
 
 from __future__ import annotations
@@ -11,65 +14,88 @@ import dataclasses
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 import yaml
+from pydantic import field_validator, model_validator
 
+from common.io import atomic_write_text
+from common.schema import ConfigError, Field, Text, annotation_is_nullable, annotation_is_text, check_keys, section
+from common.yamlfile import load_yaml, parse_value
 from data_pipeline.config import DataConfig
 from model.config import ModelConfig, ObjectiveConfig, apply_preset
 
+REQUIRED_SECTIONS = ("model", "objective", "data", "train")
 
-@dataclass
+
+@section("run")
 class RunConfig:
-    name: str = "run"
-    out_dir: str = "runs"  # run directory = out_dir/name (a requeued job finds its checkpoints there)
-    seed: int = 1234
+    name: Text = Field("run", min_length=1, description="run name; the run directory is out_dir/name (a Slurm job id works)")
+    out_dir: Text = Field("runs", min_length=1, description="parent of run directories (a requeued job finds its checkpoints there)")
+    seed: int = Field(1234, ge=0, description="seed of weights, data order, orders/noise and validation")
+
+    @field_validator("name")
+    @classmethod
+    def _one_path_component(cls, v: str) -> str:
+        if "/" in v or "\\" in v or v in (".", ".."):
+            raise ValueError(f"run.name: must be a single directory name (no '/', not '.' or '..'), got {v!r}")
+        return v
 
 
-@dataclass
+@section("train")
 class TrainConfig:
-    max_steps: int = 1000
-    micro_batch: int = 8  # sequences per rank per forward
-    global_batch: int = 8  # sequences per optimizer step; accumulation = global / (micro * dp)
-    lr: float = 3e-4
-    min_lr: float = 0.0
-    lr_schedule: str = "constant"  # constant | cosine (both after linear warm-up)
-    warmup_steps: int = 100
-    weight_decay: float = 0.0
-    beta1: float = 0.9
-    beta2: float = 0.999
-    adam_eps: float = 1e-8
-    grad_clip: float = 1.0
-    ema: float = 0.0  # 0 disables; the paper uses 0.9999
-    precision: str = "auto"  # auto | fp32 | bf16 (bf16 weights, fp32 master weights; auto = bf16 on GPUs that support it)
-    log_every: int = 10
-    eval_every: int = 100
-    eval_batches: int = 0  # global batches (train.global_batch sequences) per validation; 0: the whole validation split
-    save_every: int = 500
-    keep_last: int = 2
-    peak_tflops: float = 0.0  # per device, for MFU; 0: from a table of known GPUs, N/A elsewhere
-    sample_at_end: bool = False
-    sample_tokens: int = 48
-    sample_prompt: str = ""
-    export_hf: bool = False  # at the end: write RUN/hf, a Hugging Face export of the final checkpoint (docs/convert.md)
-    sample_temperature: float = 0.0  # 0: greedy
-    sample_top_p: float = 1.0
-    sample_threshold: float = 0.0  # SetDLM/BD3-LM confidence threshold (0: one token per step)
-    sample_repetition_penalty: float = 1.0
+    max_steps: int = Field(1000, ge=1, description="optimizer steps to train for")
+    micro_batch: int = Field(8, ge=1, description="sequences per rank per forward")
+    global_batch: int = Field(8, ge=1, description="sequences per optimizer step; accumulation = global / (micro * dp)")
+    lr: float = Field(3e-4, gt=0.0, description="peak learning rate (after warm-up)")
+    min_lr: float = Field(0.0, ge=0.0, description="cosine: final learning rate, <= lr (constant: unused)")
+    lr_schedule: Literal["constant", "cosine"] = Field("constant", description="LR after the linear warm-up")
+    warmup_steps: int = Field(100, ge=0, description="linear warm-up steps from 0 to lr")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
+    beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW first-moment decay")
+    beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW second-moment decay")
+    adam_eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon")
+    grad_clip: float = Field(1.0, ge=0.0, description="clip the global gradient norm to this (0: no clipping)")
+    ema: float = Field(0.0, ge=0.0, lt=1.0, description="EMA decay of the weights (0: off; the paper uses 0.9999)")
+    precision: Literal["auto", "fp32", "bf16"] = Field("auto", description=(
+        "bf16: bf16 weights, fp32 master weights; auto: bf16 on GPUs that support it, else fp32"))
+    log_every: int = Field(10, ge=1, description="steps between console lines / metrics.jsonl rows")
+    eval_every: int = Field(100, ge=0, description="steps between validations (0: no validation)")
+    eval_batches: int = Field(0, ge=0, description="validation global batches of train.global_batch sequences (0: the whole validation split)")
+    save_every: int = Field(500, ge=1, description="steps between checkpoints (the last step and a preemption always save)")
+    keep_last: int = Field(2, ge=0, description="complete checkpoints kept (0: keep all)")
+    peak_tflops: float = Field(0.0, ge=0.0, description="per-device peak for MFU (0: from a table of known GPUs, N/A elsewhere)")
+    sample_at_end: bool = Field(False, description="print a sample from the final model")
+    sample_tokens: int = Field(48, ge=1, description="tokens of the end-of-run sample")
+    sample_prompt: Text = Field("", description="prompt of the end-of-run sample (empty: unconditional)")
+    export_hf: bool = Field(False, description="at the end: write RUN/hf, a Hugging Face export of the final checkpoint")
+    sample_temperature: float = Field(0.0, ge=0.0, description="end-of-run sample temperature (0: greedy)")
+    sample_top_p: float = Field(1.0, gt=0.0, le=1.0, description="end-of-run sample nucleus mass")
+    sample_threshold: float = Field(0.0, ge=0.0, le=1.0, description=(
+        "SetDLM/BD3-LM confidence threshold of the end-of-run sample (0: one token per step)"))
+    sample_repetition_penalty: float = Field(1.0, gt=0.0, description="end-of-run sample repetition penalty (1: none)")
+
+    @model_validator(mode="after")
+    def _min_lr_below_lr(self):
+        if self.min_lr > self.lr:
+            raise ValueError(f"train.min_lr: {self.min_lr} must be <= train.lr={self.lr}")
+        return self
 
 
-@dataclass
+@section("parallel")
 class ParallelConfig:
-    tp: int = 1
-    pp: int = 1
-    zero_stage: int = 0
+    tp: int = Field(1, ge=1, description="tensor-parallel size (megatron-core layers); divides heads and ffn_hidden")
+    pp: int = Field(1, ge=1, description="pipeline stages (1F1B schedule); tp * pp divides the world size")
+    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage over the data-parallel group")
 
 
-@dataclass
+@section("logging")
 class LoggingConfig:
-    wandb: str = "auto"  # auto (offline without WANDB_API_KEY) | online | offline | disabled
-    project: str = "setdlm"
-    entity: str | None = None
-    progress: bool = True
+    wandb: Literal["auto", "online", "offline", "disabled"] = Field("auto", description=(
+        "auto: online only if WANDB_API_KEY is set and the server answers within 2 s, else offline"))
+    project: Text = Field("setdlm", min_length=1, description="wandb project")
+    entity: Text | None = Field(None, description="wandb entity (null: the account's default)")
+    progress: bool = Field(True, description="tqdm progress bar on a terminal (SETDLM_PROGRESS=1 forces it)")
 
 
 @dataclass
@@ -89,40 +115,26 @@ class RecipeConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
-    def validate(self, world_size: int = 1) -> None:
-        """Everything that can be checked before any work starts; messages name the field."""
+    def validate(self, world_size: int | None = 1, need_vocab: bool = True) -> None:
+        """Checks across fields and sections (each field's type and range are checked on construction).
+        `world_size=None` skips the layout checks that need it; `need_vocab=False` those that need the
+        tokenizer's vocabulary. Messages name the field."""
         p, t = self.parallel, self.train
-        for name in ("tp", "pp"):
-            if getattr(p, name) < 1:
-                raise ValueError(f"parallel.{name}: must be >= 1, got {getattr(p, name)}")
-        if p.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"parallel.zero_stage: must be 0, 1, 2 or 3, got {p.zero_stage}")
-        if world_size % (p.tp * p.pp):
+        if world_size is not None and world_size % (p.tp * p.pp):
             raise ValueError(f"parallel.tp/parallel.pp: tp*pp = {p.tp}*{p.pp} does not divide the world size {world_size}")
         if p.pp > 1 and p.zero_stage > 1:
             raise ValueError(f"parallel.zero_stage: ZeRO-{p.zero_stage} cannot be combined with pipeline parallelism (parallel.pp={p.pp}); use zero_stage 0 or 1")
         if p.tp > 1 and p.zero_stage == 3:
             raise ValueError(f"parallel.zero_stage: ZeRO-3 is supported with tensor parallelism off (parallel.tp={p.tp}); "
                              "use zero_stage 0, 1 or 2 with tp > 1, or tp=1 with ZeRO-3")
-        dp = world_size // (p.tp * p.pp)
-        if t.micro_batch < 1:
-            raise ValueError(f"train.micro_batch: must be >= 1, got {t.micro_batch}")
-        if t.global_batch % (t.micro_batch * dp):
-            raise ValueError(f"train.global_batch: {t.global_batch} is not divisible by train.micro_batch * data-parallel size = {t.micro_batch} * {dp}")
-        if t.max_steps < 1:
-            raise ValueError(f"train.max_steps: must be >= 1, got {t.max_steps}")
-        if t.lr_schedule not in ("constant", "cosine"):
-            raise ValueError(f"train.lr_schedule: unknown schedule {t.lr_schedule!r}; valid: constant, cosine")
-        if t.precision not in ("auto", "fp32", "bf16"):
-            raise ValueError(f"train.precision: unknown precision {t.precision!r}; valid: auto, fp32, bf16")
-        if not 0.0 <= t.ema < 1.0:
-            raise ValueError(f"train.ema: decay must be in [0, 1), got {t.ema}")
-        if self.logging.wandb not in ("auto", "online", "offline", "disabled"):
-            raise ValueError(f"logging.wandb: unknown mode {self.logging.wandb!r}; valid: auto, online, offline, disabled")
+        if world_size is not None:
+            dp = world_size // (p.tp * p.pp)
+            if t.global_batch % (t.micro_batch * dp):
+                raise ValueError(f"train.global_batch: {t.global_batch} is not divisible by train.micro_batch * data-parallel size = {t.micro_batch} * {dp}")
         self.data.validate()
         if self.data.seq_len > self.model.max_seq_len:
             raise ValueError(f"data.seq_len: {self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
-        self.model.validate(tp=p.tp)
+        self.model.validate(tp=p.tp, need_vocab=need_vocab)
         self.objective.validate(self.data.seq_len)
         if p.pp > self.model.n_layers:
             raise ValueError(f"parallel.pp: {p.pp} stages for {self.model.n_layers} layers")
@@ -144,84 +156,84 @@ class RecipeConfig:
         return self.train.global_batch // (self.train.micro_batch * self.dp_size(world_size))
 
 
-_SECTIONS = {f.name: f.type for f in dataclasses.fields(RecipeConfig)}
 _CLASSES = {"run": RunConfig, "model": ModelConfig, "objective": ObjectiveConfig, "data": DataConfig,
             "train": TrainConfig, "parallel": ParallelConfig, "logging": LoggingConfig}
 
+_NULL_TEXT = ("", "null", "~")
+
 
 def parse_overrides(items: list[str]) -> dict:
+    """`section.key=value` items -> {section: {key: value}}. Values are YAML (`1e-3`, `true`, `[1, 2]`);
+    a string field takes the text as written (`run.name=12345`, `train.sample_prompt=a: b`)."""
     out: dict = {}
     for item in items:
         if "=" not in item or "." not in item.split("=", 1)[0]:
-            raise ValueError(f"override {item!r}: expected section.key=value (for example train.max_steps=10)")
+            raise ConfigError(f"override {item!r}: expected section.key=value (for example train.max_steps=10)")
         key, value = item.split("=", 1)
-        section, name = key.split(".", 1)
-        out.setdefault(section, {})[name] = yaml.safe_load(value) if value != "" else None
+        section_name, name = key.split(".", 1)
+        cls = _CLASSES.get(section_name)
+        if cls is not None and annotation_is_text(cls, name):
+            parsed = None if annotation_is_nullable(cls, name) and value in _NULL_TEXT else value
+        elif value == "":
+            parsed = None
+        else:
+            try:
+                parsed = parse_value(value)
+            except yaml.YAMLError:
+                raise ConfigError(f"{key}: {value!r} is not a YAML value") from None
+        out.setdefault(section_name, {})[name] = parsed
     return out
 
 
 def _merge(base: dict, extra: dict) -> dict:
-    merged = {k: dict(v or {}) for k, v in base.items()}
-    for section, values in extra.items():
-        merged.setdefault(section, {}).update(values)
+    merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
+    for section_name, values in extra.items():
+        current = merged.get(section_name)
+        merged[section_name] = {**(current if isinstance(current, dict) else {}), **values}
     return merged
 
 
-def _coerce(cls, values: dict) -> dict:
-    """YAML reads `1e-3` as a string: convert to the type of the field's default."""
-    defaults = {f.name: f.default for f in dataclasses.fields(cls)}
-    out = {}
-    for k, v in values.items():
-        d = defaults.get(k)
-        try:
-            if isinstance(d, bool) or d is dataclasses.MISSING:
-                pass
-            elif isinstance(d, float) and isinstance(v, (str, int)) and not isinstance(v, bool):
-                v = float(v)
-            elif isinstance(d, int) and isinstance(v, str):
-                v = int(v)
-        except ValueError:
-            raise ValueError(f"{cls.__name__.replace('Config', '').lower()}.{k}: expected a number, got {v!r}") from None
-        out[k] = v
-    return out
-
-
 def from_dict(raw: dict) -> RecipeConfig:
+    """Sections from a mapping (a recipe file, or the `config` of a checkpoint's meta.json)."""
     raw = dict(raw or {})
-    unknown = sorted(set(raw) - set(_CLASSES))
+    unknown = [k for k in raw if k not in _CLASSES]
     if unknown:
-        raise ValueError(f"{unknown[0]}: unknown config section; valid sections: {', '.join(_CLASSES)}")
+        raise ConfigError(f"{unknown[0]}: unknown config section; valid sections: {', '.join(_CLASSES)}")
     sections = {}
     for name, cls in _CLASSES.items():
-        values = dict(raw.get(name) or {})
+        values = raw.get(name)
+        if values is None:
+            values = {}
+        if not isinstance(values, dict):
+            raise ConfigError(f"{name}: must be a mapping of keys (see setdlm pretrain --describe {name}), got {values!r}")
         if name == "model":
             values = apply_preset(values)
-        fields = {f.name for f in dataclasses.fields(cls)}
-        bad = sorted(set(values) - fields)
-        if bad:
-            raise ValueError(f"{name}.{bad[0]}: unknown key; valid keys: {', '.join(sorted(fields))}")
-        values = _coerce(cls, values)
-        try:
-            sections[name] = cls(**values)
-        except TypeError as e:  # pragma: no cover - defensive
-            raise ValueError(f"{name}: {e}") from e
+        check_keys(cls, name, values)
+        sections[name] = cls(**values)
     return RecipeConfig(**sections)
 
 
-def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None) -> RecipeConfig:
+def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None,
+                require: tuple[str, ...] = REQUIRED_SECTIONS) -> RecipeConfig:
+    """A recipe file plus overrides -> a validated RecipeConfig (layout checks needing the world size
+    and vocabulary checks needing the tokenizer come later, in RecipeConfig.validate)."""
     raw: dict = {}
     if path is not None:
-        path = Path(path)
-        if not path.is_file():
-            raise ValueError(f"--config: no such file {str(path)!r}")
-        raw = yaml.safe_load(path.read_text()) or {}
+        raw = load_yaml(path, "--config")
+        if raw is None:
+            raw = {}
         if not isinstance(raw, dict):
-            raise ValueError(f"--config: {path} does not hold a mapping of sections")
-    return from_dict(_merge(raw, parse_overrides(overrides or [])))
+            raise ConfigError(f"--config: {path} does not hold a mapping of sections (run, model, objective, data, train, ...)")
+    merged = _merge(raw, parse_overrides(overrides or []))
+    missing = [s for s in require if not merged.get(s)]
+    if path is not None and missing:
+        raise ConfigError(f"--config: {path} does not set the section{'s' if len(missing) > 1 else ''} "
+                          f"{', '.join(missing)}; a recipe needs {', '.join(require)} (start from configs/quickstart.yaml; "
+                          "setdlm pretrain --describe lists every key)")
+    cfg = from_dict(merged)
+    cfg.validate(world_size=None, need_vocab=False)
+    return cfg
 
 
 def save_config(cfg: RecipeConfig, path: str | os.PathLike) -> None:
-    path = Path(path)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
-    os.replace(tmp, path)
+    atomic_write_text(path, yaml.safe_dump(cfg.to_dict(), sort_keys=False))

@@ -19,27 +19,46 @@ Sources, per TP x PP shard (DeepSpeed names files by the model-parallel rank, `m
 - pipeline stages are a union (layer names are global); the last stage's copy of a tied embedding
   equals the first stage's and is dropped.
 
-`load_model` (inference, eval, HF export) reads consolidated.pt, and `setdlm pretrain` continues
-training from it under a different TP/PP/DP layout (pretrain/checkpoint.py: `load_consolidated`).
+Every shard the layout implies must be present (each TP x PP model file, each data-parallel rank's
+ZeRO optimizer file, each EMA file): a checkpoint with one missing is refused, naming it, rather
+than merged into a smaller model. Files are read as weights only (pretrain/safe_load.py).
+
+`load_model` (inference, eval, HF export) reads consolidated.pt, or merges the shards in memory when
+there is none, and `setdlm pretrain` continues training from it under a different TP/PP/DP layout
+(pretrain/checkpoint.py: `load_consolidated`).
 """
 
 from __future__ import annotations
 
-import argparse
+import contextlib
+import io
 import json
 import os
 import sys
 from collections import defaultdict
 from pathlib import Path
 
+from common.cli import ArgumentParser as CLIParser
+
 import torch
+
+from common.io import atomic_save
+
+from .safe_load import CheckpointError, load as safe_load, restricted_torch_load
 
 CONSOLIDATED = "consolidated.pt"
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def _load(path: Path):
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return safe_load(path, map_location="cpu")
+
+
+def _part(state, key: str, path: Path):
+    """state[key] of a loaded file, or a CheckpointError naming the file when it is not there."""
+    if not isinstance(state, dict) or key not in state:
+        raise CheckpointError(f"{path}: not a DeepSpeed checkpoint file of this run (no `{key}`)")
+    return state[key]
 
 
 # -- merging shards ---------------------------------------------------------------------------------
@@ -85,7 +104,7 @@ def _flat_partitions(files: list[Path], shapes: dict) -> tuple[dict, dict, int] 
     moments: dict = {k: defaultdict(list) for k in MOMENTS}
     step = 0
     for f in files:
-        osd = _load(f)["optimizer_state_dict"]
+        osd = _part(_load(f), "optimizer_state_dict", f)
         mappings = osd.get("param_slice_mappings")
         fp32 = osd.get("single_partition_of_fp32_groups")
         if mappings is None or fp32 is None:
@@ -125,22 +144,65 @@ def _torch_moments(optimizer_state: dict, order: list[str] | None) -> tuple[dict
     return out, step
 
 
+def read_meta(ckpt: Path) -> dict:
+    f = Path(ckpt) / "meta.json"
+    try:
+        meta = json.loads(f.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{f}: missing (not a setdlm checkpoint, or an incomplete copy)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{f}: unreadable or truncated ({type(e).__name__})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("layout", {}), dict):
+        raise CheckpointError(f"{f}: not a setdlm checkpoint's metadata")
+    return meta
+
+
+def _int(layout: dict, key: str) -> int:
+    return int(layout.get(key) or 1) if key != "zero_stage" else int(layout.get(key) or 0)
+
+
+def check_complete(ckpt: Path, layout: dict, ema: bool) -> None:
+    """Every file the saved layout implies is present, else a CheckpointError naming the first missing
+    ones: mp_rank_XX_model_states.pt per TP x PP rank (ZeRO-3: one model file per data-parallel rank),
+    zero_pp_rank_D_mp_rank_XX_optim_states.pt per data-parallel rank under ZeRO >= 1, and the EMA file
+    of every model-parallel rank when the run kept an EMA."""
+    tp, pp, dp, zero = _int(layout, "tp"), _int(layout, "pp"), _int(layout, "dp"), _int(layout, "zero_stage")
+    mps = [f"{m:02d}" for m in range(tp * pp)]
+    if zero >= 3:
+        need = [f"zero_pp_rank_{d}_mp_rank_{m}_{kind}_states.pt" for m in mps for d in range(dp) for kind in ("model", "optim")]
+    else:
+        need = [f"mp_rank_{m}_model_states.pt" for m in mps]
+        if zero >= 1:  # DeepSpeed's ZeRO-1/2 optimizers: the fp32 masters and moments, one file per DP rank
+            need += [f"zero_pp_rank_{d}_mp_rank_{m}_optim_states.pt" for m in mps for d in range(dp)]
+    if ema:
+        need += [f"ema_mp_rank_{m}.pt" for m in mps]
+    missing = [n for n in need if not (ckpt / n).is_file()]
+    if missing:
+        raise CheckpointError(f"checkpoint {ckpt}: incomplete: {', '.join(missing[:3])}"
+                              + (f" and {len(missing) - 3} more" if len(missing) > 3 else "")
+                              + f" missing (saved with tp={tp} pp={pp} dp={dp} ZeRO-{zero}: {len(need)} shard files); "
+                              "copy the whole checkpoint directory")
+
+
 def read_shards(ckpt: Path, *, optimizer: bool = True):
     """Per TP x PP shard: (info, weights, ema or None, moments or None, step)."""
     ckpt = Path(ckpt)
-    meta = json.loads((ckpt / "meta.json").read_text())
+    meta = read_meta(ckpt)
     layout = meta.get("layout", {})
+    has_ema = any(ckpt.glob("ema_mp_rank_*.pt")) or float((meta.get("config") or {}).get("train", {}).get("ema") or 0) > 0
+    check_complete(ckpt, layout, has_ema)
     model_files = sorted(ckpt.glob("mp_rank_*_model_states.pt"))
-    if layout.get("zero_stage", 0) >= 3:
+    if _int(layout, "zero_stage") >= 3:
         return _read_zero3(ckpt, meta)
     if not model_files:
-        raise FileNotFoundError(f"checkpoint {ckpt}: no mp_rank_*_model_states.pt files")
+        raise CheckpointError(f"checkpoint {ckpt}: no mp_rank_*_model_states.pt files")
     out = []
     for f in model_files:
         mp = f.name[len("mp_rank_"):-len("_model_states.pt")]
         state = _load(f)
-        info = state.get("shard") or _single_shard_info(state["module"], layout)
-        weights = dict(state["module"])
+        module = _part(state, "module", f)
+        info = state.get("shard") or _single_shard_info(module, layout)
+        weights = dict(module)
         moments, step = None, 0
         shapes = {}
         for group in state.get("param_shapes") or []:
@@ -157,14 +219,26 @@ def read_shards(ckpt: Path, *, optimizer: bool = True):
                 moments, step = got
         weights = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in weights.items()}
         ema_file = ckpt / f"ema_mp_rank_{mp}.pt"
-        ema = _load(ema_file)["shadow"] if ema_file.is_file() else None
+        ema = _part(_load(ema_file), "shadow", ema_file) if ema_file.is_file() else None
         out.append((info, weights, ema, moments if optimizer else None, step))
+    _check_grid(ckpt, [s[0] for s in out], layout)
     return out
 
 
+def _check_grid(ckpt: Path, infos: list[dict], layout: dict) -> None:
+    """The shards' recorded (tp_rank, pp_rank) cover the layout's grid exactly once."""
+    tp, pp = _int(layout, "tp"), _int(layout, "pp")
+    seen = sorted((int(i.get("tp_rank", 0)), int(i.get("pp_rank", 0))) for i in infos)
+    want = sorted((t, p) for t in range(tp) for p in range(pp))
+    if seen != want:
+        lost = sorted(set(want) - set(seen))
+        raise CheckpointError(f"checkpoint {ckpt}: its model files hold shards {seen}, the layout tp={tp} pp={pp} "
+                              f"needs {want}" + (f" (missing tp_rank, pp_rank {lost})" if lost else ""))
+
+
 def _single_shard_info(module_state: dict, layout: dict) -> dict:
-    if layout.get("tp", 1) != 1 or layout.get("pp", 1) != 1:
-        raise ValueError("checkpoint: sharded (tp/pp > 1) but written without shard information "
+    if _int(layout, "tp") != 1 or _int(layout, "pp") != 1:
+        raise CheckpointError("checkpoint: sharded (tp/pp > 1) but written without shard information "
                          "(saved by an older setdlm); it cannot be consolidated")
     return {"tp": 1, "pp": 1, "tp_rank": 0, "pp_rank": 0, "partition": {}, "copies": []}
 
@@ -174,27 +248,28 @@ def _read_zero3(ckpt: Path, meta: dict):
 
     files = sorted(ckpt.glob("zero_pp_rank_*_mp_rank_00_model_states.pt"))
     if not files:
-        raise FileNotFoundError(f"checkpoint {ckpt}: no ZeRO-3 model files")
+        raise CheckpointError(f"checkpoint {ckpt}: no ZeRO-3 model files")
     state = _load(files[0])
-    weights = {k: v for k, v in state["module"].items() if not torch.is_tensor(v)}  # megatron extra states
-    weights.update({k: v.float() for k, v in get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name).items()})
+    weights = {k: v for k, v in _part(state, "module", files[0]).items() if not torch.is_tensor(v)}  # extra states
+    try:
+        with restricted_torch_load(), contextlib.redirect_stdout(io.StringIO()):  # its torch.load: weights only
+            full = get_fp32_state_dict_from_zero_checkpoint(str(ckpt.parent), tag=ckpt.name)
+    except (KeyError, ValueError, AssertionError, IndexError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"checkpoint {ckpt}: its ZeRO-3 shards cannot be merged ({type(e).__name__}: {e})") from None
+    weights.update({k: v.float() for k, v in full.items()})
     ema_file = ckpt / "ema_mp_rank_00.pt"
-    ema = _load(ema_file)["shadow"] if ema_file.is_file() else None
+    ema = _part(_load(ema_file), "shadow", ema_file) if ema_file.is_file() else None
     info = state.get("shard") or _single_shard_info(weights, meta.get("layout", {}))
     return [(info, weights, ema, None, 0)]
 
 
 # -- the command ------------------------------------------------------------------------------------
-def consolidate(path, *, out=None, optimizer: bool = True, overwrite: bool = True, log=print) -> Path:
-    """Write the consolidated state dict of checkpoint `path` (a run dir, its checkpoints/ or one
-    checkpoint); returns the file written."""
-    from .checkpoint import resolve_checkpoint
-
-    ckpt = resolve_checkpoint(path)
-    meta = json.loads((ckpt / "meta.json").read_text())
-    target = Path(out) if out else ckpt / CONSOLIDATED
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} exists (pass --overwrite to replace it)")
+def consolidated_state(ckpt: Path, *, optimizer: bool = True) -> dict:
+    """The consolidated state dict of one checkpoint folder, in memory (see the module doc)."""
+    ckpt = Path(ckpt)
+    meta = read_meta(ckpt)
     shards = read_shards(ckpt, optimizer=optimizer)
     module = merge([(s[0], s[1]) for s in shards])
     ema = merge([(s[0], s[2]) for s in shards]) if all(s[2] is not None for s in shards) else None
@@ -204,12 +279,27 @@ def consolidate(path, *, out=None, optimizer: bool = True, overwrite: bool = Tru
         for k in MOMENTS:
             opt[k] = merge([(s[0], s[3][k]) for s in shards])
     layout = meta.get("layout", {})
-    state = {"module": module, "ema": ema, "optimizer": opt,
-             "meta": {"step": meta.get("step"), "tokens_seen": meta.get("tokens_seen"), "layout": layout,
-                      "source": str(ckpt)}}
-    tmp = target.with_name(target.name + ".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, target)
+    return {"module": module, "ema": ema, "optimizer": opt,
+            "meta": {"step": meta.get("step"), "tokens_seen": meta.get("tokens_seen"), "layout": layout,
+                     "source": str(ckpt)}}
+
+
+def consolidate(path, *, out=None, optimizer: bool = True, overwrite: bool = True, log=print) -> Path:
+    """Write the consolidated state dict of checkpoint `path` (a run dir, its checkpoints/ or one
+    checkpoint); returns the file written."""
+    from .checkpoint import resolve_checkpoint
+
+    ckpt = resolve_checkpoint(path)
+    target = Path(out) if out else ckpt / CONSOLIDATED
+    if target.exists() and not overwrite:
+        raise FileExistsError(f"{target} exists (pass --overwrite to replace it)")
+    state = consolidated_state(ckpt, optimizer=optimizer)
+    module, ema, opt, layout = state["module"], state["ema"], state["optimizer"], state["meta"]["layout"]
+    meta = state["meta"]
+    try:
+        atomic_save(target, lambda f: torch.save(state, f))
+    except OSError as e:
+        raise CheckpointError(f"{target}: cannot be written ({e.strerror or e}); nothing was changed") from None
     n = sum(v.numel() for v in module.values() if torch.is_tensor(v))
     log(f"setdlm convert consolidate: {ckpt} (tp={layout.get('tp', 1)} pp={layout.get('pp', 1)} "
         f"dp={layout.get('dp', 1)} ZeRO-{layout.get('zero_stage', 0)}, step {meta.get('step')}) -> {target}: "
@@ -219,7 +309,7 @@ def consolidate(path, *, out=None, optimizer: bool = True, overwrite: bool = Tru
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="setdlm convert consolidate",
+    parser = CLIParser(prog="setdlm convert consolidate",
                                      description="Merge a sharded (TP/PP/DP, ZeRO 0-3) checkpoint into one state dict.")
     parser.add_argument("--checkpoint", required=True, help="run directory, its checkpoints/ folder, or one checkpoint")
     parser.add_argument("--out", help="output file (default: CHECKPOINT/consolidated.pt, read by load_model and re-layout)")
@@ -229,6 +319,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         consolidate(args.checkpoint, out=args.out, optimizer=not args.no_optimizer, overwrite=args.overwrite or not args.out)
     except (FileNotFoundError, FileExistsError, ValueError, RuntimeError) as e:
+        if os.environ.get("SETDLM_DEBUG"):
+            raise
         print(f"setdlm convert consolidate: error: {e}", file=sys.stderr)
         return 2
     return 0

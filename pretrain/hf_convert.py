@@ -19,9 +19,10 @@ import json
 import os
 import shutil
 import sys
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
+
+from common.cli import ArgumentParser as CLIParser
 
 import torch
 
@@ -36,7 +37,7 @@ EXPORT_SUBDIR = "hf"  # train.export_hf writes RUN/hf
 # -- reading training checkpoints ------------------------------------------------------------------
 def read_checkpoint(path, *, ema: bool = True):
     """(checkpoint dir, meta, RecipeConfig, tp=1 weights, whether EMA weights were used)."""
-    from .checkpoint import resolve_checkpoint
+    from .checkpoint import checkpoint_weights, resolve_checkpoint
     from .config import from_dict
 
     try:
@@ -47,34 +48,7 @@ def read_checkpoint(path, *, ema: bool = True):
     if "config" not in meta:
         raise ConvertError(f"{ckpt / 'meta.json'}: no `config` (not a setdlm checkpoint)")
     cfg = from_dict(meta["config"])
-    layout = meta.get("layout", {})
-    used_ema = False
-    consolidated = ckpt / "consolidated.pt"
-    sharded = layout.get("tp", 1) != 1 or layout.get("pp", 1) != 1 or (layout.get("zero_stage") or 0) >= 3
-    if consolidated.is_file() or sharded:
-        if consolidated.is_file():
-            state = torch.load(consolidated, map_location="cpu", weights_only=False)
-        else:  # merge the shards on the fly (pretrain/consolidate.py), leaving the checkpoint untouched
-            from .consolidate import consolidate
-
-            with tempfile.TemporaryDirectory(prefix="setdlm-consolidate-") as t:
-                try:
-                    f = consolidate(ckpt, out=Path(t) / "consolidated.pt", optimizer=False, log=lambda m: None)
-                except (FileNotFoundError, ValueError, RuntimeError) as e:
-                    raise ConvertError(f"checkpoint {ckpt}: saved sharded ({layout}) and cannot be consolidated: {e}") from None
-                state = torch.load(f, map_location="cpu", weights_only=False)
-        weights = state["module"]
-        if ema and state.get("ema"):
-            weights, used_ema = {**weights, **state["ema"]}, True
-    else:
-        model_file = ckpt / "mp_rank_00_model_states.pt"
-        if not model_file.is_file():
-            raise ConvertError(f"checkpoint {ckpt}: no model weights ({model_file.name} or consolidated.pt)")
-        weights = torch.load(model_file, map_location="cpu", weights_only=False)["module"]
-        ema_file = ckpt / "ema_mp_rank_00.pt"
-        if ema and ema_file.is_file():
-            weights, used_ema = {**weights, **torch.load(ema_file, map_location="cpu", weights_only=False)["shadow"]}, True
-    weights = {k: v for k, v in weights.items() if torch.is_tensor(v)}
+    weights, used_ema = checkpoint_weights(ckpt, meta, ema=ema)  # any layout; weights-only reads
     return ckpt, meta, cfg, weights, used_ema
 
 
@@ -215,10 +189,8 @@ def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32",
 
 def _normalize_weights(cfg, weights: dict) -> dict:
     """Load weights into a tp=1 Transformer of `cfg` (checking names and shapes); its state dict."""
-    from model.parallel import ensure_model_parallel
     from model.transformer import Transformer, megatron_config
 
-    ensure_model_parallel(1, 1)
     weights = {k: v for k, v in weights.items() if torch.is_tensor(v)}
     with torch.random.fork_rng(devices=[]):  # the initial values are overwritten; leave the caller's RNG alone
         model = Transformer(cfg.model, megatron_config())
@@ -345,10 +317,16 @@ def _read_reference(path: Path):
         from safetensors.torch import load_file
 
         return load_file(str(path)), config
-    try:
-        obj = torch.load(path, map_location="cpu", weights_only=False)
-    except Exception as e:  # noqa: BLE001
-        raise ConvertError(f"--model {path}: cannot be read as a torch checkpoint ({type(e).__name__}: {e})") from None
+    from .safe_load import CheckpointError, load_foreign
+
+    try:  # weights only: a Lightning/Composer checkpoint's tensors and plain values, never its pickled objects
+        obj, skipped = load_foreign(path)
+    except CheckpointError as e:
+        raise ConvertError(f"--model {e}") from None
+    if skipped:
+        print(f"setdlm convert: {path}: {len(skipped)} pickled object type(s) were not loaded and nothing in them ran "
+              f"({', '.join(skipped[:4])}{', ...' if len(skipped) > 4 else ''}); only tensors and plain values are read",
+              file=sys.stderr)
     return obj, config
 
 
@@ -363,12 +341,19 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
     obj, config = _read_reference(Path(path))
     shadow = None
     if isinstance(obj, dict) and isinstance(obj.get("state_dict"), dict):  # Lightning
-        shadow = (obj.get("ema") or {}).get("shadow_params")
+        ema_state = obj.get("ema")
+        shadow = ema_state.get("shadow_params") if isinstance(ema_state, dict) else None
         obj = obj["state_dict"]
     elif isinstance(obj, dict) and isinstance(obj.get("state"), dict) and isinstance(obj["state"].get("model"), dict):
         obj = obj["state"]["model"]  # Composer
     if not isinstance(obj, dict):
         raise ConvertError(f"--model {path}: not a state dict")
+    from .safe_load import inert_entries
+
+    bad = inert_entries({"weights": obj, "ema": shadow})
+    if bad:
+        raise ConvertError(f"--model {path}: refused: the weights hold pickled objects that are not tensors "
+                           f"({'; '.join(bad)}); setdlm never runs code from a checkpoint")
     sd = ref.strip_prefixes(obj)
     used_ema = False
     if ema and shadow:
@@ -389,12 +374,20 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
     L = int(seq_len or bc.get("length") or config.get("max_length") or 1024)
     objective: dict = {"name": family}
     if family == "setdlm":
-        if not set_size:
-            raise ConvertError("--set-size: the SetDLM set size D is not recorded in the checkpoint; pass it "
-                               "(the reference's model names carry it: owt-setdlm-d4 is D=4; smax8 is D=4)")
-        objective.update(set_size=int(set_size))  # S_max = 2 D, k from the budget (SETDLM.md section 2)
+        recorded = ref.schedule_from_config(config, L)  # noise_config.desired_block_size / max_block_size / k
+        if set_size and recorded.get("set_size") not in (None, int(set_size)):
+            log(f"setdlm convert: --set-size {set_size} overrides the checkpoint's desired_block_size "
+                f"{recorded['set_size']}")
+        if set_size:
+            recorded["set_size"] = int(set_size)
+        if not recorded.get("set_size"):
+            raise ConvertError("--set-size: the SetDLM set size D is not recorded in the checkpoint (no "
+                               "noise_config.desired_block_size in its config.json); pass it (the reference's "
+                               "model names carry it: owt-setdlm-d4 is D=4; smax8 is D=4)")
+        objective.update(recorded)  # S_max = 2 D and k from the budget unless recorded (SETDLM.md section 2)
     elif family == "bd3lm":
-        objective["block_size"] = int(set_size or bc.get("block_size") or 4)
+        nc = config.get("noise_config") if isinstance(config.get("noise_config"), dict) else {}
+        objective["block_size"] = int(set_size or nc.get("block_size") or bc.get("block_size") or config.get("block_size") or 4)
     train_sd = ref.dit_to_training(sd, arch, sigma)
     V = tok.vocab_size
     if arch["vocab"] > V:
@@ -433,7 +426,7 @@ def _bool_flag(p, name: str, default: bool, help_: str) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="setdlm convert", description="Checkpoint conversion (docs/convert.md).")
+    parser = CLIParser(prog="setdlm convert", description="Checkpoint conversion (docs/convert.md).")
     sub = parser.add_subparsers(dest="command", metavar="{to-hf,from-hf,from-reference,consolidate}")
     p = sub.add_parser("to-hf", help="export a training checkpoint as a Hugging Face model directory")
     p.add_argument("--checkpoint", required=True, help="run directory, its checkpoints/ folder, or one checkpoint")
@@ -493,6 +486,8 @@ def main(argv: list[str] | None = None) -> int:
                              n_heads=args.n_heads, tokenizer=args.tokenizer, ema=args.ema, sigma=args.sigma,
                              overrides=args.overrides, overwrite=args.overwrite)
     except (ConvertError, ValueError, FileNotFoundError) as e:
+        if os.environ.get("SETDLM_DEBUG"):
+            raise
         print(f"setdlm convert {args.command}: error: {e}", file=sys.stderr)
         return 2
     return 0

@@ -11,7 +11,7 @@ norm; `reduce` turns per-rank metric sums into run-wide ones. Who does what:
   the tied-embedding copies' gradients are summed over megatron's embedding group (first and last
   stage), DeepSpeed reduces gradients over the data-parallel group (ZeRO 0 or 1; to DeepSpeed the whole
   step is one micro-batch), the gradient norm is taken over the model-parallel group and the engine
-  steps. On a CPU-only torch the schedule runs inside `model.compat_cpu.cpu_compat()`.
+  steps. On a CPU-only torch the schedule runs inside `pretrain.compat_cpu.cpu_compat()`.
 
 Why megatron's schedules rather than DeepSpeed's pipeline engine: the model stays our `Transformer`
 with global layer names (state dicts and checkpoints are the same under any split, so consolidation
@@ -28,8 +28,9 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-from model.compat_cpu import megatron_compat
 from model.transformer import Transformer, megatron_config
+
+from .compat_cpu import megatron_compat
 
 from .engine import clip_gradients
 
@@ -49,8 +50,15 @@ def build_stage(model_cfg, tp: int, pp: int) -> Transformer:
     """This rank's part of the model: its pipeline stage's layers, tensor-parallel over `tp` ranks
     (megatron's parallel state must be initialised for (tp, pp))."""
     stage = parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else 0
-    return Transformer(model_cfg, megatron_config(tp, pp), pre_process=stage == 0, post_process=stage == pp - 1,
-                       layers=stage_layers(model_cfg.n_layers, pp, stage))
+    model = Transformer(model_cfg, megatron_config(tp, pp), pre_process=stage == 0, post_process=stage == pp - 1,
+                        layers=stage_layers(model_cfg.n_layers, pp, stage))
+    if not model.pre_process and hasattr(model, "embed"):
+        # The last stage's copy of a tied embedding: its gradient is all-reduced with the first stage's
+        # (StepRunner), checkpoints and consolidation drop it (`shared_embedding`), and gradient norms
+        # count it once (`ds_pipe_replicated`, read by engine.global_grad_norm and DeepSpeed).
+        model.embed.weight.shared_embedding = True
+        model.embed.weight.ds_pipe_replicated = True
+    return model
 
 
 def schedule_config(cfg, dtype: torch.dtype):

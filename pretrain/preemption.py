@@ -1,4 +1,4 @@
-"""Preemption: turn SIGTERM / the Slurm warning signal into a save at the next step boundary.
+"""Preemption: turn SIGTERM, Ctrl-C (SIGINT) and the Slurm warning signal into a save at the next step.
 
 Slurm sends ``SIGUSR1`` some time before the end of a job's time limit when the job was submitted
 with ``--signal=USR1@120`` (the batch template does), and ``SIGTERM`` (then ``SIGKILL`` after
@@ -16,10 +16,14 @@ agrees across ranks with one all-reduce, and the trainer does::
 
 The requeued job starts the same batch script again, the trainer finds the run directory (derived
 from the run name) and resumes from its last checkpoint.
+
+Ctrl-C (SIGINT) is handled like SIGTERM; a second Ctrl-C exits at once (status 130; the last complete
+checkpoint is untouched because checkpoints are published atomically). `setdlm pretrain` installs the
+handler (:func:`active_handler`) before it imports torch or creates the process group, so a signal
+that arrives during start-up is recorded and honoured at the first step boundary after set-up.
 """
 from __future__ import annotations
 
-import logging
 import os
 import shutil
 import signal
@@ -28,24 +32,12 @@ import threading
 import time
 from typing import Iterable
 
-log = logging.getLogger(__name__)
+from common.env import env_rank as _env_rank
+from common.log import get_logger
 
-DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+log = get_logger("setdlm.preemption")
 
-
-def _env_rank() -> int:
-    """This process's rank from the launcher variables, without a process group (same precedence
-    as launch.env.detect_env; kept here because pretrain must not import launch)."""
-    env = os.environ
-    candidates = ["RANK", "OMPI_COMM_WORLD_RANK"]
-    if env.get("SLURM_STEP_ID") is not None or env.get("SLURM_STEPID") is not None:
-        candidates.append("SLURM_PROCID")
-    candidates += ["PMI_RANK", "PMIX_RANK", "MV2_COMM_WORLD_RANK"]
-    for name in candidates:
-        value = env.get(name, "").strip()
-        if value.isdigit():
-            return int(value)
-    return 0
+DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGUSR1, signal.SIGINT)
 
 
 class PreemptionHandler:
@@ -90,6 +82,11 @@ class PreemptionHandler:
         if self._received is None:
             self._received = signum
             self._received_at = time.monotonic()
+            if signum == signal.SIGINT:
+                os.write(2, b"\nCtrl-C: saving a checkpoint at the end of this step (Ctrl-C again to exit now)\n")
+        elif signum == signal.SIGINT:  # a second Ctrl-C: leave now, without the save
+            os.write(2, b"\nCtrl-C again: exiting without saving (the last complete checkpoint is kept)\n")
+            os._exit(130)
 
     # -- queries ------------------------------------------------------------------------------
     @property
@@ -173,4 +170,24 @@ class PreemptionHandler:
             log.warning("preemption: job %s requeued", job_id)
 
 
-__all__ = ["PreemptionHandler", "DEFAULT_SIGNALS"]
+_ACTIVE: PreemptionHandler | None = None
+
+
+def active_handler() -> PreemptionHandler:
+    """The process's installed handler, installing one on first call (main thread only). The CLI calls
+    it before set-up so early signals are kept; the trainer calls it again and gets the same one."""
+    global _ACTIVE
+    if _ACTIVE is None or not _ACTIVE._installed:
+        _ACTIVE = PreemptionHandler().install()
+    return _ACTIVE
+
+
+def release_handler() -> None:
+    """Uninstall the active handler (end of training): signals get their previous meaning back."""
+    global _ACTIVE
+    if _ACTIVE is not None:
+        _ACTIVE.uninstall()
+        _ACTIVE = None
+
+
+__all__ = ["PreemptionHandler", "DEFAULT_SIGNALS", "active_handler", "release_handler"]

@@ -15,7 +15,6 @@ from data_pipeline.tokenizers import load_tokenizer
 from model import fp8 as fp8_layers
 from model.noise import TRAIN, VAL, SampleNoise
 from model.objectives import build_objective, summarize
-from model.parallel import ensure_model_parallel, ensure_process_group
 from model.transformer import parameter_count
 
 from . import checkpoint
@@ -24,14 +23,16 @@ from .ema import EMA
 from .engine import build_engine, resolve_precision
 from .flops import device_peak_tflops, train_step_flops
 from .logger import MetricsLogger
+from .parallel import ensure_model_parallel, ensure_process_group
 from .pipeline import StepRunner, add_metrics, build_stage
-from .preemption import PreemptionHandler
+from .preemption import active_handler, release_handler
 
 
 
 class Trainer:
     def __init__(self, cfg: RecipeConfig):
         self.cfg = cfg
+        self.preemption = active_handler()  # signals during set-up are kept and honoured at the first step
         ensure_process_group()
         self.world = dist.get_world_size()
         self.rank = dist.get_rank()
@@ -92,10 +93,12 @@ class Trainer:
         if self.rank == 0:
             checkpoint.clean_partial(self.ckpt_root)
         dist.barrier()
-        path = checkpoint.latest_checkpoint(self.ckpt_root) if self.ckpt_root.is_dir() else None
+        path = checkpoint.latest_checkpoint(self.ckpt_root, notes=self.notes) if self.ckpt_root.is_dir() else None
         if path is None:
             return False
-        saved = checkpoint.read_meta(path)["layout"]
+        saved_meta = checkpoint.read_meta(path)
+        checkpoint.check_compatible(saved_meta, self.cfg, path)  # another model size or objective: refused
+        saved = saved_meta["layout"]
         if (saved["tp"], saved["pp"], saved["dp"], saved.get("zero_stage", 0)) == (
                 self.cfg.parallel.tp, self.cfg.parallel.pp, self.dp_size, self.cfg.parallel.zero_stage):
             meta, extra, ema = checkpoint.load(self.engine, path, rank=self.rank, mp_rank=self.mp_rank)
@@ -151,7 +154,7 @@ class Trainer:
             for i, batch in enumerate(loader):
                 if limit and i >= limit:
                     break
-                micro.append(self._prepare(batch, VAL))
+                micro.append(self._prepare(batch, VAL, bound=True))
                 if len(micro) == 16:  # bounded memory on long validation splits
                     add_metrics(acc, self.stepper.eval_step(micro))
                     micro = []
@@ -195,7 +198,7 @@ class Trainer:
             f"(tp {cfg.parallel.tp}, pp {cfg.parallel.pp}, dp {self.dp_size}, ZeRO-{cfg.parallel.zero_stage}) | "
             f"L={cfg.data.seq_len} global batch {t.global_batch} | run dir {self.run_dir}"
             + (f" | resumed at step {self.step}" if resumed else ""))
-        handler = PreemptionHandler().install()
+        handler = self.preemption
         accum = cfg.grad_accum(self.world)
         seq_tokens = t.global_batch * cfg.data.seq_len
         step_flops = train_step_flops(cfg.model, cfg.objective.name, cfg.data.seq_len, t.global_batch)
@@ -250,7 +253,7 @@ class Trainer:
                 self.logger.write(f"preemption signal received: saved at step {self.step}, exiting for requeue")
                 handler.requeue()
                 break
-        handler.uninstall()
+        release_handler()
         if not preempted and t.sample_at_end and self.rank == 0:
             self.print_sample()
         if not preempted and t.export_hf and self.rank == 0:  # Hugging Face export of the final checkpoint
@@ -263,19 +266,17 @@ class Trainer:
         return last
 
     def print_sample(self) -> None:
-        from model.sampling import SamplingConfig, generate
+        from model.sampling import SamplingConfig
+        from model.sampling.report import speed_report
 
         if self.cfg.parallel.tp * self.cfg.parallel.pp > 1:
             return
         t, o = self.cfg.train, self.cfg.objective
-        prompt = self.tokenizer.encode(t.sample_prompt) if t.sample_prompt else []
         sc = SamplingConfig(family=o.name, max_new_tokens=t.sample_tokens, block_size=o.block_size,
                             window=o.set_size if o.name == "setdlm" else None, temperature=t.sample_temperature,
                             top_p=t.sample_top_p, threshold=t.sample_threshold or None, seed=self.cfg.run.seed,
                             repetition_penalty=t.sample_repetition_penalty)
-        out = generate(self.model, [prompt], sc, mask_id=self.cfg.model.mask_id, tokenizer=self.tokenizer)[0]
-        self.logger.write(f"sample ({out.steps} steps, {out.tokens_per_step:.2f} tokens/step):\n"
-                          f"{t.sample_prompt or ''}{out.text}")
+        self.logger.write(speed_report(self.model, self.tokenizer, t.sample_prompt or "", sc, mask_id=self.cfg.model.mask_id))
 
 
 def train(cfg: RecipeConfig) -> dict:

@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 @pytest.fixture(scope="session")
 def model_parallel():
     """A single-process gloo group with megatron-core's parallel state (TP=1, PP=1)."""
-    from model.parallel import ensure_model_parallel
+    from pretrain.parallel import ensure_model_parallel
 
     ensure_model_parallel(1, 1)
     yield

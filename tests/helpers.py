@@ -34,8 +34,10 @@ def write_recipe(path: Path, **sections) -> Path:
 
 def cli_env() -> dict:
     env = dict(os.environ)
+    # The repository first; an existing PYTHONPATH (the GPU check's carried wheels) stays after it.
+    path = os.pathsep.join([str(REPO)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env.update(WANDB_MODE="disabled", HF_HUB_OFFLINE="1", HF_DATASETS_OFFLINE="1", OMP_NUM_THREADS="1",
-               PYTHONPATH=str(REPO))
+               PYTHONPATH=path)
     for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(k, None)
     return env

@@ -17,7 +17,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from model.parallel import ensure_process_group
+    from pretrain.parallel import ensure_process_group
     from pretrain.config import load_config
     from pretrain.trainer import Trainer
 

@@ -72,7 +72,7 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
     from megatron.core import parallel_state
 
     from model.objectives import build_objective, summarize
-    from model.parallel import ensure_model_parallel
+    from pretrain.parallel import ensure_model_parallel
     from pretrain.checkpoint import save, shard_info
     from pretrain.config import from_dict
     from pretrain.engine import build_engine
@@ -145,7 +145,7 @@ def main() -> int:
     parser.add_argument("layouts", nargs="+")
     args = parser.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from model.parallel import ensure_process_group
+    from pretrain.parallel import ensure_process_group
     from pretrain.engine import _skip_cpu_shm_op
 
     ensure_process_group()

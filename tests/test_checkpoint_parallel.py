@@ -123,3 +123,33 @@ def test_relayout_without_consolidation_fails_clearly(tp2_run, tmp_path, model_p
     cfg = load_config(r, [f"run.out_dir={tmp_path}", *NO_DROPOUT])
     with pytest.raises(ValueError, match="setdlm convert consolidate"):
         Trainer(cfg).train()
+
+
+def test_tp2_checkpoint_loads_and_decodes_without_a_process_group(tp2_run, tmp_path):
+    """load_model merges the TP=2 shards in memory in a plain interpreter (no launcher variables):
+    the weights are the consolidated ones, it decodes, torch.distributed stays uninitialised and
+    os.environ unchanged; nothing is written into the checkpoint."""
+    import torch
+
+    from pretrain.consolidate import consolidated_state
+
+    _, run = tp2_run
+    code = (
+        "import os, sys, torch\n"
+        "import pretrain.checkpoint, model.sampling\n"
+        "before = dict(os.environ)\n"
+        "m, tok, cfg = pretrain.checkpoint.load_model(sys.argv[1])\n"
+        "out = model.sampling.generate(m, [tok.encode('The')], model.sampling.SamplingConfig(family='setdlm',\n"
+        "    window=4, max_new_tokens=4), mask_id=cfg.model.mask_id, tokenizer=tok)[0]\n"
+        "assert len(out.tokens) == 4 and not torch.distributed.is_initialized() and dict(os.environ) == before\n"
+        "torch.save(m.state_dict(), sys.argv[2])\n")
+    r = subprocess.run([sys.executable, "-c", code, str(run), str(tmp_path / "w.pt")], cwd=REPO, env=cli_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    got = torch.load(tmp_path / "w.pt", weights_only=True)
+    ckpt = checkpoint.latest_checkpoint(run / "checkpoints")
+    assert not (ckpt / "consolidated.pt").exists()
+    want = consolidated_state(ckpt, optimizer=False)
+    want = {**want["module"], **want["ema"]}
+    assert {k for k, v in want.items() if torch.is_tensor(v)} == {k for k, v in got.items() if torch.is_tensor(v)}
+    assert all(torch.equal(got[k], want[k].float()) for k in got if torch.is_tensor(got[k]))

@@ -20,9 +20,10 @@ def test_recipe_validates(path):
 
 def test_overrides_are_yaml_and_presets_yield_to_explicit_keys(tmp_path):
     assert parse_overrides(["train.lr=1e-3", "model.qk_norm=true", "run.name=x"]) == {
-        "train": {"lr": "1e-3"}, "model": {"qk_norm": True}, "run": {"name": "x"}}
+        "train": {"lr": 1e-3}, "model": {"qk_norm": True}, "run": {"name": "x"}}
     r = tmp_path / "r.yaml"
-    r.write_text("model:\n  preset: paper-12x768\n  n_layers: 3\n")
+    r.write_text("model:\n  preset: paper-12x768\n  n_layers: 3\nobjective: {name: ar}\ndata: {seq_len: 64}\n"
+                 "train: {max_steps: 3}\n")
     cfg = load_config(r, ["train.lr=1e-3", "model.hidden=96", "model.n_heads=4"])
     assert cfg.train.lr == 1e-3 and isinstance(cfg.train.lr, float)
     assert (cfg.model.n_layers, cfg.model.hidden, cfg.model.ffn_hidden) == (3, 96, 3072)

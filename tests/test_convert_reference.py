@@ -198,3 +198,23 @@ def test_imported_model_samples_with_the_stack(tmp_path, model_parallel):
     out = generate(model, [tok.encode("Hello")], SamplingConfig(family="setdlm", window=cfg.objective.set_size,
                                                                  max_new_tokens=6), mask_id=tok.mask_id)[0]
     assert out.steps >= 1 and 0 < len(out.tokens) <= 6
+
+
+def test_schedule_is_read_from_the_reference_config(tmp_path, model_parallel):
+    """D and S_max come from the reference's own config.json (noise_config), no --set-size needed."""
+    from model.convert.reference import schedule_from_config
+    from pretrain.checkpoint import load_model
+    from pretrain.hf_convert import import_reference
+
+    sd = synthetic_dit(adaln=False)
+    base = {"architectures": ["SetDLM"], "backbone_config": {"n_heads": NH, "length": L},
+            "tokenization_config": {"vocab_size": V, "mask_token_id": 50257}}
+    _write_hf_style(tmp_path / "a", sd, {**base, "noise_config": {"desired_block_size": 2, "max_block_size": 4}})
+    _, _, cfg = load_model(import_reference(tmp_path / "a", tmp_path / "ra", log=lambda s: None))
+    assert (cfg.objective.set_size, cfg.objective.s_max) == (2, None)  # 4 = 2D: the default
+    _write_hf_style(tmp_path / "b", sd, {**base, "noise_config": {"desired_block_size": 2, "max_block_size": 3}})
+    _, _, cfg = load_model(import_reference(tmp_path / "b", tmp_path / "rb", log=lambda s: None))
+    assert (cfg.objective.set_size, cfg.objective.s_max) == (2, 3)
+    # an exported config with max_block_size == length: the reference uses 2 D, so do we
+    assert schedule_from_config({"noise_config": {"desired_block_size": 4, "max_block_size": 1024}}, 1024) == {"set_size": 4}
+    assert schedule_from_config({}, 1024) == {}

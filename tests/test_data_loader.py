@@ -88,7 +88,7 @@ def test_config_validation():
                       ({"source": "builtin:nope"}, "source"), ({"shuffle": "yes"}, "shuffle")]:
         with pytest.raises(ValueError, match=rf"^data\.{field}: "):
             DataConfig(**kw).validate()
-    with pytest.raises(ValueError, match=r"^data\.batch: unknown field"):
+    with pytest.raises(ValueError, match=r"^data\.batch: unknown key"):
         DataConfig.from_dict({"batch": 3})
     assert DataConfig.from_dict({"seq_len": 64}).seq_len == 64
 

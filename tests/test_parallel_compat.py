@@ -1,11 +1,11 @@
-"""The megatron-core CPU compatibility layer (model/compat_cpu.py) and the pipeline stage split."""
+"""The megatron-core CPU compatibility layer (pretrain/compat_cpu.py) and the pipeline stage split."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from model import compat_cpu
+from pretrain import compat_cpu
 from pretrain.pipeline import stage_layers
 
 

@@ -118,3 +118,35 @@ def test_layouts_match_one_process(results, nproc, layouts):
     for layout in layouts:
         check(results, layout)
         check_bf16(results, layout)
+
+
+# Each layout's checkpoint with one shard file removed: consolidation (and load_model, which merges
+# shards in memory) refuses it, naming the missing file, instead of writing a smaller model.
+MISSING = {
+    "TP shard": ("tp2pp1z0", "mp_rank_01_model_states.pt"),
+    "PP stage": ("tp1pp2z0", "mp_rank_01_model_states.pt"),
+    "ZeRO-1 partition": ("tp1pp1z1", "zero_pp_rank_1_mp_rank_00_optim_states.pt"),
+    "ZeRO-3 partition": ("tp1pp1z3", "zero_pp_rank_1_mp_rank_00_model_states.pt"),
+}
+
+
+@pytest.mark.parametrize("what", MISSING)
+def test_consolidation_refuses_a_checkpoint_with_a_missing_shard(results, tmp_path, capsys, what):
+    import shutil
+
+    from pretrain.consolidate import main as consolidate_main
+
+    layout, name = MISSING[what]
+    src = results / f"ckpt-qwen-{layout}"
+    if not src.is_dir():  # this test alone: write the two-process layouts first
+        launch(results, 2, TWO)
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(src, ckpt)
+    step = next(ckpt.glob("step_*"))
+    (step / name).unlink()
+    out = tmp_path / "consolidated.pt"
+    assert consolidate_main(["--checkpoint", str(ckpt), "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "Traceback" not in err, err
+    assert "incomplete" in err and name in err, err
+    assert not out.exists()

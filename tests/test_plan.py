@@ -80,7 +80,7 @@ def test_pipeline_stages_hold_fewer_micro_batches_downstream(tmp_path):
     (4, ["parallel.pp=2", "parallel.zero_stage=3"], "parallel.zero_stage"),
     (4, ["parallel.tp=2", "parallel.zero_stage=3"], "parallel.zero_stage"),
     (4, ["parallel.tp=3"], "parallel.tp"),
-    (6, ["parallel.pp=4"], "parallel.tp/parallel.pp"),
+    (6, ["parallel.pp=4", "model.n_layers=4"], "parallel.tp/parallel.pp"),
     (4, ["parallel.tp=4", "model.n_heads=2", "model.hidden=32"], "model.n_heads"),
     (4, ["parallel.tp=2", "train.global_batch=6", "train.micro_batch=2"], "train.global_batch"),
     (4, ["parallel.pp=4", "model.n_layers=2"], "parallel.pp"),

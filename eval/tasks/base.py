@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 
 from ..metrics import mean, percentile
-from ..models import Checkpoint, ModelPredictor, add_sampling_args, pick_device, sampling_config, sampling_spec
+from ..models import (Checkpoint, ModelPredictor, add_sampling_args, pick_device, prompt_budget, sampling_config,
+                      sampling_spec)
 from ..runner import EvalError, EvalRun, Shard, Unit, seed_for
 
 
@@ -19,7 +20,8 @@ class Task:
         pass
 
     def __init__(self, args, shard: Shard, predictor=None):
-        self.args, self.shard = args, shard
+        self.args, self.shard = args, shard  # args: the task's frozen typed options (eval.api)
+        self.seed = args.seed
         self.predictor = predictor
         self.ckpt = None
         if getattr(args, "checkpoint", None) or predictor is None:
@@ -33,7 +35,7 @@ class Task:
         return getattr(self.predictor, "tokenizer", None)
 
     def spec(self) -> dict:
-        s = {"seed": self.args.seed, "limit": self.args.limit}
+        s = {"seed": self.seed, "limit": self.args.limit}
         if self.ckpt is not None:
             s["checkpoint"] = self.ckpt.describe()
         elif self.predictor is not None:
@@ -55,6 +57,13 @@ class Task:
 
     # markdown: (headline metric keys, percent keys) for the summary table
     headline: tuple[str, ...] = ()
+
+
+# With greedy decoding a unit (the resumable piece of a task) holds this many batches of examples and
+# its prompts decode with --batch-size slots (continuous batching: a finished row's slot takes the next
+# prompt; the tokens are those of decoding each alone). Sampled decoding keeps one batch per unit: its
+# draws depend on which rows share a batch, and units must not depend on the number of ranks.
+UNIT_BATCHES = 8
 
 
 def chunk_units(examples: list[dict], batch_size: int, key=lambda e: e["id"]) -> list[Unit]:
@@ -89,6 +98,20 @@ class GenerationTask(Task):
             self.sampling = sampling_config(self.ckpt, args, window=self.default_window(), **self.sampling_extra())
             self.predictor = ModelPredictor(self.ckpt, self.sampling)
 
+    def prompt_room(self) -> int:
+        """Prompt tokens every example needs beside the new tokens (0: unconditional prompts)."""
+        return 1
+
+    def check_fits(self) -> None:
+        """Refuse, before the model loads, decoding that cannot fit the model's max_seq_len (called by
+        eval.cli.execute once the task is set up)."""
+        if self.sampling is None or self.ckpt is None:
+            return
+        need = self.prompt_room()
+        if need == 0 and self.sampling.family == "ar":
+            need = 1  # AR starts an empty prompt from EOS
+        prompt_budget(self.ckpt.cfg.model.max_seq_len, self.sampling.max_new_tokens, min_prompt=need)
+
     def default_window(self) -> int | None:
         """SW-SetDLM window when --window is not given (None: D)."""
         return None
@@ -104,8 +127,19 @@ class GenerationTask(Task):
             s["sampling"] = sampling_spec(self.sampling)
         return s
 
+    def unit_size(self) -> int:
+        """Examples per unit (see UNIT_BATCHES); they decode with --batch-size slots."""
+        greedy = self.sampling is not None and self.sampling.greedy
+        return self.args.batch_size * (UNIT_BATCHES if greedy else 1)
+
     def unit_seed(self, unit: Unit) -> int:
-        return seed_for(self.args.seed, self.name, unit.keys[0])
+        return seed_for(self.seed, self.name, unit.keys[0])
+
+
+def truncation_metrics(records: list[dict]) -> dict:
+    """How many prompts were cut (from the left) to fit max_seq_len, and by how many tokens in all."""
+    cut = [int(r.get("prompt_cut") or 0) for r in records]
+    return {"prompts_cut": sum(c > 0 for c in cut), "prompt_tokens_cut": sum(cut)}
 
 
 def speed_metrics(records: list[dict]) -> dict:
@@ -122,4 +156,5 @@ def speed_metrics(records: list[dict]) -> dict:
             "speed/steps": mean([r.get("steps", 0) for r in recs]), "speed/new_tokens": mean([r["n_tokens"] for r in recs])}
 
 
-__all__ = ["Task", "GenerationTask", "chunk_units", "speed_metrics", "seed_for", "Unit", "EvalError"]
+__all__ = ["UNIT_BATCHES", "Task", "GenerationTask", "chunk_units", "speed_metrics", "truncation_metrics", "seed_for", "Unit",
+           "EvalError"]

@@ -22,7 +22,7 @@ import random
 from ..data import load_gsm8k
 from ..metrics import extract_answer, gold_answer, mean
 from ..runner import EvalError, Unit
-from .base import GenerationTask, chunk_units, speed_metrics
+from .base import GenerationTask, chunk_units, speed_metrics, truncation_metrics
 
 TEMPLATE = "Question: {question}\nAnswer:"
 STOP = ["Question:"]
@@ -96,10 +96,11 @@ class GSM8KTask(GenerationTask):
         return shots + TEMPLATE.format(question=ex["question"])
 
     def units(self) -> list[Unit]:
-        return chunk_units(self.examples, self.args.batch_size)
+        return chunk_units(self.examples, self.unit_size())
 
     def _records(self, unit: Unit, docs: list[dict], prompts: list[str], stop: list[str]) -> list[dict]:
-        outs = self.predictor.complete(prompts, self.unit_seed(unit), examples=docs, stop=list(stop))
+        outs = self.predictor.complete(prompts, self.unit_seed(unit), examples=docs, stop=list(stop),
+                                       max_batch=self.args.batch_size)
         recs = []
         for key, doc, prompt, o in zip(unit.keys, docs, prompts, outs):
             gold = gold_answer(doc["answer"])
@@ -128,6 +129,7 @@ class GSM8KTask(GenerationTask):
             rules[r["rule"]] = rules.get(r["rule"], 0) + 1
         m = {"accuracy": mean([float(r["correct"]) for r in records]), "n": len(records),
              "extraction": rules, "backend": spec.get("backend"), "fewshot": spec.get("fewshot")}
+        m.update(truncation_metrics(records))  # prompts (few-shot context included) cut to fit max_seq_len
         m.update(speed_metrics(records))
         if spec.get("backend") == "lm-eval" and out is not None:
             from ..lmeval import replay_metrics

@@ -6,6 +6,13 @@ sentences 2-4 given 1 and 5. The span length is given: the number of tokens of t
 (sentences joined by single spaces, tokenized in place with the checkpoint's tokenizer). SetDLM,
 BD3-LM and MDLM see prefix and suffix; AR conditions on the prefix only. Default window
 w = S_max (as the paper does for infilling), no threshold (one token per step).
+
+``--preset paper`` adds the paper's remaining settings, so ROUGE is comparable with its Table 2: the
+story framed as one document (BOS before the prefix, EOS after the suffix) and a repetition penalty
+of 1.2 over the tokens present (prefix, suffix and what is filled so far) unless
+``--repetition-penalty`` gives another value. A story whose prefix + span + suffix does not fit the
+model's max_seq_len is refused before the model loads (decoding past it would use positions the
+model never saw).
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from ..runner import EvalError, Unit
 from .base import GenerationTask, chunk_units, speed_metrics
 
 SPANS = {"3": (2, 3), "2-4": (1, 4)}
+PRESETS = {"default": {"framing": False, "repetition_penalty": 1.0}, "paper": {"framing": True, "repetition_penalty": 1.2}}
 TYPES = ("rouge1", "rouge2", "rougeL")
 
 
@@ -35,15 +43,44 @@ class InfillTask(GenerationTask):
     def add_args(cls, p):
         p.add_argument("--data", required=True, help="ROCStories CSV (Story Cloze columns, or storyid/sentence1..5)")
         p.add_argument("--span", choices=sorted(SPANS), default="3", help="sentences to fill (default 3)")
+        p.add_argument("--preset", choices=sorted(PRESETS), default="default",
+                       help="paper: BOS/EOS framing and repetition penalty 1.2, as in the paper's Table 2 (default: neither)")
         super().add_args(p)
 
     def __init__(self, args, shard, predictor=None):
+        self.preset = PRESETS[args.preset]
         super().__init__(args, shard, predictor)
         self.stories = load_rocstories(args.data)
         if args.limit:
             self.stories = self.stories[: args.limit]
         if self.tokenizer is None:
             raise EvalError("infill: needs a tokenizer (--checkpoint) to measure span lengths")
+        if self.ckpt is not None:
+            limit = int(self.ckpt.cfg.model.max_seq_len)
+            sizes = [len(a) + n + len(b) for a, n, b in (self.part(st)[0] for st in self.stories)]
+            over = [i for i, n in enumerate(sizes) if n > limit]
+            if over:
+                raise EvalError(f"--data: {len(over)} stories (the first: #{over[0]}, {sizes[over[0]]} tokens) do not fit the "
+                                f"model's max_seq_len {limit} as prefix + span + suffix; use a model with a longer "
+                                f"context or --limit")
+
+    def check_fits(self) -> None:
+        pass  # per story, in __init__
+
+    def sampling_extra(self) -> dict:
+        if self.preset["repetition_penalty"] != 1.0 and self.args.repetition_penalty == 1.0:
+            return {"repetition_penalty": self.preset["repetition_penalty"]}
+        return {}
+
+    def part(self, story: dict):
+        """((prefix ids, span length, suffix ids), (prefix, reference span, suffix) texts)."""
+        tok = self.tokenizer
+        pre, mid, suf = split_story(story["sentences"], self.args.span)
+        a, b = tok.encode(pre), tok.encode(suf)
+        if self.preset["framing"]:
+            bos = tok.bos_id if tok.bos_id is not None else tok.eos_id
+            a, b = ([bos] if bos is not None else []) + a, b + ([tok.eos_id] if tok.eos_id is not None else [])
+        return (a, len(tok.encode(mid)), b), (pre, mid.strip(), suf.strip())
 
     def default_window(self):
         o = self.ckpt.cfg.objective
@@ -51,20 +88,16 @@ class InfillTask(GenerationTask):
 
     def spec(self) -> dict:
         s = super().spec()
-        s.update(data=self.args.data, span=self.args.span, n=len(self.stories))
+        s.update(data=self.args.data, span=self.args.span, n=len(self.stories), preset=self.args.preset,
+                 framing=self.preset["framing"])
         return s
 
     def units(self) -> list[Unit]:
-        return chunk_units(self.stories, self.args.batch_size)
+        return chunk_units(self.stories, self.unit_size())
 
     def run_unit(self, unit: Unit) -> list[dict]:
-        tok = self.tokenizer
-        parts, texts = [], []
-        for st in unit.payload:
-            pre, mid, suf = split_story(st["sentences"], self.args.span)
-            parts.append((tok.encode(pre), len(tok.encode(mid)), tok.encode(suf)))
-            texts.append((pre, mid.strip(), suf.strip()))
-        outs = self.predictor.infill(parts, self.unit_seed(unit), examples=unit.payload)
+        parts, texts = zip(*(self.part(st) for st in unit.payload))
+        outs = self.predictor.infill(list(parts), self.unit_seed(unit), examples=unit.payload, max_batch=self.args.batch_size)
         recs = []
         for key, (pre, ref, suf), part, o in zip(unit.keys, texts, parts, outs):
             gen = (o["text"] or "").strip()
@@ -77,6 +110,7 @@ class InfillTask(GenerationTask):
     def aggregate(records, spec, out=None) -> dict:
         m = {t: mean([r[t] for r in records]) for t in TYPES}
         m.update({f"{t}_{x}": mean([r[f"{t}_{x}"] for r in records]) for t in TYPES for x in ("p", "r")})
-        m.update(n=len(records), span=spec.get("span"), span_tokens=mean([r["span_tokens"] for r in records]))
+        m.update(n=len(records), span=spec.get("span"), span_tokens=mean([r["span_tokens"] for r in records]),
+                 preset=spec.get("preset", "default"))
         m.update(speed_metrics(records))
         return m

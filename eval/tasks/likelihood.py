@@ -1,8 +1,9 @@
 """likelihood: NLL, bits per token and perplexity (bound) of a checkpoint on held-out data.
 
-Per objective, exactly what training validation computes (`Trainer.validate`): SW-SetDLM the
-order-sampled bound (one generation order per sequence from the sliding-window schedule), MDLM and
-BD3-LM the NELBO (1/t weights, normalised by the tokens), AR the exact NLL. The data, batches and
+Per objective, exactly what training validation computes (`Trainer.validate`; both draw with
+`prepare(bound=True)`): SW-SetDLM the order-sampled bound (one generation order per sequence from the
+sliding-window schedule), MDLM and BD3-LM an unbiased estimate of the continuous-time NELBO (its exact
+discrete form, see model/objectives/mdlm.py), normalised by the tokens, AR the exact NLL. The data, batches and
 randomness follow the training validation: order 0 of a val-split sample draws its orders / noise
 from (seed, its global position in the val order) as the trainer does (model/noise.py), so with the
 recipe's seed, global batch and number of batches (`--match-training`) the value equals `val/nll` in
@@ -34,6 +35,46 @@ def _autocast(precision: str, device: torch.device):
     return nullcontext()
 
 
+# what each family's number estimates (the records of an older estimator are not resumed into a new one)
+ESTIMATORS = {"ar": "exact NLL", "setdlm": "order-sampled upper bound (one order per sequence and draw)",
+              "mdlm": "NELBO, exact discrete form (k ~ U{1..n} masked, weight n/k)",
+              "bd3lm": "NELBO per block, exact discrete form (k ~ U{1..B} masked, weight B/k)"}
+
+
+def text_rows(docs_ids, tok, packing: str, seq_len: int) -> dict:
+    """Token documents framed as in training (`packing`), concatenated and cut into rows of `seq_len`,
+    the last row padded: {"input_ids", "valid_mask", "sample_id"} (CPU tensors)."""
+    import numpy as np
+
+    from data_pipeline.packing import frame_documents, token_dtype
+
+    flat, _ = frame_documents(docs_ids, packing, tok.bos_id, tok.eos_id, token_dtype(tok.vocab_size))
+    n = math.ceil(len(flat) / seq_len)
+    rows = np.zeros((n, seq_len), dtype=np.int64)
+    valid = np.zeros((n, seq_len), dtype=bool)
+    rows.flat[: len(flat)] = flat
+    valid.flat[: len(flat)] = True
+    return {"input_ids": torch.from_numpy(rows), "valid_mask": torch.from_numpy(valid), "sample_id": torch.arange(n)}
+
+
+@torch.no_grad()
+def score_rows(model, cfg, batch: dict, gen: torch.Generator, precision: str | None = None) -> tuple[float, int]:
+    """(summed NLL bound in nats, scored tokens) of a batch of rows under `model` with recipe `cfg`:
+    the objective's bound draw (`prepare(bound=True)`), as Trainer.validate and this task compute it."""
+    from model.objectives import build_objective
+
+    device = next(model.parameters()).device
+    batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
+    if "valid_mask" in batch and bool(batch["valid_mask"].all()):
+        batch.pop("valid_mask")
+    obj = build_objective(cfg.objective, cfg.model, batch["input_ids"].shape[1])
+    inputs = obj.prepare(batch, gen, bound=True)
+    with _autocast(precision or cfg.train.precision, device):
+        logits = model(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
+    _, m = obj.loss(logits, inputs)
+    return float(m["nll_sum"]), int(round(float(m["nll_tokens"])))
+
+
 class LikelihoodTask(Task):
     name = "likelihood"
     help = "NLL / bits per token / perplexity bound on held-out shards or text"
@@ -58,26 +99,25 @@ class LikelihoodTask(Task):
         super().__init__(args, shard, predictor)
         cfg = self.ckpt.cfg
         self.cfg = cfg
-        if args.seed is None:
-            args.seed = cfg.run.seed
+        self.seed = cfg.run.seed if args.seed is None else args.seed
+        self.batch_size, self.max_batches, self.dp = args.batch_size or cfg.train.micro_batch, args.max_batches, args.dp
         if args.match_training:
             if args.text or args.data or args.batch_size or args.max_batches or args.dp != 1:
                 raise EvalError("--match-training: sets the data, --batch-size, --max-batches and --dp from the run; "
                                 "do not give them too")
-            args.batch_size = cfg.train.micro_batch
-            args.dp = int((self.ckpt.meta.get("layout") or {}).get("dp", 1))
+            self.batch_size = cfg.train.micro_batch
+            self.dp = int((self.ckpt.meta.get("layout") or {}).get("dp", 1))
             # train.eval_batches counts global batches; the run's validation set does not depend on its layout
-            args.max_batches = cfg.train.eval_batches * cfg.train.global_batch // (args.batch_size * args.dp)
+            self.max_batches = cfg.train.eval_batches * cfg.train.global_batch // (self.batch_size * self.dp)
         self.global_batch = cfg.train.global_batch if args.match_training else None
-        self.batch_size = args.batch_size or cfg.train.micro_batch
-        for opt, v in (("--batch-size", self.batch_size), ("--orders", args.orders), ("--dp", args.dp)):
+        for opt, v in (("--batch-size", self.batch_size), ("--orders", args.orders), ("--dp", self.dp)):
             if v < 1:
                 raise EvalError(f"{opt}: must be >= 1, got {v}")
-        if args.max_batches < 0:
+        if self.max_batches < 0:
             raise EvalError(f"--max-batches: must be >= 0, got {args.max_batches}")
         if args.text and args.data:
             raise EvalError("--data and --text: give one")
-        if args.text and args.dp != 1:
+        if args.text and self.dp != 1:
             raise EvalError("--dp: only with shard/builtin data (--text has no training layout to reproduce)")
         self.precision = args.precision or cfg.train.precision
         self.data_cfg = self._data_cfg()
@@ -114,39 +154,28 @@ class LikelihoodTask(Task):
 
         try:
             return build_loader(self.data_cfg, split="val", tokenizer=self.ckpt.tokenizer, micro_batch=self.batch_size,
-                                dp_rank=k, dp_size=self.args.dp, seed=self.args.seed, global_batch=self.global_batch)
+                                dp_rank=k, dp_size=self.dp, seed=self.seed, global_batch=self.global_batch)
         except ValueError as e:
             raise EvalError(f"--data: {e}") from None
 
     def _text_batches(self) -> list[dict]:
-        import numpy as np
-
-        from data_pipeline.packing import frame_documents, token_dtype
-
         from ..data import load_texts
 
         tok = self.ckpt.tokenizer
         docs = load_texts(self.args.text)
-        L = self.data_cfg.seq_len
-        flat, _ = frame_documents(tok.encode_batch(docs), self.data_cfg.packing, tok.bos_id, tok.eos_id,
-                                  token_dtype(tok.vocab_size))
-        n = math.ceil(len(flat) / L)
+        rows = text_rows(tok.encode_batch(docs), tok, self.data_cfg.packing, self.data_cfg.seq_len)
+        n = len(rows["input_ids"])
         if n == 0:
             raise EvalError(f"--text: {self.args.text} gives no tokens")
-        rows = np.zeros((n, L), dtype=np.int64)
-        valid = np.zeros((n, L), dtype=bool)
-        rows.flat[: len(flat)] = flat
-        valid.flat[: len(flat)] = True
         batches = []
         for i in range(0, n, self.batch_size):
-            b = {"input_ids": torch.from_numpy(rows[i:i + self.batch_size]),
-                 "sample_id": torch.arange(i, min(n, i + self.batch_size))}
-            v = torch.from_numpy(valid[i:i + self.batch_size])
+            b = {k: v[i:i + self.batch_size] for k, v in rows.items() if k != "valid_mask"}
+            v = rows["valid_mask"][i:i + self.batch_size]
             if not bool(v.all()):
                 b["valid_mask"] = v
             batches.append(b)
-        if self.args.max_batches:
-            batches = batches[: self.args.max_batches]
+        if self.max_batches:
+            batches = batches[: self.max_batches]
         return batches
 
     def _layout(self) -> list[tuple[int, int, int]]:
@@ -155,10 +184,10 @@ class LikelihoodTask(Task):
             self._texts = self._text_batches()
             return [(0, j, len(b["input_ids"])) for j, b in enumerate(self._texts)]
         out = []
-        for k in range(self.args.dp):
+        for k in range(self.dp):
             n = len(self._loader(k))
-            if self.args.max_batches:
-                n = min(n, self.args.max_batches)
+            if self.max_batches:
+                n = min(n, self.max_batches)
             out += [(k, j, self.batch_size) for j in range(n)]
         return out
 
@@ -166,9 +195,9 @@ class LikelihoodTask(Task):
         s = super().spec()
         d = self.data_cfg
         s.update(objective=self.cfg.objective.name, data=self.args.text or d.source, data_kind="text" if self.args.text else "val split",
-                 seq_len=d.seq_len, packing=d.packing, batch_size=self.batch_size, max_batches=self.args.max_batches,
-                 orders=self.args.orders, dp=self.args.dp, precision=self.precision,
-                 objective_config=dataclasses.asdict(self.cfg.objective))
+                 seq_len=d.seq_len, packing=d.packing, batch_size=self.batch_size, max_batches=self.max_batches,
+                 orders=self.args.orders, dp=self.dp, precision=self.precision,
+                 objective_config=dataclasses.asdict(self.cfg.objective), estimator=ESTIMATORS[self.cfg.objective.name])
         return s
 
     def units(self) -> list[Unit]:
@@ -187,7 +216,7 @@ class LikelihoodTask(Task):
         """Batch (k, j) on `device` and the order-0 generator positioned for it (replaying skipped batches)."""
         st = self._stream
         if st is None or st["k"] != k or st["j"] > j:
-            gen = torch.Generator(device=device).manual_seed(self.args.seed + 7919 * (k + 1))
+            gen = torch.Generator(device=device).manual_seed(self.seed + 7919 * (k + 1))
             it = iter(self._texts) if self.args.text else iter(self._loader(k))
             st = self._stream = {"k": k, "j": 0, "it": it, "gen": gen}
         while True:
@@ -199,12 +228,12 @@ class LikelihoodTask(Task):
                 if "sample_index" in batch:  # val split: per-sample draws keyed as in Trainer.validate
                     from model.noise import VAL, SampleNoise
 
-                    g = self.global_batch or self.batch_size * self.args.dp
-                    return batch, SampleNoise(self.args.seed, batch["sample_index"], g, VAL)
+                    g = self.global_batch or self.batch_size * self.dp
+                    return batch, SampleNoise(self.seed, batch["sample_index"], g, VAL)
                 return batch, st["gen"]
             if "sample_index" in batch:
                 continue
-            self.objective(batch["input_ids"].shape[1]).prepare(batch, st["gen"])  # replay the draws
+            self.objective(batch["input_ids"].shape[1]).prepare(batch, st["gen"], bound=True)  # replay the draws
 
     @torch.no_grad()
     def run_unit(self, unit: Unit) -> list[dict]:
@@ -218,8 +247,8 @@ class LikelihoodTask(Task):
         x, valid, context = obj._batch_masks(batch)
         per_order, batch_nll, batch_tokens = [], [], None
         for o in range(self.args.orders):
-            gen = gen0 if o == 0 else torch.Generator(device=device).manual_seed(seed_for(self.args.seed, "order", k, j, o))
-            inputs = obj.prepare(batch, gen)
+            gen = gen0 if o == 0 else torch.Generator(device=device).manual_seed(seed_for(self.seed, "order", k, j, o))
+            inputs = obj.prepare(batch, gen, bound=True)
             with _autocast(self.precision, device):
                 logits = model(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
             # per-sequence CE first, on a copy: megatron's vocab-parallel CE works in place on its input

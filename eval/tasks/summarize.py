@@ -10,7 +10,7 @@ from __future__ import annotations
 from ..data import load_cnndm
 from ..metrics import ROUGE_TYPES, mean, rouge
 from ..runner import EvalError, Unit
-from .base import GenerationTask, chunk_units, speed_metrics
+from .base import GenerationTask, chunk_units, speed_metrics, truncation_metrics
 
 TEMPLATE = "{article}\n\nTL;DR:"
 
@@ -32,6 +32,8 @@ class SummarizeTask(GenerationTask):
         super().__init__(args, shard, predictor)
         if "{article}" not in args.template:
             raise EvalError(f"--template: must contain {{article}}, got {args.template!r}")
+        if self.tokenizer is not None and self.ckpt is not None:
+            self.prompt("")  # a --max-new-tokens that leaves no room for an article fails before the model loads
         self.docs = load_cnndm(args.data)
         if args.limit:
             self.docs = self.docs[: args.limit]
@@ -45,7 +47,7 @@ class SummarizeTask(GenerationTask):
         return s
 
     def units(self) -> list[Unit]:
-        return chunk_units(self.docs, self.args.batch_size)
+        return chunk_units(self.docs, self.unit_size())
 
     def prompt(self, article: str) -> tuple[str, bool]:
         tok = self.tokenizer
@@ -64,7 +66,8 @@ class SummarizeTask(GenerationTask):
 
     def run_unit(self, unit: Unit) -> list[dict]:
         prompts, cut = zip(*(self.prompt(d["article"]) for d in unit.payload))
-        outs = self.predictor.complete(list(prompts), self.unit_seed(unit), examples=unit.payload)
+        outs = self.predictor.complete(list(prompts), self.unit_seed(unit), examples=unit.payload,
+                                       max_batch=self.args.batch_size)
         recs = []
         for key, d, c, o in zip(unit.keys, unit.payload, cut, outs):
             gen = (o["text"] or "").strip()
@@ -77,5 +80,6 @@ class SummarizeTask(GenerationTask):
         m = {t: mean([r[t] for r in records]) for t in ROUGE_TYPES}
         m.update(n=len(records), articles_cut=sum(1 for r in records if r.get("article_cut")),
                  summary_tokens=mean([r.get("n_tokens") for r in records]))
+        m.update(truncation_metrics(records))
         m.update(speed_metrics(records))
         return m

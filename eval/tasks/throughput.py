@@ -9,6 +9,12 @@ Quality of each setting: generative perplexity of the outputs under ``--scorer``
 their unigram entropy. The merge writes a table and ``frontier.png`` (tokens/s at the smallest batch
 size against quality, one point per setting). Timings are only comparable between runs on the same
 hardware; run one rank per GPU.
+
+The adaptive SW-SetDLM window against fixed ones on the same checkpoint (tokens/step, tokens/s and the
+quality proxy side by side, one frontier point each):
+
+    setdlm eval throughput --checkpoint RUN --out OUT --threshold 0.9 \
+        --sweep window=2,4,8 --sweep adaptive_window=true
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import dataclasses
 from ..metrics import mean, percentile, unigram_entropy
 from ..models import ModelPredictor, Scorer
 from ..runner import EvalError, Unit
-from .base import GenerationTask
+from .base import GenerationTask, truncation_metrics
 
 
 def parse_value(v: str):
@@ -52,6 +58,9 @@ class ThroughputTask(GenerationTask):
                        help="also run these values of one sampling option (repeatable), e.g. threshold=0.5,0.7,0.9,1.0")
         p.add_argument("--scorer", help="quality: generative perplexity under this model (setdlm checkpoint or hf:NAME)")
         p.add_argument("--no-eos-stop", action="store_true", help="always decode --max-new-tokens (ignore EOS)")
+        p.add_argument("--compile", action="store_true",
+                       help="compiled decode step (SamplingConfig.compile: torch.compile, CUDA graphs on a GPU); "
+                            "--sweep compile=false,true compares it with eager")
         super().add_args(p)
 
     def __init__(self, args, shard, predictor=None):
@@ -94,7 +103,10 @@ class ThroughputTask(GenerationTask):
         self._warm: set = set()
 
     def sampling_extra(self) -> dict:
-        return {"stop_on_eos": not self.args.no_eos_stop}
+        return {"stop_on_eos": not self.args.no_eos_stop, "compile": bool(getattr(self.args, "compile", False))}
+
+    def prompt_room(self) -> int:
+        return 0 if not self.args.prompts and self.args.prompt_tokens == 0 else max(1, self.args.prompt_tokens)
 
     def prompts(self) -> list[list[int]]:
         n, tok = self.args.num_examples, self.tokenizer
@@ -143,9 +155,9 @@ class ThroughputTask(GenerationTask):
         ps = [p for _, p in items]
         if (label, bs) not in self._warm:
             for w in range(self.args.warmup):
-                pred.complete(ps, seed=w)
+                pred.complete(ps, seed=w, max_batch=bs)
             self._warm.add((label, bs))
-        outs = pred.complete(ps, self.unit_seed(unit))
+        outs = pred.complete(ps, self.unit_seed(unit), max_batch=bs)
         recs = []
         for key, (j, p), o in zip(unit.keys, items, outs):
             r = {"key": key, "setting": label, "batch_size": bs, "prompt_index": j,
@@ -185,7 +197,7 @@ class ThroughputTask(GenerationTask):
                     n = sum(r["gen_scored_tokens"] for r in rs)
                     row["gen_ppl"] = math.exp(min(sum(r["gen_nll"] for r in rs) / n, 50.0)) if n else None
                 rows.append(row)
-        m = {"rows": rows}
+        m = {"rows": rows, **truncation_metrics(records)}
         base = next((r for r in rows if r["setting"] == "base" and r["batch_size"] == min(spec.get("batch_sizes", [1]))), None)
         if base:
             m.update({k: base[k] for k in ("tokens_per_s", "latency_s", "tokens_per_step", "batch_size")})

@@ -13,7 +13,7 @@ entropy of the samples (nats) and of the references.
 from __future__ import annotations
 
 from ..featurize import Featurizer, decode_features, encode_features
-from ..metrics import mauve_score, mean, unigram_entropy
+from ..metrics import mauve_report, mean, unigram_entropy
 from ..models import Scorer
 from ..runner import EvalError, Unit
 from .base import GenerationTask, chunk_units, speed_metrics
@@ -27,7 +27,8 @@ class UncondTask(GenerationTask):
 
     @classmethod
     def add_args(cls, p):
-        p.add_argument("--num-samples", type=int, default=256, help="samples (and reference texts); default 256")
+        p.add_argument("--num-samples", type=int, default=256, help="samples (and reference texts); default 256 "
+                                                                       "(MAUVE is reported only from 100)")
         p.add_argument("--length", type=int, help="tokens per sample (default: the checkpoint's data.seq_len)")
         p.add_argument("--reference", help="held-out text (.txt / .jsonl 'text'); default: the checkpoint's val split")
         p.add_argument("--featurizer", default="minilm", help="MAUVE features: minilm (default), self, hf:NAME_OR_DIR[:mean]")
@@ -38,17 +39,28 @@ class UncondTask(GenerationTask):
         super().add_args(p)
 
     def __init__(self, args, shard, predictor=None):
-        if args.length is not None:
-            args.max_new_tokens = args.length
-        super().__init__(args, shard, predictor)
         if args.num_samples < 2:
             raise EvalError(f"--num-samples: MAUVE needs at least 2, got {args.num_samples}")
+        if args.length is not None and args.length < 1:
+            raise EvalError(f"--length: must be >= 1, got {args.length}")
+        super().__init__(args, shard, predictor)
         self.length = args.length or (self.ckpt.cfg.data.seq_len if self.ckpt else args.max_new_tokens)
         if self.sampling is not None:
             self.sampling.max_new_tokens = self.length
         self.featurizer = Featurizer(args.featurizer, self.device, self.ckpt)
         self.scorer = Scorer(args.scorer, self.device) if args.scorer else None
         self._refs = None
+        if self.tokenizer is not None or args.reference:
+            self.references()  # more samples than references fails here, before the model loads
+
+    def prompt_room(self) -> int:
+        return 0  # unconditional: an empty prompt
+
+    def check_fits(self) -> None:
+        try:
+            super().check_fits()
+        except EvalError as e:
+            raise EvalError(str(e).replace("--max-new-tokens:", "--length:", 1)) from None
 
     @property
     def device(self):
@@ -96,11 +108,12 @@ class UncondTask(GenerationTask):
 
     def units(self) -> list[Unit]:
         exs = [{"id": str(i), "index": i} for i in range(self.args.num_samples)]
-        return chunk_units(exs, self.args.batch_size)
+        return chunk_units(exs, self.unit_size())
 
     def run_unit(self, unit: Unit) -> list[dict]:
         refs = self.references()
-        outs = self.predictor.complete([[] for _ in unit.payload], self.unit_seed(unit), examples=unit.payload)
+        outs = self.predictor.complete([[] for _ in unit.payload], self.unit_seed(unit), examples=unit.payload,
+                                       max_batch=self.args.batch_size)
         gens = [o["text"] or "" for o in outs]
         my_refs = [refs[e["index"]] for e in unit.payload]
         feats = self.featurizer(gens)
@@ -126,8 +139,8 @@ class UncondTask(GenerationTask):
         p = np.stack([decode_features(r["features"]) for r in records])
         q = np.stack([decode_features(r["ref_features"]) for r in records])
         buckets = spec.get("mauve_buckets", "auto")
-        mv = mauve_score(p, q, num_buckets=buckets if buckets == "auto" else int(buckets), seed=int(spec.get("seed") or 0) + 25)
-        m = {"mauve": mv["mauve"], "mauve_buckets": mv["num_buckets"], "featurizer": spec.get("featurizer_description"),
+        mv = mauve_report(p, q, num_buckets=buckets if buckets == "auto" else int(buckets), seed=int(spec.get("seed") or 0) + 25)
+        m = {**mv, "featurizer": spec.get("featurizer_description"),
              "entropy": mean([r["entropy"] for r in records]), "ref_entropy": mean([r.get("ref_entropy") for r in records]),
              "n": len(records), "sample_tokens": mean([r["n_tokens"] for r in records])}
         if records and "gen_nll" in records[0]:

@@ -388,7 +388,11 @@ def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
         try:
             return torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001
-            raise ConvertError(f"{d / 'pytorch_model.bin'}: unreadable ({type(e).__name__}: {e})") from None
+            if "Unsupported global" in str(e) or "Can only build" in str(e):
+                raise ConvertError(f"{d / 'pytorch_model.bin'}: refused: it holds Python objects that would run code "
+                                   "when loaded (weights only are read)") from None
+            raise ConvertError(f"{d / 'pytorch_model.bin'}: unreadable ({type(e).__name__}: "
+                               f"{str(e).splitlines()[0][:160] if str(e) else 'truncated'})") from None
     raise ConvertError(f"{d}: no weights ({SAFE_SINGLE}, {SAFE_INDEX} or pytorch_model.bin); incomplete export?")
 
 

@@ -198,5 +198,38 @@ def family_from_config(config: dict) -> str | None:
     return None
 
 
-__all__ = ["strip_prefixes", "ema_state", "describe", "conditioning", "dit_to_training", "model_section",
+def schedule_from_config(config: dict, length: int) -> dict:
+    """SetDLM schedule recorded in a reference config.json: {"set_size", "s_max", "k"} (keys present
+    only when recorded). D is `noise_config.desired_block_size` (or a top-level `desired_block_size`);
+    S_max is `noise_config.max_block_size` unless it is missing or not below the sequence length
+    (exported configs can carry max_block_size == length; the reference then uses 2 D, and so do we:
+    S_max is left out). A recorded exponent `noise_config.k` is kept."""
+    nc = config.get("noise_config") if isinstance(config.get("noise_config"), dict) else {}
+
+    def num(v, name, cast=int):
+        if v is None:
+            return None
+        try:
+            x = cast(v)
+        except (TypeError, ValueError):
+            raise ConvertError(f"reference config.json: {name}={v!r} is not a number") from None
+        if x <= 0:
+            raise ConvertError(f"reference config.json: {name}={v!r} must be positive")
+        return x
+
+    out: dict = {}
+    d = num(nc.get("desired_block_size", config.get("desired_block_size")), "noise_config.desired_block_size")
+    if d is not None:
+        out["set_size"] = d
+    block = num(nc.get("block_size"), "noise_config.block_size") or int(length)
+    smax = num(nc.get("max_block_size"), "noise_config.max_block_size")
+    if smax is not None and smax < min(block, int(length)) and (d is None or smax != 2 * d):
+        out["s_max"] = smax
+    k = num(nc.get("k"), "noise_config.k", float)
+    if k is not None:
+        out["k"] = k
+    return out
+
+
+__all__ = ["schedule_from_config", "strip_prefixes", "ema_state", "describe", "conditioning", "dit_to_training", "model_section",
            "family_from_config", "BUFFERS"]

@@ -12,7 +12,7 @@ class AutoregressiveObjective(Objective):
     name = "ar"
     mask_kind = "causal"
 
-    def prepare(self, batch, generator=None) -> ModelInputs:
+    def prepare(self, batch, generator=None, bound: bool = False) -> ModelInputs:  # exact NLL either way
         x, valid, context = self._batch_masks(batch)
         B, L = x.shape
         pos = torch.arange(L, device=x.device).expand(B, L)

@@ -19,7 +19,7 @@ class ModelInputs:
     logits_slice: slice  # which of the T outputs are predictions
     targets: torch.Tensor  # [B, N] token to predict at each output
     loss_weight: torch.Tensor  # [B, N] training-loss weight (0 = not predicted)
-    nll_weight: torch.Tensor  # [B, N] weight of each token's CE in the NLL bound
+    nll_weight: torch.Tensor  # [B, N] weight of each token's CE in the NLL bound (prepare(bound=True) only)
     num_tokens: torch.Tensor  # scalar: tokens the NLL bound is normalised by
     mask_spec: MaskSpec | None = None  # the static mask by name (None when per-row padding applies)
     extra: dict = field(default_factory=dict)
@@ -41,8 +41,10 @@ class Objective:
         self.cfg, self.model_cfg, self.seq_len = cfg, model_cfg, seq_len
         self.mask_id = model_cfg.mask_id
 
-    # Subclasses implement prepare().
-    def prepare(self, batch: dict, generator: torch.Generator | None = None) -> ModelInputs:
+    # Subclasses implement prepare(). bound=False: the training draw (loss_weight; variance
+    # reductions allowed, nll_weight may be zero). bound=True: the draw whose nll_weight-weighted CE
+    # is an unbiased estimate of the NLL bound (val/nll, eval likelihood, the scorer).
+    def prepare(self, batch: dict, generator: torch.Generator | None = None, bound: bool = False) -> ModelInputs:
         raise NotImplementedError
 
     @staticmethod

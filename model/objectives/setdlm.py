@@ -22,7 +22,9 @@ class SetDiffusionObjective(Objective):
         super().__init__(cfg, model_cfg, seq_len)
         self.schedule = SlidingWindow.build(seq_len, cfg.set_size, cfg.s_max, cfg.k)
 
-    def prepare(self, batch, generator=None) -> ModelInputs:
+    def prepare(self, batch, generator=None, bound: bool = False) -> ModelInputs:
+        # bound or not, the same draw: one order per sequence, every predicted token (an unbiased
+        # estimate of E_order[-log p(x | order)], an upper bound on -log p(x))
         x, valid, context = self._batch_masks(batch)
         B, L = x.shape
         perm = sample_order(B, L, order=self.cfg.order, schedule=self.schedule, context=context, valid=valid,

@@ -22,7 +22,8 @@ def decoder_class(family: str):
     return cls
 
 
-def generate(model, prompts, config: SamplingConfig | None = None, *, mask_id: int | None = None,
+def generate(model, prompts, config: SamplingConfig | None = None, *, max_batch: int | None = None,
+             mask_id: int | None = None,
              eos_id: int | None = None, tokenizer=None, generator: torch.Generator | None = None,
              **overrides) -> list[SampleOutput]:
     """Decode a batch of prompts with the family in `config` (see SamplingConfig).
@@ -32,8 +33,12 @@ def generate(model, prompts, config: SamplingConfig | None = None, *, mask_id: i
     independently. mask_id / eos_id default to the model's config and the tokenizer; EOS stops a
     plain prompt unless `config.stop_on_eos` is False. generator (or config.seed) drives sampling when
     temperature > 0. Keyword overrides replace config fields: generate(m, p, window=8, threshold=0.9).
+    max_batch: continuous batching with this many slots (config.max_batch; None: all prompts at once);
+    outputs are in input order and, greedy, identical to decoding each prompt alone.
     """
     cfg = SamplingConfig() if config is None else config
+    if max_batch is not None:
+        overrides["max_batch"] = max_batch
     if overrides:
         import dataclasses
 
@@ -51,6 +56,11 @@ def generate(model, prompts, config: SamplingConfig | None = None, *, mask_id: i
     if generator is None and cfg.seed is not None:
         generator = torch.Generator(device=device).manual_seed(int(cfg.seed))
     reqs = to_requests(prompts, cfg, mask_id, model.cfg.vocab_size, eos_id)
+    limit = getattr(model.cfg, "max_seq_len", None)
+    for i, r in enumerate(reqs):  # positions past max_seq_len were never trained: refuse, do not extrapolate
+        if limit and len(r.prefix) + r.span + len(r.suffix) > limit:
+            raise ValueError(f"generate: prompts[{i}]: {len(r.prefix) + len(r.suffix)} prompt tokens + {r.span} new tokens "
+                             f"exceed the model's max_seq_len {limit}; shorten the prompt or lower max_new_tokens")
     cls = decoder_class(cfg.family)
     was_training = model.training
     model.eval()

@@ -1,8 +1,10 @@
 """AR decoding: ordinary KV-cached next-token decoding, batched with ragged prompts.
 
-The prompt is prefilled left-padded (positions are explicit, so padding only costs compute) and its
-last logits give the first token. Each later step forwards one token per row (the previous step's
-token, committed to the cache) and chooses the next. Infilling conditions on the prefix only.
+The prompt except its last token is prefilled left-padded (positions are explicit, so padding only
+costs compute); the last prompt token is the first step's pending token. Each step forwards one token
+per row (the previous step's token, or the prompt's last one, committed to the cache by that forward)
+and chooses the next, so a row admitted into a running batch needs no special first step. Infilling
+conditions on the prefix only.
 """
 
 from __future__ import annotations
@@ -10,39 +12,51 @@ from __future__ import annotations
 import torch
 
 from ..masks import build_mask, with_key_padding
-from .engine import Decoder
+from .engine import Decoder, Request
 
 
 class ARDecoder(Decoder):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
-        B = len(self.reqs)
-        capacity = max((len(r.prefix) + r.span for r in self.reqs), default=1)
-        self.cache = self.model.new_cache(B, max(capacity, 1))
-        self.pend_ids = torch.zeros(B, 1, dtype=torch.long, device=self.device)
-        self.pend_pos = torch.zeros(B, 1, dtype=torch.long, device=self.device)
-        self.pend_valid = torch.zeros(B, 1, dtype=torch.bool, device=self.device)
-        self.next_logits = None
+        S, dev = self.S, self.device
+        self.cache = self.model.new_cache(S, self.capacity, extra=1)
+        self.cache.static = self.static
+        self.pend_ids = torch.zeros(S, 1, dtype=torch.long, device=dev)
+        self.pend_pos = torch.zeros(S, 1, dtype=torch.long, device=dev)
+        self.pend_valid = torch.zeros(S, 1, dtype=torch.bool, device=dev)
 
-    def prefill(self) -> None:
-        ids, pos, valid = self.visible_batch(left_pad=True)
-        n = ids.shape[1]
-        mask = with_key_padding(build_mask("causal", n, device=self.device), valid)
-        self.next_logits = self.logits(ids, pos, mask, cache=self.cache, commit=valid, logits_slice=slice(n - 1, n))
+    def cache_need(self, r: Request) -> int:
+        return len(r.prefix) + r.span
 
-    def step(self, step: int) -> None:
-        if step > 1:
-            pv = self.pend_valid & (self.pend_pos < self.span_end[:, None])
-            self.next_logits = self.logits(self.pend_ids, self.pend_pos, None, cache=self.cache, commit=pv)
+    def reset_slots(self, st, reqs) -> None:
+        dev = self.device
+        self.pend_ids[st] = torch.tensor([[r.prefix[-1]] for r in reqs], dtype=torch.long, device=dev)
+        self.pend_pos[st] = torch.tensor([[len(r.prefix) - 1] for r in reqs], dtype=torch.long, device=dev)
+        self.pend_valid[st] = True
+
+    def prefill(self, st, slots, reqs) -> None:
+        ids, pos, valid = self.visible_batch(reqs, left_pad=True, drop_last=True)
+        mask = with_key_padding(build_mask("causal", ids.shape[1], device=self.device), valid)
+        self.prefill_cache(st, slots, ids, pos, mask, valid)
+        self.len_ub[slots] = [len(r.prefix) - 1 for r in reqs]
+        self.cache.bound = int(self.len_ub.max())
+
+    def device_step(self) -> None:
+        pv = self.pend_valid & (self.pend_pos < self.span_end[:, None])
+        logits = self.logits(self.pend_ids, self.pend_pos, None, cache=self.cache, commit=pv)
         pos = self.todo.int().argmax(1, keepdim=True)
         active = self.todo.gather(1, pos)
-        tok, _ = self.choose(self.next_logits)
+        tok, _ = self.choose(logits)
         self.steps += active[:, 0]
-        self.write(pos, tok, active, step)
-        self.pend_ids, self.pend_pos, self.pend_valid = tok, pos, active
+        self.write(pos, tok, active)
+        self.pend_ids.copy_(tok)
+        self.pend_pos.copy_(pos)
+        self.pend_valid.copy_(active)
+
+    def after_step(self) -> None:
+        self.grow_bound(1)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         super().select_rows(keep)
         self.pend_ids, self.pend_pos, self.pend_valid = self.pend_ids[keep], self.pend_pos[keep], self.pend_valid[keep]
-        self.next_logits = self.next_logits[keep]
         self.cache.reorder(keep)

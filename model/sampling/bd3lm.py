@@ -20,10 +20,9 @@ from .setdlm import SetDLMDecoder
 class BD3LMDecoder(SetDLMDecoder):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
-        B = len(self.reqs)
         self.steps_per_block = self.cfg.steps_per_block or self.cfg.block_size
-        self.cur_block = torch.full((B,), -1, dtype=torch.long, device=self.device)
-        self.block_steps = torch.zeros(B, dtype=torch.long, device=self.device)
+        self.cur_block = torch.full((self.S,), -1, dtype=torch.long, device=self.device)
+        self.block_steps = torch.zeros(self.S, dtype=torch.long, device=self.device)
 
     def slot_count(self) -> int:
         return self.cfg.block_size
@@ -51,8 +50,8 @@ class BD3LMDecoder(SetDLMDecoder):
         posc = pos.clamp(max=self.L)
         in_block = (pos >= self.span_start[:, None]) & (pos < self.span_end[:, None])
         active = in_block & self.todo.gather(1, posc)
-        self.block_steps = torch.where(blk != self.cur_block, torch.zeros_like(self.block_steps), self.block_steps)
-        self.cur_block = blk
+        self.block_steps.masked_fill_(blk != self.cur_block, 0)
+        self.cur_block.copy_(blk)
         self._posc, self._in_block = posc, in_block
         return self.canvas.gather(1, posc), posc, pos, active, in_block
 
@@ -60,15 +59,20 @@ class BD3LMDecoder(SetDLMDecoder):
         left = (self.steps_per_block - self.block_steps).clamp(min=1)
         n = active.sum(1)
         k = (n + left - 1) // left
-        self.block_steps = self.block_steps + active.any(1)
+        self.block_steps += active.any(1)
         return accept_top_k(conf, active, k, self.cfg.threshold)
 
     def after_write(self, tok, pos, accept, active) -> None:
         posc = self._posc
         complete = active.any(1) & ~self.todo.gather(1, posc).any(1)
-        self.pend_ids = self.canvas.gather(1, posc)
-        self.pend_pos = posc
-        self.pend_valid = self._in_block & complete[:, None] & (pos < self.span_end[:, None])
+        self.pend_ids.copy_(self.canvas.gather(1, posc))
+        self.pend_pos.copy_(posc)
+        self.pend_valid.copy_(self._in_block & complete[:, None] & (pos < self.span_end[:, None]))
+
+    def reset_slots(self, st, reqs) -> None:
+        super().reset_slots(st, reqs)
+        self.cur_block[st] = -1
+        self.block_steps[st] = 0
 
     def select_rows(self, keep: torch.Tensor) -> None:
         super().select_rows(keep)

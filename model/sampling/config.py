@@ -53,7 +53,22 @@ class SamplingConfig:
     stop_regex: str | None = None  # a regular expression searched in the generated text
     # Engine knobs.
     check_every: int = 1  # host synchronisation (finished rows, stop strings) every N steps
-    compact: bool = True  # drop finished rows from the batch (smaller forwards, ragged progress)
+    compact: bool = True  # drop finished rows from the batch once no prompt is waiting
+    # Continuous batching: rows decoded at once (slots). A finished row's slot is refilled with the
+    # next waiting prompt, so any number of prompts decode with at most max_batch rows (and KV cache
+    # rows) in flight. None: every prompt at once.
+    max_batch: int | None = None
+    # SW-SetDLM adaptive window: each row's window starts at `window` and after each step becomes
+    # clamp(2 * accepted, window_min, window_max) (grows while the threshold accepts more than half
+    # of it, shrinks when it does not). window_max None: 2 * window (S_max = 2D when window = D).
+    adaptive_window: bool = False
+    window_min: int = 1
+    window_max: int | None = None
+    # Compiled decode step (SetDLM, BD3-LM, AR): fixed shapes per (batch bucket, window), the whole
+    # preallocated cache attended (masked), the step run through torch.compile; on CUDA with greedy
+    # decoding it is also captured in a CUDA graph (`cuda_graphs`). Same greedy tokens as eager.
+    compile: bool = False
+    cuda_graphs: bool = True  # with compile on CUDA: replay the step as a CUDA graph (greedy only)
 
     @classmethod
     def from_objective(cls, objective, **overrides) -> "SamplingConfig":
@@ -72,6 +87,19 @@ class SamplingConfig:
     @property
     def window_size(self) -> int:
         return int(self.window) if self.window is not None else 4
+
+    @property
+    def max_window(self) -> int:
+        """Query slots of a SetDLM step: the window, or the adaptive window's upper bound."""
+        if not self.adaptive_window:
+            return self.window_size
+        return int(self.window_max) if self.window_max is not None else 2 * self.window_size
+
+    @property
+    def initial_window(self) -> int:
+        if not self.adaptive_window:
+            return self.window_size
+        return min(max(self.window_size, self.window_min), self.max_window)
 
     def validate(self) -> None:
         def bad(name, msg):
@@ -103,6 +131,14 @@ class SamplingConfig:
             bad("repetition_penalty", f"must be > 0 (1 = off), got {self.repetition_penalty}")
         if self.check_every < 1:
             bad("check_every", f"must be >= 1, got {self.check_every}")
+        if self.max_batch is not None and self.max_batch < 1:
+            bad("max_batch", f"must be >= 1 (or None: every prompt at once), got {self.max_batch}")
+        if self.window_min < 1:
+            bad("window_min", f"must be >= 1, got {self.window_min}")
+        if self.adaptive_window and self.max_window < self.window_min:
+            bad("window_max", f"must be >= window_min={self.window_min}, got {self.max_window}")
+        if self.compile and self.family == "mdlm":
+            bad("compile", "the compiled step exists for setdlm, bd3lm and ar (MDLM decodes eagerly); set compile: false")
         if isinstance(self.stop, str):
             bad("stop", "must be a list of strings, not a string")
         if any(not s for s in self.stop):
@@ -129,7 +165,8 @@ class SampleOutput:
     "stop_string" or "regex"; masks_dropped: positions still masked when it stopped (dropped);
     commit_step: for each output token the step that committed it (1-based); prompt_tokens: visible
     context tokens; sequence: the whole decoded sequence as the model saw it (prompt + tokens, or
-    prefix + span + suffix), cut at a stop like `tokens`.
+    prefix + span + suffix), cut at a stop like `tokens`. With continuous batching (`max_batch`)
+    `seconds` runs from the row's admission into a slot (its prefill) until it finished.
     """
 
     tokens: list[int]

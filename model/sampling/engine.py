@@ -1,26 +1,33 @@
-"""Shared decoding machinery: the ragged batch layout, the step loop, stopping and outputs.
+"""Shared decoding machinery: slots, continuous batching, the step loop, stopping and outputs.
 
-Every family decodes a *canvas* [B, L + 1] (column L is a junk slot that absorbs writes of rejected
-positions, so scatters never collide): visible tokens (prompt; or prefix and suffix) at their true
-positions and MASK on the span to generate. Per row: span_start, span_end (shrinks when EOS or a stop
-fires), todo (span positions still masked). Subclasses implement `prefill()` and `step(step)` on
-device tensors only; the loop reads the device back every `check_every` steps to retire finished rows
-and to look for stop strings, nothing else.
+The decoder runs a fixed number of *slots* (`SamplingConfig.max_batch`, default: every prompt at
+once). Each slot holds one prompt on a *canvas* row [L + 1] (column L is a junk slot that absorbs
+writes of rejected positions, so scatters never collide): visible tokens (prompt; or prefix and
+suffix) at their true positions and MASK on the span to generate, with span_start, span_end (shrinks
+when EOS or a stop fires) and todo (span positions still masked). When a row finishes, its output is
+recorded and the next waiting prompt is prefilled into its slot (`admit`): the KV cache is
+slot-indexed, so the new row joins the running batch without touching the others. With no prompt left
+waiting, finished rows are dropped from the batch (`compact`).
+
+Subclasses implement `reset_slots()`, `prefill()` and `device_step()`. A step is device tensor ops
+only, updating the state tensors in place (so it can be compiled or captured in a CUDA graph, see
+compiled.py); the loop reads the device back every `check_every` steps to retire finished rows, admit
+waiting ones and look for stop strings, nothing else.
 """
 
 from __future__ import annotations
 
-import math
 import time
+from collections import deque
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ..transformer import full_logits
 from .config import Infill, SampleOutput, SamplingConfig
 from .processors import choose, presence
 from .stopping import StopChecker
-
 
 @dataclass
 class Request:
@@ -72,11 +79,15 @@ def to_requests(prompts, cfg: SamplingConfig, mask_id: int, vocab: int, eos_id: 
     return reqs
 
 
+def _round_up(n: int, m: int) -> int:
+    return -(-n // m) * m
+
+
 class Decoder:
-    """Base decoder: subclasses set `uses_cache` and implement prefill() and step(step)."""
+    """Base decoder: subclasses set `uses_cache` and implement reset_slots(), prefill(), device_step()."""
 
     uses_cache = True
-    stop_in_step = True  # EOS / stop ids handled in `_write`
+    compilable = True  # the step may run under torch.compile / CUDA graphs
 
     def __init__(self, model, requests: list[Request], cfg: SamplingConfig, *, mask_id: int,
                  eos_id: int | None, tokenizer=None, generator: torch.Generator | None = None):
@@ -90,48 +101,96 @@ class Decoder:
         if cfg.stop_on_eos and eos_id is not None:
             ids.append(int(eos_id))
         self.stop_ids = torch.tensor(sorted(set(ids)), dtype=torch.long, device=self.device) if ids else None
-        self._build_layout()
+        self.static = bool(cfg.compile) and self.compilable  # fixed shapes: attend to the whole cache
+        n = len(requests)
+        self.S = max(1, min(n, cfg.max_batch or n))
+        L = max((r.length for r in requests), default=0)
+        cap = max((self.cache_need(r) for r in requests), default=0)
+        if self.static:  # fewer distinct shapes (each is a compile / a graph)
+            L, cap = _round_up(max(L, 1), 64), _round_up(max(cap, 1), 64)
+        self.L, self.capacity = L, max(cap, 1)
+        self._alloc(self.S)
+
+    def cache_need(self, r: Request) -> int:
+        """KV entries one request can commit (visible context + span)."""
+        return len(r.visible) + r.span
 
     # -- layout ----------------------------------------------------------------------------------
-    def _build_layout(self) -> None:
-        reqs, dev = self.reqs, self.device
-        B = len(reqs)
-        L = max((r.length for r in reqs), default=0)
-        self.L = L
-        canvas = torch.full((B, L + 1), self.mask_id, dtype=torch.long)
-        todo = torch.zeros(B, L + 1, dtype=torch.bool)
-        for b, r in enumerate(reqs):  # host-side setup, once
-            n = len(r.prefix)
-            canvas[b, :n] = torch.tensor(r.prefix, dtype=torch.long)
-            if r.suffix:
-                canvas[b, n + r.span : r.length] = torch.tensor(r.suffix, dtype=torch.long)
-            todo[b, n : n + r.span] = True
-        self.canvas, self.todo = canvas.to(dev), todo.to(dev)
-        self.span_start = torch.tensor([len(r.prefix) for r in reqs], dtype=torch.long, device=dev)
-        self.span_end = torch.tensor([len(r.prefix) + r.span for r in reqs], dtype=torch.long, device=dev)
-        self.row_len = torch.tensor([r.length for r in reqs], dtype=torch.long, device=dev)
-        self.can_stop = torch.tensor([not r.infill for r in reqs], dtype=torch.bool, device=dev)
-        self.commit_step = torch.zeros(B, L + 1, dtype=torch.int32, device=dev)
-        self.steps = torch.zeros(B, dtype=torch.long, device=dev)
-        self.rows = list(range(B))  # original index of each live row
+    def _alloc(self, S: int) -> None:
+        dev, L = self.device, self.L
+        self.canvas = torch.full((S, L + 1), self.mask_id, dtype=torch.long, device=dev)
+        self.todo = torch.zeros(S, L + 1, dtype=torch.bool, device=dev)
+        self.span_start = torch.zeros(S, dtype=torch.long, device=dev)
+        self.span_end = torch.zeros(S, dtype=torch.long, device=dev)
+        self.row_len = torch.zeros(S, dtype=torch.long, device=dev)
+        self.can_stop = torch.zeros(S, dtype=torch.bool, device=dev)
+        self.commit_step = torch.zeros(S, L + 1, dtype=torch.int32, device=dev)
+        self.steps = torch.zeros(S, dtype=torch.long, device=dev)
+        self.rows = [-1] * S  # request index held by each slot (-1: free)
+        self.len_ub = np.zeros(S, dtype=np.int64)  # host upper bound on each slot's cached entries
         self.arange_L = torch.arange(L + 1, device=dev)
 
-    def visible_batch(self, left_pad: bool = True):
-        """Prefill inputs: visible tokens (prefix then suffix) left-padded to the longest. Returns
-        ids, positions, valid [B, V] (V may be 0)."""
-        V = max((len(r.visible) for r in self.reqs), default=0)
-        B = len(self.reqs)
-        ids = torch.full((B, V), self.mask_id, dtype=torch.long)
-        pos = torch.zeros(B, V, dtype=torch.long)
-        valid = torch.zeros(B, V, dtype=torch.bool)
-        for b, r in enumerate(self.reqs):
-            n = len(r.visible)
-            if n:
-                sl = slice(V - n, V) if left_pad else slice(0, n)
-                ids[b, sl] = torch.tensor(r.visible)
-                pos[b, sl] = torch.tensor(r.visible_positions)
+    def admit(self, slots: list[int], idx: list[int], now: float) -> None:
+        """Put requests `idx` into the free `slots`: fresh canvas rows, family state, prefill."""
+        reqs = [self.reqs[i] for i in idx]
+        n, L = len(reqs), self.L
+        canvas = torch.full((n, L + 1), self.mask_id, dtype=torch.long)
+        todo = torch.zeros(n, L + 1, dtype=torch.bool)
+        for b, r in enumerate(reqs):  # host-side, once per request
+            k = len(r.prefix)
+            canvas[b, :k] = torch.tensor(r.prefix, dtype=torch.long)
+            if r.suffix:
+                canvas[b, k + r.span : r.length] = torch.tensor(r.suffix, dtype=torch.long)
+            todo[b, k : k + r.span] = True
+        dev = self.device
+        st = torch.tensor(slots, dtype=torch.long, device=dev)
+        self.canvas[st] = canvas.to(dev)
+        self.todo[st] = todo.to(dev)
+        self.span_start[st] = torch.tensor([len(r.prefix) for r in reqs], dtype=torch.long, device=dev)
+        self.span_end[st] = torch.tensor([len(r.prefix) + r.span for r in reqs], dtype=torch.long, device=dev)
+        self.row_len[st] = torch.tensor([r.length for r in reqs], dtype=torch.long, device=dev)
+        self.can_stop[st] = torch.tensor([not r.infill for r in reqs], dtype=torch.bool, device=dev)
+        self.commit_step[st] = 0
+        self.steps[st] = 0
+        for s, i in zip(slots, idx):
+            self.rows[s] = i
+            self.t_admit[i] = now
+        self.reset_slots(st, reqs)
+        self.prefill(st, slots, reqs)
+
+    def visible_batch(self, reqs: list[Request], left_pad: bool = True, drop_last: bool = False):
+        """Prefill inputs: visible tokens (prefix then suffix) left-padded to the longest (drop_last:
+        without each row's last visible token). Returns ids, positions, valid [n, V] (V may be 0)."""
+        vis = [(r.visible[:-1], r.visible_positions[:-1]) if drop_last else (r.visible, r.visible_positions)
+               for r in reqs]
+        V = max((len(t) for t, _ in vis), default=0)
+        n = len(reqs)
+        ids = torch.full((n, V), self.mask_id, dtype=torch.long)
+        pos = torch.zeros(n, V, dtype=torch.long)
+        valid = torch.zeros(n, V, dtype=torch.bool)
+        for b, (t, q) in enumerate(vis):
+            if t:
+                sl = slice(V - len(t), V) if left_pad else slice(0, len(t))
+                ids[b, sl] = torch.tensor(t)
+                pos[b, sl] = torch.tensor(q)
                 valid[b, sl] = True
         return ids.to(self.device), pos.to(self.device), valid.to(self.device)
+
+    def prefill_cache(self, st: torch.Tensor, slots: list[int], ids, pos, mask, valid) -> None:
+        """Forward visible tokens into the KV cache rows of `slots` (through a scratch cache unless every
+        slot is being filled), leaving the other slots untouched."""
+        cache = self.cache
+        cache.reset_rows(st)
+        if ids.shape[1] == 0:
+            return
+        if len(slots) == cache.batch:
+            static, cache.static, cache.bound = cache.static, False, 0
+            self.model(ids, pos, mask, cache=cache, commit=valid, logits_slice=slice(0, 0))
+            cache.static = static
+        else:
+            tmp = self.model.new_cache(len(slots), ids.shape[1])
+            self.model(ids, pos, mask, cache=tmp, commit=valid, logits_slice=slice(0, 0))
+            cache.load_rows(st, tmp)
 
     # -- shared step pieces ----------------------------------------------------------------------
     def logits(self, *args, **kw) -> torch.Tensor:
@@ -141,74 +200,106 @@ class Decoder:
         present = presence(self.canvas[:, : self.L], self.vocab) if self.cfg.repetition_penalty != 1.0 else None
         return choose(logits, self.cfg, self.generator, present)
 
-    def write(self, pos: torch.Tensor, tok: torch.Tensor, accept: torch.Tensor, step: int) -> None:
-        """Write accepted tokens [B, N] at positions [B, N]; stop-token truncation on the device."""
+    def write(self, pos: torch.Tensor, tok: torch.Tensor, accept: torch.Tensor) -> None:
+        """Write accepted tokens [B, N] at positions [B, N], stamped with each row's own step count;
+        stop-token truncation on the device."""
         dest = torch.where(accept, pos, torch.full_like(pos, self.L))
         self.canvas.scatter_(1, dest, tok)
         self.todo.scatter_(1, dest, False)
-        self.commit_step.scatter_(1, dest, torch.full_like(dest, step, dtype=torch.int32))
+        self.commit_step.scatter_(1, dest, self.steps.to(torch.int32)[:, None].expand_as(dest))
         if self.stop_ids is not None:
             hit = accept & torch.isin(tok, self.stop_ids) & self.can_stop[:, None]
             first = torch.where(hit, pos, torch.full_like(pos, self.L + 1)).amin(1)
             self.truncate(torch.minimum(self.span_end, first))
 
     def truncate(self, new_end: torch.Tensor) -> None:
-        self.span_end = new_end
-        self.todo &= self.arange_L[None, :] < new_end[:, None]
+        self.span_end.copy_(new_end)
+        self.todo &= self.arange_L[None, :] < self.span_end[:, None]
 
-    # -- loop ------------------------------------------------------------------------------------
-    def prefill(self) -> None:
+    def grow_bound(self, n: int) -> None:
+        """Host bookkeeping after a step: each slot's cache grew by at most n entries."""
+        if self.uses_cache and not self.static:
+            self.len_ub = np.minimum(self.len_ub + n, self.capacity)
+            self.cache.bound = int(self.len_ub.max())
+
+    # -- family hooks ----------------------------------------------------------------------------
+    def reset_slots(self, st: torch.Tensor, reqs: list[Request]) -> None:
+        pass
+
+    def prefill(self, st: torch.Tensor, slots: list[int], reqs: list[Request]) -> None:
         raise NotImplementedError
 
-    def step(self, step: int) -> None:
+    def device_step(self) -> None:
         raise NotImplementedError
 
-    def max_steps(self) -> int:
-        return max((r.span for r in self.reqs), default=0) + 1
+    def after_step(self) -> None:
+        """Host-side bookkeeping after each step (outside any compiled region)."""
 
     def select_rows(self, keep: torch.Tensor) -> None:
-        """Keep only the given live rows (device index tensor). Subclasses extend for their state."""
+        """Keep only the given slots (device index tensor). Subclasses extend for their state."""
         for name in ("canvas", "todo", "span_start", "span_end", "row_len", "can_stop", "commit_step", "steps"):
             setattr(self, name, getattr(self, name)[keep])
+        self.len_ub = self.len_ub[keep.cpu().numpy()]
 
+    # -- loop ------------------------------------------------------------------------------------
     def run(self) -> list[SampleOutput]:
+        from .compiled import StepRunner
+
         cfg = self.cfg
         t0 = time.perf_counter()
-        self.outputs: list[SampleOutput | None] = [None] * len(self.reqs)
+        n = len(self.reqs)
+        self.outputs: list[SampleOutput | None] = [None] * n
         self.stop_reason: dict[int, str] = {}
         self.stop_text: dict[int, str] = {}
-        self.checked = [0] * len(self.reqs)
+        self.checked = [0] * n
+        self.t_admit = [t0] * n
         if not self.reqs:
             return []
-        self.prefill()
-        limit = self.max_steps() + cfg.check_every
+        self.queue = deque(range(n))
+        first = [self.queue.popleft() for _ in range(min(self.S, n))]
+        self.admit(list(range(len(first))), first, t0)
+        self.runner = StepRunner(self)
+        limit = sum(r.span + 1 for r in self.reqs) + cfg.check_every * (n + 2)
         step = 0
-        self.pending_rows = len(self.reqs)
+        self.pending_rows = n
         while self.pending_rows:
             step += 1
             if step > limit:
                 raise RuntimeError(f"sampling: no progress after {step} steps (a bug in the {cfg.family} sampler)")
-            self.step(step)
+            self.runner()
+            self.after_step()
             if step % cfg.check_every == 0 or step >= limit - cfg.check_every:
-                self.check(time.perf_counter() - t0)
+                self.check(time.perf_counter())
         return self.outputs  # type: ignore[return-value]
 
-    def check(self, elapsed: float) -> None:
-        """Host synchronisation: stop strings, then retire finished rows."""
+    def check(self, now: float) -> None:
+        """Host synchronisation: stop strings, retire finished rows, admit waiting prompts, compact."""
         if self.stopper.enabled and bool(self.can_stop.any()):
             self._check_stop_strings()
-        done = (~self.todo.any(1)).cpu()
-        fresh = [b for b in torch.nonzero(done).flatten().tolist() if self.outputs[self.rows[b]] is None]
+        done = (~self.todo.any(1)).cpu().tolist()
+        fresh = [b for b, r in enumerate(self.rows) if r >= 0 and done[b]]
         if fresh:
-            self._record(fresh, elapsed)
-        if self.cfg.compact and bool(done.any()):
-            keep = torch.nonzero(~done).flatten()
-            self.rows = [self.rows[b] for b in keep.tolist()]
-            if self.rows:
-                self.select_rows(keep.to(self.device))
+            self._record(fresh, now)
+            for b in fresh:
+                self.rows[b] = -1
+            self.can_stop[torch.tensor(fresh, device=self.device)] = False
+        free = [b for b, r in enumerate(self.rows) if r < 0]
+        if free and self.queue:
+            take = free[: len(self.queue)]
+            self.admit(take, [self.queue.popleft() for _ in take], now)
+        elif free and self.cfg.compact:
+            live = [b for b, r in enumerate(self.rows) if r >= 0]
+            size = len(live)
+            if self.static and live:  # batch buckets: powers of two (each size is one compile / graph)
+                size = min(len(self.rows), 1 << (len(live) - 1).bit_length())
+            if live and size < len(self.rows):
+                keep = live + free[: size - len(live)]
+                self.rows = [self.rows[b] for b in keep]
+                self.select_rows(torch.tensor(keep, device=self.device))
+                self.runner.reset()
         self.pending_rows = sum(o is None for o in self.outputs)
 
-    def _record(self, fin: list[int], elapsed: float) -> None:
+    def _record(self, fin: list[int], now: float) -> None:
         idx = torch.tensor(fin, device=self.device)
         canvas, steps = self.canvas[idx].cpu(), self.steps[idx].cpu()
         commit = self.commit_step[idx].cpu()
@@ -228,8 +319,8 @@ class Decoder:
             n_steps = int(steps[i])
             self.outputs[row] = SampleOutput(
                 tokens=toks, text=text, steps=n_steps, tokens_per_step=len(toks) / n_steps if n_steps else 0.0,
-                seconds=elapsed, stopped_early=reason != "length", stop_reason=reason, masks_dropped=dropped,
-                commit_step=commit[i, a:e].tolist(), prompt_tokens=len(r.visible),
+                seconds=now - self.t_admit[row], stopped_early=reason != "length", stop_reason=reason,
+                masks_dropped=dropped, commit_step=commit[i, a:e].tolist(), prompt_tokens=len(r.visible),
                 sequence=canvas[i, :e].tolist() + canvas[i, e0 : r.length].tolist())
 
     def _check_stop_strings(self) -> None:
@@ -239,7 +330,7 @@ class Decoder:
         new_end = s1.clone()
         changed = False
         for b in range(len(self.rows)):
-            if not bool(can[b]):
+            if not bool(can[b]) or self.rows[b] < 0:
                 continue
             row = self.rows[b]
             a, e = int(s0[b]), int(s1[b])
@@ -255,4 +346,4 @@ class Decoder:
                 changed = True
         if changed:
             self.truncate(new_end.to(self.device))
-            self.can_stop = self.can_stop & (new_end == s1).to(self.device)
+            self.can_stop &= (new_end == s1).to(self.device)

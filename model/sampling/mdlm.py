@@ -17,29 +17,30 @@ from .processors import accept_top_k
 
 class MDLMDecoder(Decoder):
     uses_cache = False
+    compilable = False
 
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
-        spans = [r.span for r in self.reqs]
-        total = [self.cfg.steps or s for s in spans]
-        self.total_steps = torch.tensor(total, dtype=torch.long, device=self.device)
+        self.total_steps = torch.zeros(self.S, dtype=torch.long, device=self.device)
         self.positions = torch.arange(self.L, device=self.device)[None]
-        self._layout()
 
     def _layout(self) -> None:
-        """Per-batch static pieces (recomputed when finished rows are dropped)."""
-        reqs = [self.reqs[i] for i in self.rows]
-        self.lo = min(len(r.prefix) for r in reqs)
-        self.hi = max(len(r.prefix) + r.span for r in reqs)
+        """Per-batch static pieces (recomputed when rows are admitted or dropped)."""
+        reqs = [self.reqs[i] for i in self.rows if i >= 0]
+        self.lo = min((len(r.prefix) for r in reqs), default=0)
+        self.hi = max((len(r.prefix) + r.span for r in reqs), default=0)
         valid = self.positions < self.row_len[:, None]
         full = torch.ones(self.L, self.L, dtype=torch.bool, device=self.device)
         self.mask = with_key_padding(full, valid)
-        self.out_pos = torch.arange(self.lo, self.hi, device=self.device)[None].expand(len(reqs), -1)
+        self.out_pos = torch.arange(self.lo, self.hi, device=self.device)[None].expand(len(self.rows), -1)
 
-    def prefill(self) -> None:
-        pass
+    def reset_slots(self, st, reqs) -> None:
+        self.total_steps[st] = torch.tensor([self.cfg.steps or r.span for r in reqs], dtype=torch.long, device=self.device)
 
-    def step(self, step: int) -> None:
+    def prefill(self, st, slots, reqs) -> None:
+        self._layout()
+
+    def device_step(self) -> None:
         lo, hi = self.lo, self.hi
         if hi <= lo:
             return
@@ -57,7 +58,7 @@ class MDLMDecoder(Decoder):
         if self.cfg.threshold is not None and self.cfg.threshold < 1.0:
             accept |= active & (conf >= self.cfg.threshold)
         self.steps += active.any(1)
-        self.write(self.out_pos, tok, accept, step)
+        self.write(self.out_pos, tok, accept)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         super().select_rows(keep)

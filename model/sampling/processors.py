@@ -55,10 +55,9 @@ def choose(logits: torch.Tensor, cfg, generator: torch.Generator | None = None,
     logits = logits.float()
     if present is not None and cfg.repetition_penalty != 1.0:
         logits = repetition_penalty(logits, present, cfg.repetition_penalty)
-    if cfg.greedy:
-        probs = logits.softmax(-1)
-        conf, tok = probs.max(-1)
-        return tok, conf
+    if cfg.greedy:  # probability of the argmax without materialising the softmax: exp(max - logsumexp)
+        top, tok = logits.max(-1)
+        return tok, torch.exp(top - torch.logsumexp(logits, -1))
     logits = logits / cfg.temperature
     logits = top_k_filter(logits, cfg.top_k)
     logits = top_p_filter(logits, cfg.top_p)

@@ -112,7 +112,8 @@ class Reference:
         return self.output(row, time.perf_counter() - t0)
 
     def setdlm_step(self, row: _Row, step: int) -> None:
-        w = self.cfg.window_size
+        cfg = self.cfg
+        w = getattr(row, "win", cfg.initial_window)  # fixed window, or this row's adaptive window
         start = next(p for p in range(row.start, row.end) if row.todo(p))
         q = [p for p in range(start, min(start + w, row.end)) if row.todo(p)]
         c = len(row.committed)
@@ -128,6 +129,8 @@ class Reference:
         acc = accept_top1(conf, torch.ones_like(conf, dtype=torch.bool), self.cfg.threshold)[0].tolist()
         tok = tok[0].tolist()
         row.steps += 1
+        if cfg.adaptive_window:  # the documented rule: twice the tokens accepted, within the bounds
+            row.win = min(max(2 * sum(acc), cfg.window_min), cfg.max_window)
         self.write(row, q, tok, acc, step)
         row.committed += [(t, p, step) for t, p, a in zip(tok, q, acc) if a and p < row.end]
 

@@ -5,7 +5,12 @@ left in ascending position order, causal among themselves, committed to the cach
 followed by w query slots (MASK at the masked positions of [start, start + w), each seeing the cache,
 the valid pending tokens and itself; dropped from the cache). p = w with a threshold below 1, p = 1
 without one (then exactly one token is accepted per step). Everything is computed on the device; the
-step has fixed shapes [B, p + w] (only the cache's attended prefix grows).
+step has fixed shapes [B, p + w] and updates the decoder's state tensors in place.
+
+Adaptive window (`SamplingConfig.adaptive_window`): each row has its own window w_r in
+[window_min, window_max]; the forward always has window_max query slots, those at offsets >= w_r are
+inactive. After a step that accepted a tokens, w_r <- clamp(2 a, window_min, window_max): the window
+grows while the threshold keeps accepting more than half of it and shrinks when it accepts few.
 """
 
 from __future__ import annotations
@@ -22,23 +27,22 @@ class SetDLMDecoder(Decoder):
         super().__init__(*args, **kw)
         self.w = self.slot_count()
         self.p = self.pending_count()
-        w, p, dev = self.w, self.p, self.device
-        B = len(self.reqs)
+        w, p, dev, S = self.w, self.p, self.device, self.S
         self.offsets = torch.arange(w, device=dev)
-        self.pend_ids = torch.full((B, p), self.mask_id, dtype=torch.long, device=dev)
-        self.pend_pos = torch.zeros(B, p, dtype=torch.long, device=dev)
-        self.pend_valid = torch.zeros(B, p, dtype=torch.bool, device=dev)
+        self.pend_ids = torch.full((S, p), self.mask_id, dtype=torch.long, device=dev)
+        self.pend_pos = torch.zeros(S, p, dtype=torch.long, device=dev)
+        self.pend_valid = torch.zeros(S, p, dtype=torch.bool, device=dev)
+        self.win = torch.full((S,), self.cfg.initial_window, dtype=torch.long, device=dev)
         self.template = self.step_template().to(dev)
         self.eye = torch.eye(p + w, dtype=torch.bool, device=dev)
-        self.query_mask_ids = torch.full((B, w), self.mask_id, dtype=torch.long, device=dev)
-        self.no_commit = torch.zeros(B, w, dtype=torch.bool, device=dev)
-        capacity = max((len(r.visible) + r.span for r in self.reqs), default=0)
-        self.cache = self.model.new_cache(B, max(capacity, 1))
-        self.bound = 0
+        self.query_mask_ids = torch.full((S, w), self.mask_id, dtype=torch.long, device=dev)
+        self.no_commit = torch.zeros(S, w, dtype=torch.bool, device=dev)
+        self.cache = self.model.new_cache(S, self.capacity, extra=p + w)
+        self.cache.static = self.static
 
     # -- policy hooks (BD3-LM overrides them) ----------------------------------------------------
     def slot_count(self) -> int:
-        return self.cfg.window_size
+        return self.cfg.max_window
 
     def pending_count(self) -> int:
         """Most tokens one step can accept (host-known, so shapes stay static)."""
@@ -63,10 +67,17 @@ class SetDLMDecoder(Decoder):
         pos = start[:, None] + self.offsets
         posc = pos.clamp(max=self.L)
         active = self.todo.gather(1, posc) & (pos < self.span_end[:, None])
+        if self.cfg.adaptive_window:
+            active &= self.offsets[None, :] < self.win[:, None]
         return self.query_mask_ids, posc, pos, active, self.no_commit
 
     def accept(self, conf: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
-        return accept_top1(conf, active, self.cfg.threshold)
+        accept = accept_top1(conf, active, self.cfg.threshold)
+        if self.cfg.adaptive_window:
+            cfg = self.cfg
+            new = (2 * accept.sum(1)).clamp(min=cfg.window_min, max=cfg.max_window)
+            self.win.copy_(torch.where(active.any(1), new, self.win))
+        return accept
 
     def next_pending(self, tok, pos, accept):
         """Tokens to commit next step: the accepted ones, packed left in ascending position order."""
@@ -77,15 +88,17 @@ class SetDLMDecoder(Decoder):
         return tok.gather(1, order), pos.gather(1, order), accept.gather(1, order)
 
     # -- decoding ---------------------------------------------------------------------------------
-    def prefill(self) -> None:
-        ids, pos, valid = self.visible_batch(left_pad=True)
-        if ids.shape[1] == 0:
-            return
-        self.model(ids, pos, self.prefill_mask(pos, valid), cache=self.cache, commit=valid, logits_slice=slice(0, 0))
-        self.bound = min(self.cache.capacity, ids.shape[1])
-        self.cache.bound = self.bound
+    def reset_slots(self, st, reqs) -> None:
+        self.pend_valid[st] = False
+        self.win[st] = self.cfg.initial_window
 
-    def step(self, step: int) -> None:
+    def prefill(self, st, slots, reqs) -> None:
+        ids, pos, valid = self.visible_batch(reqs, left_pad=True)
+        self.prefill_cache(st, slots, ids, pos, self.prefill_mask(pos, valid), valid)
+        self.len_ub[slots] = [len(r.visible) for r in reqs]
+        self.cache.bound = int(self.len_ub.max())
+
+    def device_step(self) -> None:
         p, w = self.p, self.w
         q_ids, q_pos, pos, active, q_keys = self.queries()
         pv = self.pend_valid & (self.pend_pos < self.span_end[:, None])
@@ -95,20 +108,23 @@ class SetDLMDecoder(Decoder):
         mask = ((self.template[None] & keys[:, None, :]) | self.eye[None])[:, None]
         logits = self.logits(ids, positions, mask, cache=self.cache, commit=torch.cat((pv, self.no_commit), 1),
                              logits_slice=slice(p, p + w))
-        # At most p entries were appended: keep the attended prefix tight (the forward assumed p + w).
-        self.bound = min(self.cache.capacity, self.bound + p)
-        self.cache.bound = self.bound
         tok, conf = self.choose(logits)
         accept = self.accept(conf, active)
         self.steps += active.any(1)
-        self.write(pos, tok, accept, step)
+        self.write(pos, tok, accept)
         self.after_write(tok, pos, accept, active)
 
+    def after_step(self) -> None:
+        self.grow_bound(self.p)  # at most p entries were appended per row
+
     def after_write(self, tok, pos, accept, active) -> None:
-        self.pend_ids, self.pend_pos, self.pend_valid = self.next_pending(tok, pos, accept)
+        ids, pos, valid = self.next_pending(tok, pos, accept)
+        self.pend_ids.copy_(ids)
+        self.pend_pos.copy_(pos)
+        self.pend_valid.copy_(valid)
 
     def select_rows(self, keep: torch.Tensor) -> None:
         super().select_rows(keep)
         self.pend_ids, self.pend_pos, self.pend_valid = self.pend_ids[keep], self.pend_pos[keep], self.pend_valid[keep]
-        self.query_mask_ids, self.no_commit = self.query_mask_ids[keep], self.no_commit[keep]
+        self.query_mask_ids, self.no_commit, self.win = self.query_mask_ids[keep], self.no_commit[keep], self.win[keep]
         self.cache.reorder(keep)

@@ -13,9 +13,6 @@ from ..transformer import Transformer
 
 
 def tiny_model(seed: int = 0, *, sharpness: float = 1.0, vocab_size: int = 50, **overrides) -> Transformer:
-    from ..parallel import ensure_model_parallel
-
-    ensure_model_parallel(1, 1)
     torch.manual_seed(seed)
     cfg = dict(n_layers=2, hidden=32, n_heads=4, ffn_hidden=64, vocab_size=vocab_size, mask_id=vocab_size - 1,
                dropout=0.0, max_seq_len=256, vocab_pad_multiple=8, init_std=1.0)

@@ -407,6 +407,10 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel):
             for prefix, suffix in zip(input_ids, suffixes):
                 prefix = [int(t) for t in prefix]
                 suffix = None if suffix is None else [int(t) for t in (suffix.tolist() if hasattr(suffix, "tolist") else suffix)]
+                total = len(prefix) + int(max_new_tokens) + len(suffix or [])
+                if total > self.config.max_position_embeddings:  # never trained there: refuse, do not extrapolate
+                    raise ValueError(f"set_diffusion_generate: {total - int(max_new_tokens)} prompt tokens + {max_new_tokens} "
+                                     f"new tokens exceed max_position_embeddings {self.config.max_position_embeddings}")
                 run = self._decode_ar if family == "ar" else self._decode_set
                 toks, steps = run(prefix, suffix, int(max_new_tokens), w, threshold, mask_id,
                                   eos_token_id if stop_on_eos and suffix is None else None, temperature, generator)

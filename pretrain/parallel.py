@@ -1,30 +1,11 @@
-"""Process groups for the model: torch.distributed plus megatron-core's parallel_state."""
+"""Process groups for the model: torch.distributed (common/dist.py) plus megatron-core's parallel_state."""
 
 from __future__ import annotations
 
-import os
-import socket
-
-import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def ensure_process_group() -> None:
-    """Initialise torch.distributed from the environment, or as a single process (world size 1)."""
-    if dist.is_initialized():
-        return
-    if "RANK" not in os.environ:
-        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    dist.init_process_group(backend=backend)
+from common.dist import ensure_process_group  # the one process-group initialiser (re-exported here)
 
 
 def ensure_model_parallel(tp: int = 1, pp: int = 1) -> None:

@@ -1,0 +1,11 @@
+"""Small pieces every other package may import (nothing here imports the rest of setdlm).
+
+Imports flow ``common -> data_pipeline -> model -> pretrain -> eval -> launch``:
+
+- ``common.schema``: typed recipe sections (pydantic dataclasses) and one-line field errors
+- ``common.yamlfile``: reading recipe YAML with errors that name the file and line
+- ``common.io``: atomic file writes (temp file, fsync, rename, fsync of the directory)
+- ``common.env``: rank / world size / master address from torchrun, Slurm or MPI variables
+- ``common.dist``: the one ``torch.distributed`` process-group initialiser
+- ``common.log``: the rank-aware ``setdlm`` logger and the one-line error convention of the CLIs
+"""

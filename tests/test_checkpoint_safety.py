@@ -1,0 +1,362 @@
+"""Checkpoint files are data, never code, and a bad checkpoint is a one-line message.
+
+A real pickle payload (an object whose `__reduce__` makes the unpickler call `exec`, which would
+write a marker file) is planted in the model, EMA, extra and consolidated files of a run the trainer
+wrote, and in an imported reference checkpoint; every command that reads one (`sample`, `eval`,
+`convert to-hf`, `convert consolidate`, `convert from-reference`, resume through DeepSpeed's own
+loader) must refuse it with a message naming the file, and the marker must not exist. Damaged files
+(empty, truncated, random bytes), a missing shard, a checkpoint of another model or objective, a
+truncated meta.json and a `latest` naming a missing or incomplete step are checked the same way.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from helpers import REPO, cli_env, write_recipe
+
+STEPS = {"max_steps": 4, "save_every": 2, "eval_every": 0, "log_every": 2, "ema": 0.5, "sample_at_end": False,
+         "keep_last": 3}
+
+
+class Planted:
+    """Unpickling this calls exec(code): with weights_only=False it writes `marker`."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return (exec, (f"open({self.marker!r}, 'w').write('code ran')",))
+
+
+def plant(path: Path, marker: Path) -> None:
+    obj = torch.load(path, weights_only=False)  # our own file, written by the trainer just before
+    if isinstance(obj, dict):
+        obj["planted"] = Planted(marker)
+    else:
+        obj = {"planted": Planted(marker), "value": obj}
+    torch.save(obj, path)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, model_parallel):
+    """A tiny run (EMA, ZeRO-0) with checkpoints at steps 2 and 4, and its recipe."""
+    from pretrain.config import load_config
+    from pretrain.trainer import Trainer
+
+    tmp = tmp_path_factory.mktemp("safety")
+    recipe = write_recipe(tmp / "r.yaml", train=STEPS)
+    Trainer(load_config(recipe, [f"run.out_dir={tmp / 'runs'}"])).train()
+    return recipe, tmp / "runs" / "tiny"
+
+
+@pytest.fixture
+def run(trained, tmp_path):
+    """A fresh copy of the trained run (tests damage it)."""
+    recipe, src = trained
+    dst = tmp_path / "runs" / "tiny"
+    shutil.copytree(src, dst)
+    return recipe, dst
+
+
+def step(run_dir: Path, n: int = 4) -> Path:
+    return run_dir / "checkpoints" / f"step_{n:08d}"
+
+
+def one_line_error(capsys, code: int, *needles: str) -> str:
+    err = capsys.readouterr().err.strip()
+    assert code == 2, err
+    lines = [line for line in err.splitlines() if "error" in line]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for n in needles:
+        assert n in lines[0], (n, lines[0])
+    return lines[0]
+
+
+def pretrain(recipe: Path, run_dir: Path, *overrides: str) -> int:
+    from launch.cli import main
+
+    return main(["pretrain", "--config", str(recipe), "--out", str(run_dir.parent), *overrides])
+
+
+# -- planted payloads ---------------------------------------------------------------------------
+def test_the_payload_is_real(run, tmp_path):
+    """The planted objects do run code under a plain torch.load (so the tests below can fail)."""
+    marker = tmp_path / "ran"
+    f = step(run[1]) / "ema_mp_rank_00.pt"
+    plant(f, marker)
+    torch.load(f, weights_only=False)
+    assert marker.read_text() == "code ran"
+    torch.save({"config": LightningConfig(tmp_path / "setstate")}, tmp_path / "c.pt")
+    torch.load(tmp_path / "c.pt", weights_only=False)
+    assert (tmp_path / "setstate").read_text() == "setstate ran"
+
+
+@pytest.mark.parametrize("file", ["mp_rank_00_model_states.pt", "ema_mp_rank_00.pt"])
+def test_sample_refuses_a_planted_model_or_ema_file(run, tmp_path, capsys, file):
+    from eval.sample import main
+
+    marker = tmp_path / "ran"
+    plant(step(run[1]) / file, marker)
+    code = main(["--checkpoint", str(run[1]), "--prompt", "x", "--max-new-tokens", "2"])
+    one_line_error(capsys, code, file, "refused", "run code")
+    assert not marker.exists()
+
+
+def test_eval_refuses_a_planted_ema_file(run, tmp_path, capsys):
+    from eval.cli import main
+
+    marker = tmp_path / "ran"
+    plant(step(run[1]) / "ema_mp_rank_00.pt", marker)
+    code = main(["likelihood", "--checkpoint", str(run[1]), "--out", str(tmp_path / "ev"), "--max-batches", "1"])
+    one_line_error(capsys, code, "ema_mp_rank_00.pt", "refused")
+    assert not marker.exists()
+
+
+@pytest.mark.parametrize("command", ["to-hf", "consolidate"])
+def test_convert_refuses_a_planted_model_file(run, tmp_path, capsys, command):
+    from pretrain.hf_convert import main
+
+    marker = tmp_path / "ran"
+    plant(step(run[1]) / "mp_rank_00_model_states.pt", marker)
+    args = ["--checkpoint", str(run[1])] + (["--out", str(tmp_path / "hf")] if command == "to-hf" else [])
+    if command == "consolidate":  # an unsharded checkpoint consolidates from the same file
+        args += ["--out", str(tmp_path / "c.pt")]
+    code = main([command, *args])
+    one_line_error(capsys, code, "mp_rank_00_model_states.pt", "refused")
+    assert not marker.exists() and not (tmp_path / "hf").exists() and not (tmp_path / "c.pt").exists()
+
+
+def test_load_model_refuses_a_planted_consolidated_file(run, tmp_path):
+    from pretrain.checkpoint import load_model
+    from pretrain.consolidate import consolidate
+    from pretrain.safe_load import CheckpointError
+
+    marker = tmp_path / "ran"
+    f = consolidate(step(run[1]), log=lambda m: None)
+    plant(f, marker)
+    with pytest.raises(CheckpointError, match="consolidated.pt: refused"):
+        load_model(run[1])
+    assert not marker.exists()
+
+
+class LightningConfig:
+    """Stands for the classes a foreign training checkpoint pickles besides its weights (an OmegaConf
+    config, callback states), whose own code runs when a plain unpickler rebuilds them: here its
+    `__setstate__` writes `marker`."""
+
+    def __init__(self, marker: Path):
+        self.marker = str(marker)
+
+    def __setstate__(self, state):
+        open(state["marker"], "w").write("setstate ran")
+
+
+def test_from_reference_reads_the_weights_of_a_lightning_checkpoint_and_runs_nothing(tmp_path, capsys, model_parallel):
+    """A Lightning .ckpt whose hyper-parameters hold a payload and an object of a foreign class: the
+    weights are imported, the objects are replaced by inert stand-ins (named on stderr), the payload
+    never runs."""
+    from pretrain.hf_convert import main
+    from test_convert_reference import L, _compare, synthetic_dit
+
+    marker = tmp_path / "ran"
+    sd = synthetic_dit(adaln=False)
+    f = tmp_path / "last.ckpt"
+    torch.save({"state_dict": {"backbone." + k: v for k, v in sd.items()},
+                "hyper_parameters": {"config": LightningConfig(tmp_path / "setstate"), "hook": Planted(marker)}}, f)
+    code = main(["from-reference", "--model", str(f), "--out", str(tmp_path / "run"), "--family", "ar",
+                 "--seq-len", str(L)])
+    err = capsys.readouterr().err
+    assert code == 0, err
+    assert not marker.exists() and not (tmp_path / "setstate").exists()
+    assert "nothing in them ran" in err and "builtins.exec" in err and "LightningConfig" in err, err
+    _compare(tmp_path / "run", sd)
+
+
+def test_from_reference_refuses_objects_in_place_of_weights(tmp_path, capsys):
+    from pretrain.hf_convert import main
+    from test_convert_reference import synthetic_dit
+
+    marker = tmp_path / "ran"
+    sd = {"backbone." + k: v for k, v in synthetic_dit(adaln=False).items()}
+    sd["backbone.blocks.0.attn_qkv.weight"] = Planted(marker)
+    torch.save({"state_dict": sd}, tmp_path / "last.ckpt")
+    code = main(["from-reference", "--model", str(tmp_path / "last.ckpt"), "--out", str(tmp_path / "run"),
+                 "--family", "ar"])
+    one_line_error(capsys, code, "last.ckpt", "refused", "blocks.0.attn_qkv.weight")
+    assert not marker.exists() and not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("file", ["extra_rank00000.pt", "mp_rank_00_model_states.pt"])
+def test_resume_refuses_a_planted_file(run, tmp_path, capsys, file):
+    """extra_rank: read by setdlm; the model file: read by DeepSpeed's own loader during resume."""
+    recipe, run_dir = run
+    marker = tmp_path / "ran"
+    plant(step(run_dir) / file, marker)
+    code = pretrain(recipe, run_dir, "train.max_steps=6")
+    one_line_error(capsys, code, file, "refused")
+    assert not marker.exists()
+    assert (run_dir / "checkpoints" / "latest").read_text() == "step_00000004"  # nothing new saved
+
+
+def test_deepspeed_loads_inside_the_guard_are_weights_only(run, tmp_path):
+    """Any torch.load DeepSpeed makes while setdlm reads a checkpoint (engine, ZeRO, zero_to_fp32)."""
+    from pretrain.safe_load import CheckpointError, restricted_torch_load
+
+    marker = tmp_path / "ran"
+    f = step(run[1]) / "extra_rank00000.pt"
+    plant(f, marker)
+    real = torch.load
+    with restricted_torch_load(), pytest.raises(CheckpointError, match="refused"):
+        torch.load(f, map_location="cpu", weights_only=False)
+    assert not marker.exists()
+    assert torch.load is real  # restored on exit
+
+
+# -- damaged and missing files ------------------------------------------------------------------
+DAMAGE = {
+    "empty": lambda b: b"",
+    "truncated": lambda b: b[: len(b) // 2],
+    "random bytes": lambda b: os.urandom(4096),
+}
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_sample_names_a_damaged_model_file(run, capsys, kind):
+    from eval.sample import main
+
+    f = step(run[1]) / "mp_rank_00_model_states.pt"
+    f.write_bytes(DAMAGE[kind](f.read_bytes()))
+    code = main(["--checkpoint", str(run[1]), "--prompt", "x", "--max-new-tokens", "2"])
+    line = one_line_error(capsys, code, "mp_rank_00_model_states.pt")
+    assert any(w in line for w in ("empty", "truncated", "damaged")), line
+
+
+@pytest.mark.parametrize("kind", DAMAGE)
+def test_resume_names_a_damaged_file(run, capsys, kind):
+    recipe, run_dir = run
+    f = step(run_dir) / ("extra_rank00000.pt" if kind == "random bytes" else "mp_rank_00_model_states.pt")
+    f.write_bytes(DAMAGE[kind](f.read_bytes()))
+    code = pretrain(recipe, run_dir, "train.max_steps=6")
+    line = one_line_error(capsys, code, f.name)
+    assert any(w in line for w in ("empty", "truncated", "damaged")), line
+
+
+def test_missing_model_file(run, capsys):
+    from eval.sample import main
+
+    recipe, run_dir = run
+    (step(run_dir) / "mp_rank_00_model_states.pt").unlink()
+    code = main(["--checkpoint", str(run_dir), "--prompt", "x", "--max-new-tokens", "2"])
+    one_line_error(capsys, code, "mp_rank_00_model_states.pt", "missing")
+    code = pretrain(recipe, run_dir, "train.max_steps=6")
+    one_line_error(capsys, code, "step_00000004", "model")
+
+
+@pytest.mark.parametrize("override,field", [("model.hidden=64", "model.hidden"),
+                                            ("objective.name=mdlm", "objective.name")])
+def test_resume_refuses_another_model_or_objective(run, capsys, override, field):
+    recipe, run_dir = run
+    code = pretrain(recipe, run_dir, override, "train.max_steps=6")
+    one_line_error(capsys, code, field, "another model or objective")
+
+
+def test_truncated_meta_json(run, capsys):
+    from eval.sample import main
+
+    meta = step(run[1]) / "meta.json"
+    meta.write_text(meta.read_text()[:40])
+    code = main(["--checkpoint", str(step(run[1])), "--prompt", "x", "--max-new-tokens", "2"])
+    one_line_error(capsys, code, "meta.json", "truncated")
+
+
+@pytest.mark.parametrize("damage", ["missing step", "no COMPLETE marker", "truncated meta.json"])
+def test_resume_falls_back_to_the_newest_complete_checkpoint(run, model_parallel, damage):
+    from pretrain.config import load_config
+    from pretrain.trainer import Trainer
+
+    recipe, run_dir = run
+    last = step(run_dir)
+    if damage == "missing step":
+        shutil.rmtree(last)
+    elif damage == "no COMPLETE marker":
+        (last / "COMPLETE").unlink()
+    else:
+        (last / "meta.json").write_text('{"step": 4, "con')
+    trainer = Trainer(load_config(recipe, [f"run.out_dir={run_dir.parent}"]))
+    assert trainer.maybe_resume() and trainer.step == 2
+    assert any("latest" in n and "step_00000002" in n and "newest complete" in n for n in trainer.notes), trainer.notes
+
+
+def test_latest_with_nothing_complete_is_an_error(run, capsys):
+    recipe, run_dir = run
+    for s in (2, 4):
+        (step(run_dir, s) / "COMPLETE").unlink()
+    code = pretrain(recipe, run_dir, "train.max_steps=6")
+    one_line_error(capsys, code, "latest", "no complete checkpoint")
+
+
+def test_disk_full_during_a_save_keeps_the_last_good_checkpoint(run, model_parallel, monkeypatch, capsys):
+    """ENOSPC from the second save (DeepSpeed's torch.save of the model file): the partial directory
+    is removed, `latest` and step 4 are untouched, and the run stops with one line saying so."""
+    recipe, run_dir = run
+    real_save = torch.save
+
+    def full_disk(obj, f, *a, **k):
+        if ".tmp-step_00000008" in str(f):
+            raise OSError(errno.ENOSPC, "No space left on device", str(f))
+        return real_save(obj, f, *a, **k)
+
+    monkeypatch.setattr(torch, "save", full_disk)
+    before = sorted(p.name for p in step(run_dir).iterdir())
+    code = pretrain(recipe, run_dir, "train.max_steps=8", "train.save_every=2")
+    line = one_line_error(capsys, code, "step 8", "disk is full", "step_00000006")
+    assert "step_00000006" in line
+    root = run_dir / "checkpoints"
+    assert not list(root.glob(".tmp-*"))
+    assert (root / "latest").read_text() == "step_00000006"
+    assert sorted(p.name for p in step(run_dir).iterdir()) == before
+
+
+# -- a model without a process group ------------------------------------------------------------
+def test_load_model_needs_no_process_group(trained, tmp_path):
+    """A fresh interpreter with no launcher variables loads the checkpoint and decodes; afterwards
+    torch.distributed is still uninitialised and os.environ is exactly as before."""
+    code = (
+        "import os, sys, torch\n"
+        "import pretrain.checkpoint, model.sampling  # imports first: megatron sets a cache path at import\n"
+        "before = dict(os.environ)\n"
+        "from pretrain.checkpoint import load_model\n"
+        "from model.sampling import SamplingConfig, generate\n"
+        "m, tok, cfg = load_model(sys.argv[1])\n"
+        "out = generate(m, [tok.encode('The for statement')], SamplingConfig(family='setdlm', window=4,\n"
+        "               max_new_tokens=6), mask_id=cfg.model.mask_id, tokenizer=tok)[0]\n"
+        "assert len(out.tokens) == 6, out\n"
+        "assert not torch.distributed.is_initialized()\n"
+        "assert dict(os.environ) == before, set(os.environ.items()) ^ set(before.items())\n"
+        "assert not any(k in os.environ for k in ('MASTER_ADDR', 'MASTER_PORT', 'RANK', 'WORLD_SIZE'))\n"
+        "print('decoded', repr(out.text))\n")
+    env = cli_env()
+    r = subprocess.run([sys.executable, "-c", code, str(trained[1])], cwd=REPO, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0 and "decoded" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+
+
+def test_cli_prints_one_line_and_debug_keeps_the_traceback(run, tmp_path):
+    f = step(run[1]) / "mp_rank_00_model_states.pt"
+    f.write_bytes(b"")
+    cmd = [sys.executable, "-m", "launch.cli", "sample", "--checkpoint", str(run[1]), "--prompt", "x"]
+    r = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "empty file" in r.stderr, r.stderr[-2000:]
+    r = subprocess.run(cmd, cwd=REPO, env={**cli_env(), "SETDLM_DEBUG": "1"}, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode != 0 and "Traceback" in r.stderr and "CheckpointError" in r.stderr, r.stderr[-2000:]

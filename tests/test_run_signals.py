@@ -1,0 +1,105 @@
+"""Real `setdlm pretrain` processes and real signals: a signal during start-up is honoured after set-up,
+SIGKILL + resume leaves one metrics.jsonl row per step, Ctrl-C saves at the next step, a second Ctrl-C
+exits at once."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO, cli_env, write_recipe
+
+pytestmark = pytest.mark.slow
+
+
+def _start(recipe: Path, out: Path, *overrides: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "launch.cli", "pretrain", "--config", str(recipe), "--out", str(out), "--name", "4242",
+           *overrides]
+    return subprocess.Popen(cmd, cwd=REPO, env=cli_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def _steps(run: Path) -> list[int]:
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    steps = []
+    for line in path.read_text().splitlines():
+        try:
+            steps.append(json.loads(line)["step"])
+        except (ValueError, KeyError):
+            pass
+    return steps
+
+
+def _wait_for_step(proc: subprocess.Popen, run: Path, step: int, timeout: float = 400) -> None:
+    t0 = time.monotonic()
+    while max(_steps(run), default=-1) < step:
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.monotonic() - t0 < timeout, "run too slow"
+        time.sleep(0.2)
+
+
+def _finish(proc: subprocess.Popen, timeout: float = 400) -> tuple[int, str]:
+    out, _ = proc.communicate(timeout=timeout)
+    return proc.returncode, out
+
+
+def test_startup_signal_kill_resume_and_ctrl_c(tmp_path):
+    recipe = write_recipe(tmp_path / "r.yaml")
+    out, run = tmp_path / "runs", tmp_path / "runs" / "4242"
+    long = ["train.max_steps=40", "train.save_every=4", "train.eval_every=100"]
+
+    # 1. SIGTERM while the process is still importing / setting up: kept, honoured after the first step
+    proc = _start(recipe, out, *long)
+    time.sleep(3.0)
+    assert proc.poll() is None
+    proc.send_signal(signal.SIGTERM)
+    code, text = _finish(proc)
+    assert code == 0, text[-3000:]
+    assert "preemption signal received: saved at step 1" in text, text[-3000:]
+    assert (run / "checkpoints" / "step_00000001" / "COMPLETE").is_file()
+
+    # 2. resume, then SIGKILL after step 6 (the last checkpoint is step 4): steps 5-6 are logged twice...
+    proc = _start(recipe, out, *long)
+    _wait_for_step(proc, run, 6)
+    proc.kill()
+    proc.wait()
+    assert max(_steps(run)) >= 6
+
+    # 3. ...unless the resumed run drops them; then Ctrl-C saves at the next step and exits cleanly
+    proc = _start(recipe, out, *long)
+    t0 = time.monotonic()
+    while max(_steps(run), default=0) > 4:  # the resumed run's logger drops the rows of steps 5, 6, ...
+        assert proc.poll() is None and time.monotonic() - t0 < 400, proc.communicate()[0][-3000:]
+        time.sleep(0.1)
+    _wait_for_step(proc, run, 6)
+    proc.send_signal(signal.SIGINT)
+    code, text = _finish(proc)
+    assert code == 0, text[-3000:]
+    assert "resumed at step 4" in text and "metrics.jsonl: dropped" in text, text[-3000:]
+    saved = int(text.split("preemption signal received: saved at step ")[1].split(",")[0])
+    assert saved >= 6 and (run / "checkpoints" / f"step_{saved:08d}" / "COMPLETE").is_file()
+    steps = _steps(run)
+    assert len(steps) == len(set(steps)) and steps == sorted(steps), steps
+    assert steps[-1] == saved and "Traceback" not in text
+
+
+def test_second_ctrl_c_exits_at_once(tmp_path):
+    recipe = write_recipe(tmp_path / "r.yaml")
+    out, run = tmp_path / "runs", tmp_path / "runs" / "4242"
+    proc = _start(recipe, out, "train.max_steps=200", "train.save_every=100", "train.eval_every=1000")
+    _wait_for_step(proc, run, 1)
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.1)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    code, text = _finish(proc, timeout=30)
+    assert code == 130, text[-3000:]
+    assert time.monotonic() - t0 < 10
+    assert "Ctrl-C again: exiting without saving" in text and "Traceback" not in text

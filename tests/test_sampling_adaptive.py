@@ -1,0 +1,60 @@
+"""SW-SetDLM adaptive window: bounded by window_max (S_max), equal to the fixed window when its bounds
+are equal, exact against the recomputing reference."""
+
+import pytest
+import torch
+
+from model.sampling import Infill, SamplingConfig, generate
+from model.sampling.reference import generate_reference
+from model.sampling.testing import tiny_model
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], Infill([1, 2, 3], 10, [7, 8, 9]), Infill([4], 12, [])]
+
+
+@pytest.fixture(scope="module")
+def model(model_parallel):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield tiny_model(seed=0, sharpness=3.0)
+    torch.set_num_threads(threads)
+
+
+def _key(outs):
+    return [(o.tokens, o.commit_step, o.steps, o.sequence) for o in outs]
+
+
+@pytest.mark.parametrize("kw", [dict(window=4, window_max=8, threshold=0.5), dict(window=2, window_max=8, threshold=0.2),
+                                dict(window=8, window_min=2, window_max=8, threshold=0.9)])
+def test_adaptive_matches_reference_and_stays_within_bounds(model, kw):
+    cfg = SamplingConfig(family="setdlm", max_new_tokens=16, adaptive_window=True, **kw)
+    out = generate(model, PROMPTS, cfg)
+    assert _key(out) == _key(generate_reference(model, PROMPTS, cfg))
+    for o in out:  # no step commits more than window_max tokens, nor reaches past window_max positions
+        counts = torch.bincount(torch.tensor(o.commit_step))
+        assert int(counts.max()) <= cfg.window_max
+
+
+def test_adaptive_window_grows_and_shrinks(model):
+    """Threshold 0: every active position is accepted, so the window doubles up to window_max."""
+    cfg = SamplingConfig(family="setdlm", max_new_tokens=15, window=1, window_max=8, adaptive_window=True, threshold=0.0)
+    o = generate(model, [[1, 2, 3]], cfg)[0]
+    per_step = torch.bincount(torch.tensor(o.commit_step))[1:].tolist()
+    assert per_step == [1, 2, 4, 8]
+    # no threshold: one token per step, so the window shrinks to 2 (and tokens differ from w = 8)
+    strict = SamplingConfig(family="setdlm", max_new_tokens=12, window=8, window_max=8, adaptive_window=True)
+    o = generate(model, [[1, 2, 3]], strict)[0]
+    assert o.steps == 12
+    assert _key([o]) == _key(generate_reference(model, [[1, 2, 3]], strict))
+
+
+@pytest.mark.parametrize("threshold", [None, 0.5])
+def test_equal_bounds_is_the_fixed_window(model, threshold):
+    fixed = SamplingConfig(family="setdlm", max_new_tokens=14, window=4, threshold=threshold)
+    adaptive = SamplingConfig(family="setdlm", max_new_tokens=14, window=4, window_min=4, window_max=4,
+                              adaptive_window=True, threshold=threshold)
+    assert _key(generate(model, PROMPTS, adaptive)) == _key(generate(model, PROMPTS, fixed))
+
+
+def test_bad_bounds():
+    with pytest.raises(ValueError, match="sampling.window_max"):
+        SamplingConfig(adaptive_window=True, window_min=5, window_max=4).validate()

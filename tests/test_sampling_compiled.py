@@ -1,0 +1,39 @@
+"""The compiled decode step (SamplingConfig.compile: torch.compile here; CUDA graphs on a GPU) gives
+exactly the eager path's greedy tokens. Inductor compiles on CPU are slow: one small shape per family."""
+
+import pytest
+import torch
+
+from model.sampling import Infill, SamplingConfig, generate
+from model.sampling.testing import tiny_model
+
+PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], Infill([1, 2], 6, [3, 4]), [9]]
+
+
+@pytest.fixture(scope="module")
+def model(model_parallel):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield tiny_model(seed=0)
+    torch.set_num_threads(threads)
+
+
+def _key(outs):
+    return [(o.tokens, o.commit_step, o.steps, o.stop_reason) for o in outs]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("family,kw", [("setdlm", dict(window=4, threshold=0.6)), ("bd3lm", dict(block_size=4)),
+                                        ("ar", {})])
+def test_compiled_equals_eager(model, family, kw):
+    # two slots over four prompts (slots are refilled under the compiled step); compact=False keeps one
+    # batch shape, so one compile per family
+    cfg = SamplingConfig(family=family, max_new_tokens=8, max_batch=2, compact=False, **kw)
+    eager = generate(model, PROMPTS, cfg)
+    compiled = generate(model, PROMPTS, cfg, compile=True)
+    assert _key(compiled) == _key(eager)
+
+
+def test_compile_refused_for_mdlm():
+    with pytest.raises(ValueError, match="sampling.compile"):
+        SamplingConfig(family="mdlm", compile=True).validate()
