@@ -54,6 +54,10 @@ def inspect_main(argv: list[str]) -> int:
         rows = np.concatenate([source.read_unit("train", u) for u in range(len(source.counts("train")))
                                if u * m["samples_per_shard"] < args.show])[: args.show]
         for i, r in enumerate(rows):
+            if r.ndim == 2:  # prompt/answer rows: ids, context mask, valid mask
+                ctx, ans = r[0][r[1] != 0], r[0][(r[2] != 0) & (r[1] == 0)]
+                print(f"--- train sequence {i}\n[context] {tok.decode(ctx)}\n[answer] {tok.decode(ans)}")
+                continue
             print(f"--- train sequence {i}\n{tok.decode(r)}")
     return 1 if bad else 0
 

@@ -12,7 +12,10 @@ PACKINGS = {
     "wrapped": "documents joined with EOS after each one, cut into seq_len chunks (OWT convention)",
     "wrapped_bos_eos": "each document framed as BOS ... EOS ([CLS] ... [SEP] for BERT), concatenated "
                        "and cut into seq_len chunks (LM1B convention)",
+    "padded": "prompt/answer examples, one per row, padded (shards with context and valid masks; prompt_answer.py)",
+    "packed": "prompt/answer examples packed whole into rows (none split across rows), the rest padded",
 }
+EXAMPLE_PACKINGS = ("padded", "packed")  # made only by `setdlm data prepare --format prompt_answer|chat|marker`
 
 
 @section("data")
@@ -28,11 +31,12 @@ class DataConfig:
     source: Text = Field("builtin:pydoc_topics", min_length=1, description=(
         "'builtin:NAME' (in-memory corpus) or the directory/URL of prepared shards with manifest.json"))
     tokenizer: Text = Field("gpt2", min_length=1, description=(
-        "'gpt2', 'bert-base-uncased' or a tokenizer directory (shards: must match the manifest)"))
+        "'gpt2', 'bert-base-uncased', 'qwen3' or a tokenizer directory (shards: must match the manifest)"))
     add_mask_token: bool = Field(False, description="append <|mask|> when the tokenizer has no mask token")
     seq_len: int = Field(128, ge=2, description="tokens per sequence (shards: must equal the manifest's)")
     packing: Literal[tuple(PACKINGS)] = Field("wrapped", description=(
-        "how documents become sequences: wrapped (EOS-joined, OWT) or wrapped_bos_eos (BOS..EOS, LM1B)"))
+        "how documents become sequences: wrapped (EOS-joined, OWT), wrapped_bos_eos (BOS..EOS, LM1B); "
+        "padded / packed: prompt/answer shards (docs/finetune.md)"))
     val_fraction: float = Field(0.05, ge=0.0, lt=1.0, description=(
         "builtin sources: the last fraction of sequences is the validation split"))
     num_workers: int = Field(0, ge=0, description="loader worker processes per rank (0: read in the training process)")

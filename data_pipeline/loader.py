@@ -109,8 +109,13 @@ def _batches(plan: _Plan, start: int, first: int, stride: int):
         wanted = pos
         rows, pos, ids, epochs = reader.batch(wanted)
         tokens = np.stack(rows) if rows else np.zeros((0, plan.source.seq_len))  # all in bad shards: empty
-        batch = {"input_ids": torch.from_numpy(tokens.astype(np.int64)),
-                 "sample_index": torch.from_numpy(pos.copy())}
+        if tokens.ndim == 3:  # prompt/answer shards: (ids, context mask, valid mask) per row
+            batch = {"input_ids": torch.from_numpy(tokens[:, 0].astype(np.int64)),
+                     "context_mask": torch.from_numpy(tokens[:, 1] != 0),
+                     "valid_mask": torch.from_numpy(tokens[:, 2] != 0)}
+        else:
+            batch = {"input_ids": torch.from_numpy(tokens.astype(np.int64))}
+        batch["sample_index"] = torch.from_numpy(pos.copy())
         if plan.with_ids:
             batch["sample_id"] = torch.from_numpy(ids.astype(np.int64))
             batch["epoch"] = torch.from_numpy(epochs.astype(np.int64))
@@ -294,6 +299,11 @@ def build_loader(cfg: DataConfig, *, split: str, tokenizer, micro_batch: int, dp
     if dp_rank >= dp_size:
         raise ValueError(f"dp_rank: {dp_rank} is not below dp_size {dp_size}")
     if cfg.is_builtin:
+        from .config import EXAMPLE_PACKINGS
+
+        if cfg.packing in EXAMPLE_PACKINGS:
+            raise ValueError(f"data.packing: {cfg.packing!r} rows come from prompt/answer shards (setdlm data prepare "
+                             "--format prompt_answer); builtin corpora are packed 'wrapped' or 'wrapped_bos_eos'")
         source = BuiltinSource(cfg.source[len("builtin:"):], tokenizer, cfg.seq_len, cfg.packing,
                                float(cfg.val_fraction))
     else:

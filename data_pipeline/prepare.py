@@ -335,11 +335,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--docs-per-task", type=int, default=256, help="documents per tokenization task")
     p.add_argument("--max-docs", type=int, help="read only the first N documents of each split (tests, trials)")
     p.add_argument("--overwrite", action="store_true", help="replace shards prepared with other settings")
+    from .prompt_answer import add_args
+
+    add_args(p)  # --format prompt_answer | chat | marker (data_pipeline/prompt_answer.py)
     return p
 
 
 def main(argv: list[str]) -> int:
     args = build_parser().parse_args(argv)
+    if args.format != "text" or args.packing in ("padded", "packed"):
+        if args.format == "text":
+            print(f"setdlm data prepare: error: --packing {args.packing}: rows of whole examples need a prompt/answer "
+                  "--format (prompt_answer, chat, marker)", file=sys.stderr)
+            return 2
+        from .prompt_answer import main_from_args
+
+        if not args.input:
+            print("setdlm data prepare: error: --input: required (a JSONL file, or a save_to_disk directory for "
+                  "--format marker)", file=sys.stderr)
+            return 2
+        return main_from_args(args)
     preset = {**DEFAULTS, **{k: v for k, v in PRESETS.get(args.preset, {}).items() if k != "help"}}
     for k in ("tokenizer", "seq_len", "packing", "val_docs", "val_split"):
         if getattr(args, k) is not None:

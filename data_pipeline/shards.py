@@ -9,7 +9,9 @@ Layout of a prepared directory::
     val/shard-000000.tar ...
 
 Each sample is one ``.npy`` array of ``seq_len`` tokens of the manifest's dtype, so
-``webdataset.WebDataset(url).decode()`` reads the shards too.
+``webdataset.WebDataset(url).decode()`` reads the shards too. Prompt/answer shards (manifest
+``masks: [context_mask, valid_mask]``, data_pipeline/prompt_answer.py) add per sample
+``context_mask.npy`` (1 = prompt token) and ``valid_mask.npy`` (0 = padding), uint8 of ``seq_len``.
 """
 from __future__ import annotations
 
@@ -79,46 +81,61 @@ def _npy_header(seq_len: int, dtype) -> bytes:
     return buf.getvalue()[: -seq_len * np.dtype(dtype).itemsize]
 
 
-def encode_shard(rows: np.ndarray, first_sample: int) -> bytes:
-    """A reproducible tar (fixed mtime/owner) with one ``.npy`` member per row."""
+MASK_FIELDS = ("context_mask", "valid_mask")  # prompt/answer shards: uint8 per token (data_pipeline/prompt_answer.py)
+
+
+def encode_shard(rows: np.ndarray, first_sample: int, masks: dict | None = None) -> bytes:
+    """A reproducible tar (fixed mtime/owner) with one ``.npy`` member per row, plus one uint8 ``.npy``
+    member per row for each of `masks` ({"context_mask": [n, L], "valid_mask": [n, L]}) when given."""
     import webdataset as wds
 
     header = _npy_header(rows.shape[1], rows.dtype)
+    mheader = _npy_header(rows.shape[1], np.uint8)
     out = io.BytesIO()
     with wds.TarWriter(out, encoder=False, mtime=0, user="setdlm", group="setdlm", mode=0o444) as w:
         for i, row in enumerate(rows):
-            w.write({"__key__": f"{first_sample + i:010d}", FIELD: header + np.ascontiguousarray(row).tobytes()})
+            sample = {"__key__": f"{first_sample + i:010d}", FIELD: header + np.ascontiguousarray(row).tobytes()}
+            for k, m in (masks or {}).items():
+                sample[f"{k}.npy"] = mheader + np.ascontiguousarray(m[i], dtype=np.uint8).tobytes()
+            w.write(sample)
     return out.getvalue()
 
 
-def decode_shard(data: bytes, name: str, entry: dict, seq_len: int, dtype) -> np.ndarray:
-    """Rows of a shard, checked against its manifest entry (count, keys, dtype, shape)."""
+def decode_shard(data: bytes, name: str, entry: dict, seq_len: int, dtype, fields=(FIELD,)) -> np.ndarray:
+    """Rows of a shard, checked against its manifest entry (count, keys, dtype, shape): [count, seq_len]
+    token ids, or [count, 1 + len(MASK_FIELDS), seq_len] (ids, context mask, valid mask) for shards
+    whose manifest lists the mask fields."""
     from webdataset.tariterators import tar_file_iterator
 
-    header = _npy_header(seq_len, dtype)
-    nbytes = seq_len * np.dtype(dtype).itemsize
+    fields = tuple(fields)
+    members = sorted(fields)  # TarWriter writes a sample's members in sorted order
+    headers = {f: _npy_header(seq_len, dtype if f == FIELD else np.uint8) for f in fields}
+    sizes = {f: seq_len * (np.dtype(dtype).itemsize if f == FIELD else 1) for f in fields}
     first, count = int(entry["first_sample"]), int(entry["num_samples"])
-    out = np.empty((count, seq_len), dtype=dtype)
-    i = 0
+    out = np.empty((count, len(fields), seq_len), dtype=dtype)
+    i = j = 0
     try:
         for member in tar_file_iterator(io.BytesIO(data)):
-            want = f"{first + i:010d}.{FIELD}"
+            f = members[j]
+            want = f"{first + i:010d}.{f}"
             if member["fname"] != want:
                 raise ShardError(f"{name}: member {i} is {member['fname']!r}, expected {want!r}")
-            b = member["data"]
-            if len(b) != len(header) + nbytes or not b.startswith(header):
-                raise ShardError(f"{name}: sample {first + i} is not a {seq_len}-token {np.dtype(dtype).name} array")
+            b, header = member["data"], headers[f]
+            if len(b) != len(header) + sizes[f] or not b.startswith(header):
+                raise ShardError(f"{name}: sample {first + i} {f} is not a {seq_len}-token array of its dtype")
             if i >= count:
                 raise ShardError(f"{name}: holds more than the {count} samples of its manifest entry")
-            out[i] = np.frombuffer(b, dtype=dtype, offset=len(header))
-            i += 1
+            out[i, fields.index(f)] = np.frombuffer(b, dtype=dtype if f == FIELD else np.uint8, offset=len(header))
+            j += 1
+            if j == len(members):
+                i, j = i + 1, 0
     except ShardError:
         raise
     except Exception as e:  # noqa: BLE001 - tarfile raises several types for truncated/corrupt data
         raise ShardError(f"{name}: corrupt or truncated tar after {i} samples ({type(e).__name__}: {e})") from None
-    if i != count:
+    if i != count or j:
         raise ShardError(f"{name}: holds {i} samples, its manifest entry says {count} (truncated?)")
-    return out
+    return out[:, 0] if len(fields) == 1 else out
 
 
 # -- manifest ---------------------------------------------------------------------------------------
@@ -159,6 +176,7 @@ class ShardSource:
         self.seq_len = int(manifest["seq_len"])
         self.packing = manifest["packing"]
         self.dtype = np.dtype(manifest["dtype"])
+        self.fields = (FIELD, *(f"{k}.npy" for k in manifest.get("masks", ())))  # prompt/answer shards carry masks
         self.description = f"shards at {base!r}"
         self._counts, self._first = {}, {}
         for split, info in manifest["splits"].items():
@@ -216,4 +234,4 @@ class ShardSource:
                                  f"replaced shard)")
             if sha256_bytes(data) != entry["sha256"]:
                 raise ShardError(f"{url}: sha256 does not match the manifest (corrupt or replaced shard)")
-        return decode_shard(data, url, entry, self.seq_len, self.dtype)
+        return decode_shard(data, url, entry, self.seq_len, self.dtype, self.fields)

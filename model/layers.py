@@ -17,7 +17,9 @@ nothing is split, and the layers below stand in for them exactly:
 
 The choice depends only on the TP size in the layer's `ModelParallelConfig`, so a TP=1 model is
 always built from these layers, whether it trains under DeepSpeed or decodes in a plain Python
-session. tests/test_model_layers.py checks values, outputs and gradients against megatron's layers.
+session. `vocab_cross_entropy` does the same for megatron's vocab-parallel cross-entropy (its own
+forward and backward steps, without the all-reduces). tests/test_model_layers.py checks values,
+outputs and gradients against megatron's.
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import torch
-from megatron.core import tensor_parallel
+from megatron.core import parallel_state, tensor_parallel
 from megatron.core.model_parallel_config import ModelParallelConfig
+from megatron.core.tensor_parallel.cross_entropy import VocabParallelCrossEntropy
 
 
 def _layout(p: torch.nn.Parameter, dim: int) -> None:
@@ -91,12 +94,15 @@ def column_linear(input_size: int, output_size: int, *, config: ModelParallelCon
     return LocalLinear(input_size, output_size, config=config, init_method=init_method, bias=bias, split_dim=0)
 
 
-def row_linear(input_size: int, output_size: int, *, config: ModelParallelConfig, init_method, bias: bool):
-    """Input dimension split over TP ranks, output all-reduced (megatron RowParallelLinear)."""
+def row_linear(input_size: int, output_size: int, *, config: ModelParallelConfig, init_method, bias: bool,
+               skip_bias_add: bool = False):
+    """Input dimension split over TP ranks, output all-reduced (megatron RowParallelLinear); with
+    `skip_bias_add` the bias is returned, not added (sequence parallelism adds it itself)."""
     if config.tensor_model_parallel_size > 1:
         return tensor_parallel.RowParallelLinear(input_size, output_size, config=config, init_method=init_method,
-                                                 bias=bias, input_is_parallel=True, skip_bias_add=False)
-    return LocalLinear(input_size, output_size, config=config, init_method=init_method, bias=bias, split_dim=1)
+                                                 bias=bias, input_is_parallel=True, skip_bias_add=skip_bias_add)
+    return LocalLinear(input_size, output_size, config=config, init_method=init_method, bias=bias, split_dim=1,
+                       skip_bias_add=skip_bias_add)
 
 
 def vocab_embedding(num_embeddings: int, embedding_dim: int, *, config: ModelParallelConfig, init_method):
@@ -115,3 +121,34 @@ def is_column(layer) -> bool:
 def is_row(layer) -> bool:
     return isinstance(layer, tensor_parallel.RowParallelLinear) or (
         isinstance(layer, LocalLinear) and layer.weight.partition_dim == 1)
+
+
+class _LocalCrossEntropy(torch.autograd.Function):
+    """megatron's vocab-parallel cross-entropy over one rank: its own forward and backward steps
+    (`VocabParallelCrossEntropy`), without the all-reduces, which are identities at TP=1. Like
+    megatron's, it works in place on an fp32 input."""
+
+    @staticmethod
+    def forward(ctx, logits, target):
+        ops = VocabParallelCrossEntropy
+        logits, logits_max = ops.calculate_logits_max(logits)
+        target_mask, masked_target_1d, predicted, sum_exp, exp_logits = ops.calculate_predicted_logits(
+            logits, target, logits_max, 0, logits.size(-1))
+        exp_logits, loss = ops.calculate_cross_entropy_loss(exp_logits, predicted, sum_exp)
+        ctx.save_for_backward(exp_logits, target_mask, masked_target_1d)
+        return loss
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        ops = VocabParallelCrossEntropy
+        softmax, target_mask, masked_target_1d = ctx.saved_tensors
+        grad_2d, arange_1d, softmax_update, grad_input = ops.prepare_gradient_calculation_operands(softmax, target_mask)
+        return ops.calculate_gradients(grad_2d, arange_1d, masked_target_1d, softmax_update, grad_input, grad_output), None
+
+
+def vocab_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """Per-token cross-entropy of vocab-parallel logits [..., V/tp] (megatron's, in place on fp32
+    input): over the tensor-parallel group when there is one of size > 1, else on this process."""
+    if parallel_state.model_parallel_is_initialized() and parallel_state.get_tensor_model_parallel_world_size() > 1:
+        return tensor_parallel.vocab_parallel_cross_entropy(logits, target)
+    return _LocalCrossEntropy.apply(logits, target)

@@ -10,11 +10,18 @@ Weight layouts are independent of the tensor-parallel size, so a TP=1 state dict
 - SwiGLU fc1 rows alternate gate/up: row 2j is gate j, row 2j+1 is up j;
 - the vocabulary is padded to a multiple of `vocab_pad_multiple`; padding and MASK logits are -inf.
 
-Initialisation is independent of the pipeline split too: each component (embedding, layer i, final
-norm, head) is initialised from its own generator seeded by (base seed, component name), the base
-seed being one draw from the global generator. So a model built after `torch.manual_seed(s)` has the
-same full weights under any TP x PP layout, and building a model leaves no trace on the global RNG
-beyond that one draw.
+Initialisation is independent of the layout and happens per shard (model/init.py): megatron's layers
+are allocated without initialising (on the device of the surrounding `torch.device` context), then
+every rank draws only its own units of each weight from generators seeded by (base seed, parameter
+name, unit), the base seed being one draw from the global CPU generator. So a model built after
+`torch.manual_seed(s)` has the same full weights under any TP x PP layout, no rank ever holds a full
+weight matrix on the host, and building a model leaves no trace on the global RNG beyond that one draw.
+
+Sequence parallelism (`megatron_config(sequence_parallel=True)`, TP > 1; Megatron-LM's scheme): between
+the tensor-parallel regions the hidden states are split along the sequence, `[T/tp, B, H]`; column-
+parallel linears all-gather them, row-parallel linears reduce-scatter. Norms, residuals and dropout
+then work on 1/tp of the tokens; their replicated weights (norms, row-parallel biases) get their
+gradients summed over the TP group inside autograd (`_sp_weight`). The head gathers the sequence back.
 
 Tied embeddings under pipeline parallelism follow Megatron-LM: a last stage that does not hold the
 input embedding keeps a copy of it (same name `embed.weight`, same seeded initialisation, hence equal
@@ -27,8 +34,8 @@ At TP=1 the linear and embedding layers are plain torch layers with megatron's p
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
-import zlib
 
 import torch
 import torch.nn.functional as F
@@ -39,17 +46,21 @@ from .config import ModelConfig
 from . import flex
 from . import fp8 as fp8_layers
 from . import layers as tp_layers
+from .init import init_weights, mark_tensor_parallel
 from .kv_cache import KVCache
 from .masks import MaskSpec
 from .rotary import Rotary, apply_rotary
 
 
-def megatron_config(tp: int = 1, pp: int = 1, params_dtype: torch.dtype = torch.float32) -> ModelParallelConfig:
-    # Weights are initialised as full master tensors and then split: the same seed gives the same
-    # model under any TP size (and it is the only initialisation that works without CUDA).
+def megatron_config(tp: int = 1, pp: int = 1, params_dtype: torch.dtype = torch.float32,
+                    sequence_parallel: bool = False) -> ModelParallelConfig:
+    # megatron allocates the shards (its "cpu initialisation" path allocates without a device argument,
+    # so a surrounding `torch.device(...)` context decides where) and leaves them uninitialised:
+    # model/init.py fills each rank's shard with layout-independent values.
     return ModelParallelConfig(
         tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, use_cpu_initialization=True,
-        perform_initialization=True, params_dtype=params_dtype, pipeline_dtype=params_dtype, sequence_parallel=False,
+        perform_initialization=False, params_dtype=params_dtype, pipeline_dtype=params_dtype,
+        sequence_parallel=sequence_parallel and tp > 1,
     )
 
 
@@ -63,12 +74,22 @@ def _init(std: float):
     return lambda w: torch.nn.init.normal_(w, mean=0.0, std=std)
 
 
-@contextlib.contextmanager
-def _seeded(base: int, name: str):
-    """Initialise one component from its own CPU generator state, restoring the global one after."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed((base * 1_000_003 + zlib.crc32(name.encode())) % (2**63 - 1))
-        yield
+def _sp_weight(w: torch.Tensor | None, sp: bool) -> torch.Tensor | None:
+    """A replicated weight used on this rank's slice of the sequence (sequence parallelism): identity
+    forward, gradient summed over the TP group backward, so the replicas stay equal."""
+    return tensor_parallel.copy_to_tensor_model_parallel_region(w) if sp and w is not None else w
+
+
+def _apply_norm(norm: torch.nn.Module, x: torch.Tensor, sp: bool) -> torch.Tensor:
+    if not sp:
+        return norm(x)
+    if isinstance(norm, torch.nn.RMSNorm):
+        return F.rms_norm(x, norm.normalized_shape, _sp_weight(norm.weight, sp), norm.eps)
+    return F.layer_norm(x, norm.normalized_shape, _sp_weight(norm.weight, sp), _sp_weight(norm.bias, sp), norm.eps)
+
+
+def _add_bias(out: torch.Tensor, bias: torch.Tensor | None, sp: bool) -> torch.Tensor:
+    return out if bias is None else out + _sp_weight(bias, sp)
 
 
 def _linear(layer, x: torch.Tensor) -> torch.Tensor:
@@ -89,6 +110,7 @@ class Attention(torch.nn.Module):
         super().__init__()
         tp = self.tp = mp.tensor_model_parallel_size
         self.layer_id = layer_id
+        self.sp = mp.sequence_parallel
         self.head_dim = cfg.dim_head
         self.groups = cfg.kv_heads // tp  # KV heads on this rank
         self.q_per_group = cfg.n_heads // cfg.kv_heads
@@ -96,7 +118,7 @@ class Attention(torch.nn.Module):
         qkv_out = (cfg.n_heads + 2 * cfg.kv_heads) * self.head_dim
         self.qkv = tp_layers.column_linear(cfg.hidden, qkv_out, config=mp, init_method=_init(cfg.init_std), bias=cfg.bias)
         self.proj = tp_layers.row_linear(cfg.n_heads * self.head_dim, cfg.hidden, config=mp, init_method=_init(out_std),
-                                      bias=cfg.bias)
+                                         bias=cfg.bias, skip_bias_add=self.sp)
         self.q_norm = torch.nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = torch.nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.dropout_p = cfg.attention_dropout
@@ -111,9 +133,11 @@ class Attention(torch.nn.Module):
         return F.rms_norm(x, norm.normalized_shape, weight, norm.eps)
 
     def forward(self, x, rope, mask, cache: KVCache | None = None):
-        B, T, _ = x.shape
         qkv = _linear(self.qkv, x)
-        qkv = qkv.view(B, T, self.groups, self.q_per_group + 2, self.head_dim)
+        if self.sp:  # gathered [T, B, .] -> [B, T, .]
+            qkv = qkv.transpose(0, 1)
+        B, T = qkv.shape[:2]
+        qkv = qkv.reshape(B, T, self.groups, self.q_per_group + 2, self.head_dim)
         q = qkv[:, :, :, : self.q_per_group].reshape(B, T, -1, self.head_dim).transpose(1, 2)
         k = qkv[:, :, :, -2].transpose(1, 2)
         v = qkv[:, :, :, -1].transpose(1, 2)
@@ -123,34 +147,46 @@ class Attention(torch.nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.attend_kv(self.layer_id, k, v)
-        if isinstance(mask, MaskSpec):  # static mask kind: flex attention with a cached block mask
-            out = flex.attention(q, k, v, mask.kind, mask.length, mask.block_size, enable_gqa=self.q_per_group > 1)
-        else:
-            out = F.scaled_dot_product_attention(
-                q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0,
-                enable_gqa=self.q_per_group > 1)
+        out = self.core(q, k, v, mask)
         out = out.transpose(1, 2).reshape(B, T, -1)
-        out = _linear(self.proj, out)
-        return out
+        if not self.sp:
+            return _linear(self.proj, out)
+        out = out.transpose(0, 1).contiguous()  # [B, T, .] -> [T, B, .]: the row-parallel linear reduce-scatters along the sequence
+        out, bias = self.proj(out)
+        return _add_bias(out, bias, self.sp)
+
+    def core(self, q, k, v, mask):
+        """The attention core (scores, mask, softmax, weighted sum): what selective recomputation reruns."""
+        if isinstance(mask, MaskSpec):  # static mask kind: flex attention with a cached block mask
+            return flex.attention(q, k, v, mask.kind, mask.length, mask.block_size, enable_gqa=self.q_per_group > 1)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=self.dropout_p if self.training else 0.0,
+            enable_gqa=self.q_per_group > 1)
 
 
 class MLP(torch.nn.Module):
     def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig):
         super().__init__()
         self.swiglu = cfg.activation == "swiglu"
+        self.sp = mp.sequence_parallel
         out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
         width = cfg.ffn_hidden * (2 if self.swiglu else 1)
         self.fc1 = tp_layers.column_linear(cfg.hidden, width, config=mp, init_method=_init(cfg.init_std), bias=cfg.bias)
-        self.fc2 = tp_layers.row_linear(cfg.ffn_hidden, cfg.hidden, config=mp, init_method=_init(out_std), bias=cfg.bias)
+        self.fc2 = tp_layers.row_linear(cfg.ffn_hidden, cfg.hidden, config=mp, init_method=_init(out_std), bias=cfg.bias,
+                                        skip_bias_add=self.sp)
 
     def forward(self, x):
-        h = _linear(self.fc1, x)
+        h = self.activation(_linear(self.fc1, x))
+        if not self.sp:
+            return _linear(self.fc2, h)
+        out, bias = self.fc2(h)
+        return _add_bias(out, bias, self.sp)
+
+    def activation(self, h):
+        """GELU, or SwiGLU over the interleaved gate/up rows: what selective recomputation reruns."""
         if self.swiglu:
-            h = F.silu(h[..., 0::2]) * h[..., 1::2]
-        else:
-            h = F.gelu(h, approximate="tanh")
-        out = _linear(self.fc2, h)
-        return out
+            return F.silu(h[..., 0::2]) * h[..., 1::2]
+        return F.gelu(h, approximate="tanh")
 
 
 class Block(torch.nn.Module):
@@ -161,10 +197,19 @@ class Block(torch.nn.Module):
         self.norm2 = _norm(cfg, cfg.hidden)
         self.mlp = MLP(cfg, mp)
         self.drop = torch.nn.Dropout(cfg.dropout)
+        self.sp = mp.sequence_parallel
 
     def forward(self, x, rope, mask, cache=None):
-        x = x + self.drop(self.attn(self.norm1(x), rope, mask, cache))
-        return x + self.drop(self.mlp(self.norm2(x)))
+        with self._dropout_rng():
+            x = x + self.drop(self.attn(_apply_norm(self.norm1, x, self.sp), rope, mask, cache))
+            return x + self.drop(self.mlp(_apply_norm(self.norm2, x, self.sp)))
+
+    def _dropout_rng(self):
+        """Under sequence parallelism each TP rank drops on its own slice of the sequence: draw from
+        megatron's tensor-parallel RNG stream (different per TP rank), as Megatron-LM does."""
+        if self.sp and self.training and self.drop.p > 0:
+            return tensor_parallel.get_cuda_rng_tracker().fork()
+        return contextlib.nullcontext()
 
 
 class Transformer(torch.nn.Module):
@@ -177,28 +222,28 @@ class Transformer(torch.nn.Module):
         self.mp = mp or megatron_config()
         self.pre_process, self.post_process = pre_process, post_process
         self.layer_range = layers if layers is not None else range(cfg.n_layers)
+        self.sp = self.mp.sequence_parallel
         V = cfg.padded_vocab_size
-        base = int(torch.randint(0, 2**62, ()).item())  # the one draw from the global generator
+        base = int(torch.randint(0, 2**62, (), device="cpu").item())  # the one draw from the global generator
         if pre_process or (post_process and cfg.tie_embeddings):
-            with _seeded(base, "embed"):
-                self.embed = tp_layers.vocab_embedding(V, cfg.hidden, init_method=_init(cfg.init_std), config=self.mp)
+            self.embed = tp_layers.vocab_embedding(V, cfg.hidden, init_method=_init(cfg.init_std), config=self.mp)
+            if not pre_process:  # the last stage's copy of a tied embedding
+                self.embed.weight.shared_embedding = True
+                self.embed.weight.ds_pipe_replicated = True
         self.rotary = Rotary(cfg.dim_head, cfg.rope_base)
-        blocks = {}
-        for i in self.layer_range:
-            with _seeded(base, f"layers.{i}"):
-                blocks[str(i)] = Block(cfg, self.mp, i)
-        self.layers = torch.nn.ModuleDict(blocks)
+        self.layers = torch.nn.ModuleDict({str(i): Block(cfg, self.mp, i) for i in self.layer_range})
         if post_process:
             self.final_norm = _norm(cfg, cfg.hidden)
-            if not cfg.tie_embeddings:
-                with _seeded(base, "head"):
-                    self.head = tp_layers.column_linear(cfg.hidden, V, config=self.mp, init_method=_init(cfg.init_std),
-                                                     bias=cfg.head_bias)
+            if not cfg.tie_embeddings:  # the head runs on the gathered sequence (no sequence parallelism)
+                self.head = tp_layers.column_linear(cfg.hidden, V, config=dataclasses.replace(self.mp, sequence_parallel=False),
+                                                    init_method=_init(cfg.init_std), bias=cfg.head_bias)
             tp = self.mp.tensor_model_parallel_size
             rank = parallel_state.get_tensor_model_parallel_rank() if tp > 1 else 0
             ids = torch.arange(rank * V // tp, (rank + 1) * V // tp)
             blocked = (ids >= cfg.vocab_size) | (ids == cfg.mask_id)
             self.register_buffer("logit_bias", torch.zeros(len(ids)).masked_fill(blocked, float("-inf")), persistent=False)
+        mark_tensor_parallel(self)
+        init_weights(self, cfg, base, self.mp.tensor_model_parallel_size)
 
     # -- parts -------------------------------------------------------------------------------
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -249,6 +294,8 @@ class Transformer(torch.nn.Module):
         uses a cached block mask instead of the dense one.
         """
         x = self.embed_tokens(input_ids) if self.pre_process else hidden_states
+        if self.sp:
+            x = self._to_sequence_parallel(x, cache)
         rope = self.rotary(position_ids)
         mask = attn_mask
         if mask_spec is not None and cache is None and self.use_flex(x.device):
@@ -262,11 +309,30 @@ class Transformer(torch.nn.Module):
                 x = block(x, rope, mask, cache)
         if cache is not None:
             cache.end()
+        if self.sp:
+            x = self._from_sequence_parallel(x)
         if not self.post_process:
             return x
         if logits_slice is not None:
             x = x[:, logits_slice]
         return self.output_logits(x)
+
+    def _to_sequence_parallel(self, x: torch.Tensor, cache) -> torch.Tensor:
+        """[B, T, H] (embedding output) or [B, T/tp, H] (a received stage input) -> [T/tp, B, H]."""
+        if cache is not None:
+            raise ValueError("sequence parallelism is a training layout: decode with a model built without it")
+        x = x.transpose(0, 1)
+        if self.pre_process:  # this rank's slice of the sequence
+            x = tensor_parallel.scatter_to_sequence_parallel_region(x)
+        return x
+
+    def _from_sequence_parallel(self, x: torch.Tensor) -> torch.Tensor:
+        """[T/tp, B, H] -> [B, T, H] on the last stage (the head needs every token), [B, T/tp, H] before."""
+        if self.post_process:
+            # The head's input gradient is already complete on every rank (all-reduced by the column-
+            # parallel head, or by copy_to in the tied head), so the gather's backward just splits.
+            x = tensor_parallel.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False)
+        return x.transpose(0, 1)
 
     def use_flex(self, device: torch.device) -> bool:
         backend = self.cfg.attention_backend

@@ -133,4 +133,21 @@ def install_cpu_rng_tracker(seed: int, tp_rank: int = 0) -> CpuRNGStatesTracker:
     return tracker
 
 
-__all__ = ["needed", "cpu_compat", "megatron_compat", "CudaToCpu", "CpuRNGStatesTracker", "install_cpu_rng_tracker"]
+__all__ = ["needed", "cpu_compat", "megatron_compat", "sequence_parallel_compat", "CudaToCpu", "CpuRNGStatesTracker", "install_cpu_rng_tracker"]
+
+
+@contextlib.contextmanager
+def sequence_parallel_compat():
+    """megatron's sequence-parallel all-gathers and reduce-scatters (gloo has both) allocate their
+    buffers on `torch.cuda.current_device()`, also inside autograd backward functions, where a
+    TorchFunctionMode does not reach: on a CPU-only torch, make that call name the CPU for the
+    duration of the forward and backward (restored on exit)."""
+    if not needed():
+        yield
+        return
+    saved = torch.cuda.current_device
+    torch.cuda.current_device = lambda: torch.device("cpu")
+    try:
+        yield
+    finally:
+        torch.cuda.current_device = saved

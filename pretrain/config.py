@@ -74,6 +74,11 @@ class TrainConfig:
     sample_threshold: float = Field(0.0, ge=0.0, le=1.0, description=(
         "SetDLM/BD3-LM confidence threshold of the end-of-run sample (0: one token per step)"))
     sample_repetition_penalty: float = Field(1.0, gt=0.0, description="end-of-run sample repetition penalty (1: none)")
+    init_from: Text | None = Field(None, min_length=1, description=(
+        "start from these weights: a Hugging Face causal-LM directory or a setdlm run/checkpoint (docs/finetune.md)"))
+    activation_checkpointing: Literal["none", "selective", "full"] = Field("none", description=(
+        "recompute in the backward: none, selective (attention core + MLP activation) or full (every block)"))
+    compile: bool = Field(False, description="torch.compile each block (inductor; eager with a message where unavailable)")
 
     @model_validator(mode="after")
     def _min_lr_below_lr(self):
@@ -87,6 +92,8 @@ class ParallelConfig:
     tp: int = Field(1, ge=1, description="tensor-parallel size (megatron-core layers); divides heads and ffn_hidden")
     pp: int = Field(1, ge=1, description="pipeline stages (1F1B schedule); tp * pp divides the world size")
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage over the data-parallel group")
+    sequence_parallel: bool = Field(False, description=(
+        "megatron sequence parallelism over the TP group (needs tp >= 2; norms/dropout on T/tp tokens)"))
 
 
 @section("logging")
@@ -127,6 +134,12 @@ class RecipeConfig:
         if p.tp > 1 and p.zero_stage == 3:
             raise ValueError(f"parallel.zero_stage: ZeRO-3 is supported with tensor parallelism off (parallel.tp={p.tp}); "
                              "use zero_stage 0, 1 or 2 with tp > 1, or tp=1 with ZeRO-3")
+        if t.compile and p.zero_stage == 3:
+            raise ValueError("train.compile: DeepSpeed ZeRO-3 gathers parameters in module hooks that the compiled "
+                             "blocks do not run; use parallel.zero_stage 0-2 with compile, or train.compile: false")
+        if p.sequence_parallel and p.tp < 2:
+            raise ValueError(f"parallel.sequence_parallel: needs tensor parallelism (parallel.tp >= 2, got {p.tp}); "
+                             "set it to false or raise parallel.tp")
         if world_size is not None:
             dp = world_size // (p.tp * p.pp)
             if t.global_batch % (t.micro_batch * dp):
@@ -138,6 +151,11 @@ class RecipeConfig:
         self.objective.validate(self.data.seq_len)
         if p.pp > self.model.n_layers:
             raise ValueError(f"parallel.pp: {p.pp} stages for {self.model.n_layers} layers")
+        if p.sequence_parallel:
+            tokens = self.data.seq_len * (2 if self.objective.name in ("setdlm", "bd3lm") else 1)
+            if tokens % p.tp:
+                raise ValueError(f"parallel.sequence_parallel: {tokens} tokens per sequence through the model are not "
+                                 f"divisible by parallel.tp={p.tp}; choose data.seq_len so that they are")
 
     def resolve_vocab(self, tokenizer) -> None:
         """Fill model.vocab_size and model.mask_id from the tokenizer unless the recipe set them."""

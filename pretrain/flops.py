@@ -1,6 +1,33 @@
-"""Model FLOPs per training step and MFU (dense matmul count, fwd + bwd = 3x forward)."""
+"""FLOPs per training step, MFU and HFU, counting the attention work each objective's mask allows.
+
+Matmul FLOPs only (2 per multiply-add), forward + backward = 3x forward:
+
+* linear layers: 2 x (QKV + output projection + MLP) weights per token and layer, on every token the
+  model forwards (2L for the two-stream objectives), plus the output head on the predicted tokens
+  only (`logits_slice`: L - 1 for AR, L otherwise);
+* attention: 4 x heads x head_dim per allowed (query, key) pair and layer (scores QK^T and the
+  weighted sum PV). The allowed pairs are those of the static mask (model/masks.py), counted in
+  closed form (`attention_pairs`, checked against the masks in the tests):
+
+      causal (AR)           L (L + 1) / 2
+      bidirectional (MDLM)  L^2
+      setdlm (2L tokens)    L^2 + L     (clean: L (L+1)/2 causal; queries: L (L-1)/2 earlier clean + themselves)
+      bd3lm (2L tokens)     L^2 + L B   (noisy: own block + earlier clean blocks; clean: block-causal)
+
+  so a SetDLM step's attention costs about two causal attentions, not a dense (2L)^2 one, and MFU
+  compares objectives fairly. A dense kernel (SDPA on CPU) computes every pair and does more work than
+  counted; flex attention skips fully masked tiles and comes close to the count. Key padding is not
+  subtracted (the data are packed).
+
+*Model* FLOPs count the work the step needs; *hardware* FLOPs add what activation checkpointing
+recomputes (Megatron-LM's and PaLM's MFU vs HFU): `full` one more forward of the blocks, `selective`
+the attention core's forward (the activation function is not a matmul). `perf/mfu` and `perf/hfu` divide
+them by the device peak (`train.peak_tflops`, or the table below on known GPUs).
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -8,22 +35,99 @@ import torch
 PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "GH200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
 
 
-def forward_flops(model_cfg, tokens_in: int, tokens_out: int) -> float:
-    """Matmul FLOPs of one forward over `tokens_in` tokens with the output head on `tokens_out`."""
+def attention_pairs(kind: str, length: int, block_size: int = 0) -> int:
+    """Allowed (query, key) pairs of the static mask `kind` over `length` = L (model/masks.py)."""
+    L = int(length)
+    if kind == "causal":
+        return L * (L + 1) // 2
+    if kind == "bidirectional":
+        return L * L
+    if kind == "setdlm":
+        return L * L + L
+    if kind == "bd3lm":
+        if block_size < 1 or L % block_size:
+            raise ValueError(f"bd3lm: block size {block_size} must divide length {L}")
+        return L * L + L * block_size
+    raise ValueError(f"unknown mask kind {kind!r}; valid: causal, bidirectional, setdlm, bd3lm")
+
+
+def objective_layout(objective_name: str, seq_len: int, block_size: int = 0) -> tuple[str, int, int]:
+    """(mask kind, tokens forwarded, tokens through the head) per sequence of `seq_len` tokens."""
+    L = seq_len
+    if objective_name == "ar":
+        return "causal", L, L - 1
+    if objective_name == "mdlm":
+        return "bidirectional", L, L
+    if objective_name == "bd3lm":
+        return "bd3lm", 2 * L, L
+    if objective_name == "setdlm":
+        return "setdlm", 2 * L, L
+    raise ValueError(f"objective.name: unknown objective {objective_name!r}")
+
+
+def linear_flops_per_token(model_cfg) -> float:
+    """Forward matmul FLOPs of one token through one block's linear layers."""
     c = model_cfg
     d, h, f = c.dim_head, c.hidden, c.ffn_hidden
     qkv = 2 * h * (c.n_heads + 2 * c.kv_heads) * d
     proj = 2 * c.n_heads * d * h
     mlp = 2 * h * f * (3 if c.activation == "swiglu" else 2)
-    attn = 4 * c.n_heads * d * tokens_in  # scores and weighted sum, dense
-    per_token = c.n_layers * (qkv + proj + mlp + attn)
-    return per_token * tokens_in + 2 * h * c.padded_vocab_size * tokens_out
+    return qkv + proj + mlp
 
 
-def train_step_flops(model_cfg, objective_name: str, seq_len: int, sequences: int) -> float:
-    two_stream = objective_name in ("setdlm", "bd3lm")
-    t_in = 2 * seq_len if two_stream else seq_len
-    return 3.0 * sequences * forward_flops(model_cfg, t_in, seq_len)
+def attention_flops(model_cfg, pairs: int) -> float:
+    """Forward FLOPs of one block's attention over `pairs` allowed (query, key) pairs."""
+    return 4 * model_cfg.n_heads * model_cfg.dim_head * pairs
+
+
+def forward_flops(model_cfg, tokens_in: int, tokens_out: int, pairs: int | None = None) -> float:
+    """Matmul FLOPs of one forward over `tokens_in` tokens with the output head on `tokens_out`;
+    `pairs` allowed attention pairs (None: dense, tokens_in^2)."""
+    c = model_cfg
+    pairs = tokens_in * tokens_in if pairs is None else pairs
+    blocks = c.n_layers * (linear_flops_per_token(c) * tokens_in + attention_flops(c, pairs))
+    return blocks + 2 * c.hidden * c.padded_vocab_size * tokens_out
+
+
+def recompute_flops(model_cfg, mode: str, tokens_in: int, pairs: int) -> float:
+    """Forward FLOPs activation checkpointing adds per sequence (model/recompute.py)."""
+    c = model_cfg
+    if mode == "full":
+        return c.n_layers * (linear_flops_per_token(c) * tokens_in + attention_flops(c, pairs))
+    if mode == "selective":
+        return c.n_layers * attention_flops(c, pairs)
+    return 0.0
+
+
+@dataclass
+class StepFlops:
+    model: float  # per optimizer step, whole run
+    hardware: float  # model + recomputation
+
+    def metrics(self, steps_per_s: float, peak_tflops: float | None, world: int) -> dict:
+        """perf/* metrics of the trainer: TFLOP/s per device, and MFU / HFU where the peak is known."""
+        out = {"perf/model_tflops": self.model * steps_per_s / world / 1e12,
+               "perf/mfu": self.model * steps_per_s / (peak_tflops * 1e12 * world) if peak_tflops else None}
+        if self.hardware != self.model:
+            out["perf/hardware_tflops"] = self.hardware * steps_per_s / world / 1e12
+            out["perf/hfu"] = self.hardware * steps_per_s / (peak_tflops * 1e12 * world) if peak_tflops else None
+        return out
+
+
+def train_step_flops(model_cfg, objective_name: str, seq_len: int, sequences: int, block_size: int = 4,
+                     recompute: str = "none") -> float:
+    """Model FLOPs of one optimizer step over `sequences` sequences (hardware FLOPs with `recompute`)."""
+    kind, t_in, t_out = objective_layout(objective_name, seq_len, block_size)
+    pairs = attention_pairs(kind, seq_len, block_size)
+    per_seq = 3.0 * forward_flops(model_cfg, t_in, t_out, pairs) + recompute_flops(model_cfg, recompute, t_in, pairs)
+    return sequences * per_seq
+
+
+def step_flops(cfg) -> StepFlops:
+    """Model and hardware FLOPs of one optimizer step of recipe `cfg`."""
+    args = (cfg.model, cfg.objective.name, cfg.data.seq_len, cfg.train.global_batch, cfg.objective.block_size)
+    mode = getattr(cfg.train, "activation_checkpointing", "none")
+    return StepFlops(model=train_step_flops(*args), hardware=train_step_flops(*args, recompute=mode))
 
 
 def device_peak_tflops(override: float = 0.0) -> float | None:

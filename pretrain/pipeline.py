@@ -22,6 +22,7 @@ See docs/parallelism.md.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 
 import torch
@@ -30,7 +31,7 @@ from megatron.core import parallel_state
 
 from model.transformer import Transformer, megatron_config
 
-from .compat_cpu import megatron_compat
+from .compat_cpu import megatron_compat, sequence_parallel_compat
 
 from .engine import clip_gradients
 
@@ -46,19 +47,32 @@ def stage_layers(n_layers: int, pp: int, stage: int) -> range:
     return range(start, start + base + (1 if stage < extra else 0))
 
 
-def build_stage(model_cfg, tp: int, pp: int) -> Transformer:
+def build_stage(model_cfg, tp: int, pp: int, *, device=None, sequence_parallel: bool = False) -> Transformer:
     """This rank's part of the model: its pipeline stage's layers, tensor-parallel over `tp` ranks
-    (megatron's parallel state must be initialised for (tp, pp))."""
+    (megatron's parallel state must be initialised for (tp, pp)). With `device`, the shards are
+    allocated and initialised there directly (model/init.py): the host never holds the stage."""
     stage = parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else 0
-    model = Transformer(model_cfg, megatron_config(tp, pp), pre_process=stage == 0, post_process=stage == pp - 1,
-                        layers=stage_layers(model_cfg.n_layers, pp, stage))
-    if not model.pre_process and hasattr(model, "embed"):
-        # The last stage's copy of a tied embedding: its gradient is all-reduced with the first stage's
-        # (StepRunner), checkpoints and consolidation drop it (`shared_embedding`), and gradient norms
-        # count it once (`ds_pipe_replicated`, read by engine.global_grad_norm and DeepSpeed).
-        model.embed.weight.shared_embedding = True
-        model.embed.weight.ds_pipe_replicated = True
-    return model
+    with torch.device(device) if device is not None else contextlib.nullcontext():
+        return Transformer(model_cfg, megatron_config(tp, pp, sequence_parallel=sequence_parallel),
+                           pre_process=stage == 0, post_process=stage == pp - 1,
+                           layers=stage_layers(model_cfg.n_layers, pp, stage))
+
+
+def prepare_model(model: Transformer, cfg) -> list[str]:
+    """After `build_stage`: seed megatron's tensor-parallel RNG for dropout under sequence parallelism,
+    then activation checkpointing and per-block torch.compile (model/recompute.py). Returns log lines."""
+    from model.recompute import apply_training_features
+
+    if cfg.parallel.sequence_parallel and cfg.model.dropout > 0:
+        if torch.cuda.is_available():
+            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
+
+            model_parallel_cuda_manual_seed(cfg.run.seed)
+        else:
+            from .compat_cpu import install_cpu_rng_tracker
+
+            install_cpu_rng_tracker(cfg.run.seed, parallel_state.get_tensor_model_parallel_rank())
+    return apply_training_features(model, cfg.train.activation_checkpointing, cfg.train.compile)
 
 
 def schedule_config(cfg, dtype: torch.dtype):
@@ -70,7 +84,8 @@ def schedule_config(cfg, dtype: torch.dtype):
     return TransformerConfig(
         num_layers=m.n_layers, hidden_size=m.hidden, num_attention_heads=m.n_heads, ffn_hidden_size=m.ffn_hidden,
         tensor_model_parallel_size=cfg.parallel.tp, pipeline_model_parallel_size=cfg.parallel.pp,
-        pipeline_dtype=dtype, params_dtype=dtype, use_cpu_initialization=True, sequence_parallel=False,
+        pipeline_dtype=dtype, params_dtype=dtype, use_cpu_initialization=True,
+        sequence_parallel=getattr(cfg.parallel, "sequence_parallel", False),  # p2p shapes: seq_length / tp
         batch_p2p_comm=torch.cuda.is_available(),  # gloo: plain isend/irecv pairs
     )
 
@@ -96,6 +111,9 @@ class StepRunner:
         self.pp = cfg.parallel.pp
         self.dp_group = parallel_state.get_data_parallel_group()
         self.is_last = self.pp == 1 or parallel_state.is_pipeline_last_stage()
+        # megatron's sequence-parallel collectives allocate on torch.cuda.current_device(): on a CPU-only
+        # torch, run forward and backward inside the compatibility layer (as the pipeline schedule does)
+        self.sp_compat = sequence_parallel_compat if getattr(cfg.parallel, "sequence_parallel", False) else contextlib.nullcontext
         if self.pp > 1:
             from megatron.core.pipeline_parallel import get_forward_backward_func
 
@@ -150,9 +168,10 @@ class StepRunner:
         acc: dict = {}
         gnorm = None
         for i, inputs in enumerate(micro):
-            logits = self.engine(inputs.input_ids, inputs.position_ids, **inputs.model_kwargs())
-            loss, m = self.objective.loss(logits, inputs)
-            self.engine.backward(loss)
+            with self.sp_compat():
+                logits = self.engine(inputs.input_ids, inputs.position_ids, **inputs.model_kwargs())
+                loss, m = self.objective.loss(logits, inputs)
+                self.engine.backward(loss)
             if i == len(micro) - 1:
                 gnorm = clip_gradients(self.engine, self.cfg.train.grad_clip)
             self.engine.step()
@@ -198,8 +217,9 @@ class StepRunner:
         acc: dict = {}
         if self.pp == 1:
             for inputs in micro:
-                logits = self.module(inputs.input_ids, inputs.position_ids, **inputs.model_kwargs())
-                add_metrics(acc, self.objective.loss(logits, inputs)[1])
+                with self.sp_compat():
+                    logits = self.module(inputs.input_ids, inputs.position_ids, **inputs.model_kwargs())
+                    add_metrics(acc, self.objective.loss(logits, inputs)[1])
             return acc
         chunk = max(2 * self.pp, 1)  # a few micro-batches in flight keep every stage busy
         for i in range(0, len(micro), chunk):
@@ -261,4 +281,4 @@ def add_metrics(acc: dict, metrics: dict) -> None:
         acc[k] = acc.get(k, 0.0) + float(v)
 
 
-__all__ = ["StepRunner", "build_stage", "stage_layers", "schedule_config", "add_metrics"]
+__all__ = ["StepRunner", "build_stage", "prepare_model", "stage_layers", "schedule_config", "add_metrics"]

@@ -21,9 +21,16 @@ The memory model (bytes per parameter, `bytes_per_param`), per rank, with d = da
 Activations are counted per layer and token from model/transformer.py (inputs saved for backward by
 each norm, linear, attention and activation function), times the micro-batches a stage holds under
 1F1B (pp - stage), plus the last stage's fp32 logits and softmax on the predicted tokens. On GPUs the
-attention kernels (flash/flex) keep O(T) state; the dense SDPA path of CPUs keeps the T x T
-probabilities, which the estimate adds for `device="cpu"`. The figure excludes the CUDA context,
-allocator fragmentation and communication buffers (budget 10-20% on top).
+attention kernels (flash/flex) keep O(T) state; so does torch's CPU SDPA (a flash kernel), which
+also saves the boolean mask converted to a float T x T mask per layer call, added for `device="cpu"`.
+The backward of a block holds gradient buffers about the size of the block's saved activations:
+one block's worth is added as a transient. Under `train.activation_checkpointing`
+(model/recompute.py): `selective` drops what the attention core and the MLP activation keep inside
+(softmax statistics, the CPU float mask, SwiGLU's silu(gate)); `full` keeps only each block's input
+(its recomputation in the backward is the transient above). Under `parallel.sequence_parallel` the tensors
+outside the tensor-parallel regions (norm and residual inputs, linear inputs, dropout masks, a full
+checkpoint's block inputs) hold T/tp tokens. The figure excludes the CUDA context, allocator
+fragmentation and communication buffers (budget 10-20% on top); `micro_batch_fit` keeps 10% free.
 """
 
 from __future__ import annotations
@@ -33,7 +40,7 @@ import os
 import sys
 from dataclasses import dataclass
 
-from .flops import PEAK_TFLOPS, train_step_flops
+from .flops import PEAK_TFLOPS, step_flops
 
 GIB = 1024**3
 
@@ -110,27 +117,37 @@ def bytes_per_param(precision: str, zero: int, dp: int) -> dict:
     return {"weights": weights, "grads": grads + grads_fp32, "optimizer": optim}
 
 
-def activation_bytes_per_token_layer(m, tp: int, T: int, dtype_bytes: int, device: str) -> float:
-    """Bytes saved for backward per token and layer (one micro-batch)."""
+def activation_bytes_per_token_layer(m, tp: int, T: int, dtype_bytes: int, device: str, mode: str = "none",
+                                     sp: bool = False) -> float:
+    """Bytes saved for backward per token and layer (one micro-batch) under checkpointing `mode`
+    (for `full`: the block input only; `recompute_working_set` adds the block being recomputed)."""
     h, d, f = m.hidden, m.dim_head, m.ffn_hidden
     a, kv = m.n_heads / tp, m.kv_heads / tp
+    seq = tp if sp and tp > 1 else 1  # sequence parallelism splits the tensors outside the TP regions
+    if mode == "full":
+        return h / seq * dtype_bytes  # the block's input
     elems = 0.0
-    elems += 2 * h  # norm1 input, qkv input (norm1 output; full hidden on every TP rank)
+    elems += 2 * h / seq  # norm1 input (residual), qkv input (norm1 output; under SP gathered again in backward)
     elems += (a + 2 * kv) * d  # q, k, v (after rotary) kept by attention
     elems += a * d  # attention output = proj input
-    elems += 2 * h  # norm2 input (residual), fc1 input
-    elems += f / tp * (2 if m.activation == "swiglu" else 1)  # fc1 output kept by the activation
-    elems += f / tp * (2 if m.activation == "swiglu" else 0)  # silu(gate) and the product (SwiGLU)
-    elems += f / tp  # fc2 input
+    elems += 2 * h / seq  # norm2 input (residual), fc1 input
+    elems += f / tp * (2 if m.activation == "swiglu" else 1)  # fc1 output, kept by the activation
+    if m.activation == "swiglu" and mode != "selective":
+        elems += f / tp  # silu(gate), kept by the product (recomputed under selective)
+    elems += f / tp  # activation output = fc2 input
     if m.qk_norm:
         elems += (a + kv) * d  # q, k before the norm
     total = elems * dtype_bytes
-    total += a * 4  # softmax statistics (log-sum-exp) per head
-    if device == "cpu":
-        total += a * T * 4  # dense SDPA: T x T attention probabilities (fp32)
+    if mode != "selective":
+        total += a * 4  # softmax statistics (log-sum-exp) per head (the CPU float mask: estimate_memory)
     if m.dropout > 0:
-        total += 2 * h  # dropout masks (1 byte each)
+        total += 2 * h / seq  # dropout masks (1 byte each)
     return total
+
+
+def recompute_working_set(m, tp: int, T: int, dtype_bytes: int, device: str, sp: bool = False) -> float:
+    """Bytes per token of the one block whose activations a `full` recomputation rebuilds in the backward."""
+    return activation_bytes_per_token_layer(m, tp, T, dtype_bytes, device, "none", sp)
 
 
 @dataclass
@@ -161,32 +178,62 @@ def tokens_in(cfg) -> tuple[int, int]:
     return L, L
 
 
-def estimate_memory(cfg, world_size: int, *, precision: str | None = None, device: str = "cuda") -> list[StageMemory]:
-    """Per pipeline stage, the memory of one rank (bytes)."""
+def estimate_memory(cfg, world_size: int, *, precision: str | None = None, device: str = "cuda",
+                    micro_batch: int | None = None, checkpointing: str | None = None) -> list[StageMemory]:
+    """Per pipeline stage, the memory of one rank (bytes); `micro_batch` / `checkpointing` override the
+    recipe's (for the fit search)."""
     m, p, t = cfg.model, cfg.parallel, cfg.train
+    mode = checkpointing or getattr(t, "activation_checkpointing", "none")
+    sp = getattr(p, "sequence_parallel", False)
     dp = world_size // (p.tp * p.pp)
     accum = cfg.grad_accum(world_size)
     precision = precision or (t.precision if t.precision != "auto" else ("bf16" if device == "cuda" else "fp32"))
     bpp = bytes_per_param(precision, p.zero_stage, dp)
     act_bytes = 2 if precision == "bf16" else 4
     T, n_out = tokens_in(cfg)
-    b = t.micro_batch
-    per_layer = activation_bytes_per_token_layer(m, p.tp, T, act_bytes, device) * T * b
+    b = micro_batch or t.micro_batch
+    per_layer = activation_bytes_per_token_layer(m, p.tp, T, act_bytes, device, mode, sp) * T * b
+    # one block's backward: its gradient buffers (or, under `full`, its recomputed activations)
+    working = recompute_working_set(m, p.tp, T, act_bytes, device, sp) * T * b
+    # torch's CPU SDPA saves the boolean mask as a float T x T mask per layer call (not recomputed: none)
+    cpu_mask = T * T * 4 if device == "cpu" and mode == "none" else 0.0
     out = []
+    sp_on = sp and p.tp > 1
     for sp in stage_params(m, p.pp):
         n = sp.per_rank(p.tp)
         in_flight = min(p.pp - sp.stage, accum) if p.pp > 1 else 1
-        acts = per_layer * len(sp.layers) * in_flight
+        acts = (per_layer + cpu_mask) * len(sp.layers) * in_flight + (working if len(sp.layers) else 0.0)
+        boundary = T * b * m.hidden * act_bytes * in_flight / (p.tp if sp_on else 1)
         if sp.stage == 0:
-            acts += T * b * m.hidden * act_bytes * in_flight  # embedding output
+            acts += boundary  # embedding output
         if p.pp > 1 and sp.stage > 0:
-            acts += T * b * m.hidden * act_bytes * in_flight  # received activations (kept for backward)
+            acts += boundary  # received activations (kept for backward)
         logits = 0.0
         if sp.stage == p.pp - 1:
             # fp32 logits and the cross-entropy's saved softmax on the predicted tokens (one micro-batch)
             logits = 2 * n_out * b * m.padded_vocab_size / p.tp * 4
         out.append(StageMemory(sp.stage, sp.layers, n, n * bpp["weights"], n * bpp["grads"], n * bpp["optimizer"],
                                acts, logits, in_flight))
+    return out
+
+
+def micro_batch_fit(cfg, world_size: int, gpu_gib: float, *, device: str = "cuda", usable: float = 0.9) -> dict:
+    """For each checkpointing mode: the largest micro-batch (dividing the per-rank batch) whose peak
+    stage memory fits in `usable` x `gpu_gib`, with its peak; (0, smallest peak) when none fits."""
+    dp = cfg.dp_size(world_size)
+    per_rank = cfg.train.global_batch // dp
+    candidates = [b for b in range(1, per_rank + 1) if per_rank % b == 0]
+    budget = usable * gpu_gib * GIB
+    out = {}
+    for mode in ("none", "selective", "full"):
+        best = (0, None)
+        for b in candidates:
+            peak = max(sm.total for sm in estimate_memory(cfg, world_size, device=device, micro_batch=b, checkpointing=mode))
+            if best[1] is None:
+                best = (0, peak)
+            if peak <= budget:
+                best = (b, peak)
+        out[mode] = best
     return out
 
 
@@ -251,7 +298,9 @@ def plan(cfg, world_size: int, *, device: str = "cuda", gpus_per_node: int | Non
     gpn = gpus_per_node or int(os.environ.get("SETDLM_GPUS_PER_NODE", "8"))
     precision = t.precision if t.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
     memory = estimate_memory(cfg, world_size, precision=precision, device=device)
-    flops = train_step_flops(m, cfg.objective.name, cfg.data.seq_len, t.global_batch)
+    gpu_gib = float(os.environ.get("SETDLM_GPU_MEMORY_GIB", "80"))
+    fit = micro_batch_fit(cfg, world_size, gpu_gib, device=device)
+    flops = step_flops(cfg)
     bubble = (p.pp - 1) / (accum + p.pp - 1) if p.pp > 1 else 0.0
     warnings = []
     if p.tp > gpn:
@@ -263,6 +312,8 @@ def plan(cfg, world_size: int, *, device: str = "cuda", gpus_per_node: int | Non
         warnings.append(f"{m.n_layers} layers over {p.pp} stages: stages differ by one layer")
     return {"world": world_size, "tp": p.tp, "pp": p.pp, "dp": dp, "zero": p.zero_stage, "accum": accum,
             "micro_batch": t.micro_batch, "global_batch": t.global_batch, "precision": precision,
+            "fit": fit, "gpu_gib": gpu_gib, "checkpointing": getattr(t, "activation_checkpointing", "none"),
+            "sequence_parallel": getattr(p, "sequence_parallel", False),
             "gpus_per_node": gpn, "groups": rank_groups(p.tp, p.pp, dp), "memory": memory, "flops": flops,
             "bubble": bubble, "comm": comm_bytes_per_step(cfg, world_size, precision), "warnings": warnings,
             "params_total": _total_params(m)}
@@ -315,16 +366,22 @@ def format_plan(cfg, info: dict, *, max_ranks: int = 128) -> str:
     bpp = bytes_per_param(info["precision"], info["zero"], dp)
     w(f"memory per GPU (GiB; {info['precision']}, ZeRO-{info['zero']}: {bpp['weights']:.2f} + {bpp['grads']:.2f} + "
       f"{bpp['optimizer']:.2f} bytes/parameter for weights + grads + optimizer; activations for micro-batch "
-      f"{t.micro_batch} under 1F1B):")
+      f"{t.micro_batch} under 1F1B, checkpointing {info['checkpointing']}"
+      + (", sequence parallel" if info["sequence_parallel"] and tp > 1 else "") + "):")
     w(f"  {'stage':>5} {'weights':>8} {'grads':>8} {'optim':>8} {'activ.':>8} {'logits':>8} {'total':>8}  in flight")
     for sm in info["memory"]:
         w(f"  {sm.stage:>5} {_gib(sm.weights)} {_gib(sm.grads)} {_gib(sm.optimizer)} {_gib(sm.activations)} "
           f"{_gib(sm.logits)} {_gib(sm.total)}  {sm.in_flight} micro-batch(es)")
     peak = max(sm.total for sm in info["memory"])
     w(f"  peak {peak / GIB:.2f} GiB (plus CUDA context, allocator fragmentation and communication buffers: budget 10-20%)")
+    fit = ", ".join(f"{mode} {b if b else 'none fits'} ({pk / GIB:.1f} GiB)" for mode, (b, pk) in info["fit"].items())
+    w(f"largest micro-batch within 90% of {info['gpu_gib']:.0f} GiB per GPU (SETDLM_GPU_MEMORY_GIB), by "
+      f"train.activation_checkpointing: {fit}")
     w("")
-    f = info["flops"]
-    w(f"FLOPs per step: {f:.3e} total (fwd + bwd, dense matmuls), {f / info['world']:.3e} per GPU")
+    sf = info["flops"]
+    f = sf.model
+    w(f"FLOPs per step: {f:.3e} total (fwd + bwd matmuls, attention on the pairs the mask allows), "
+      f"{f / info['world']:.3e} per GPU" + (f"; with recomputation {sf.hardware:.3e}" if sf.hardware != f else ""))
     for gpu in ("H100", "A100"):
         peak_flops = PEAK_TFLOPS[gpu] * 1e12
         step_s = f / (info["world"] * peak_flops * 0.4)
@@ -352,5 +409,5 @@ def print_plan(cfg, world_size: int, *, file=None) -> dict:
     return info
 
 
-__all__ = ["plan", "print_plan", "format_plan", "estimate_memory", "bytes_per_param", "stage_params", "rank_groups",
+__all__ = ["plan", "print_plan", "format_plan", "estimate_memory", "micro_batch_fit", "bytes_per_param", "stage_params", "rank_groups",
            "comm_bytes_per_step"]

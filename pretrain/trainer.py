@@ -17,14 +17,14 @@ from model.noise import TRAIN, VAL, SampleNoise
 from model.objectives import build_objective, summarize
 from model.transformer import parameter_count
 
-from . import checkpoint
+from . import checkpoint, init_from
 from .config import RecipeConfig, save_config
 from .ema import EMA
 from .engine import build_engine, resolve_precision
-from .flops import device_peak_tflops, train_step_flops
+from .flops import device_peak_tflops, step_flops
 from .logger import MetricsLogger
 from .parallel import ensure_model_parallel, ensure_process_group
-from .pipeline import StepRunner, add_metrics, build_stage
+from .pipeline import StepRunner, add_metrics, build_stage, prepare_model
 from .preemption import active_handler, release_handler
 
 
@@ -36,7 +36,8 @@ class Trainer:
         ensure_process_group()
         self.world = dist.get_world_size()
         self.rank = dist.get_rank()
-        self.tokenizer = load_tokenizer(cfg.data.tokenizer)
+        self.init_source = init_from.prepare(cfg)  # train.init_from: architecture + tokenizer from the source
+        self.tokenizer = load_tokenizer(cfg.data.tokenizer, add_mask=cfg.data.add_mask_token)
         cfg.resolve_vocab(self.tokenizer)
         cfg.validate(self.world)
         fp8_layers.check_available(cfg.model.fp8)  # Transformer Engine + an FP8 GPU, or a clear error now
@@ -51,12 +52,13 @@ class Trainer:
         self.ckpt_root = self.run_dir / "checkpoints"
 
         torch.manual_seed(cfg.run.seed)
-        model = build_stage(cfg.model, p.tp, p.pp).to(self.device)  # this rank's TP shard of its PP stage
+        # this rank's TP shard of its PP stage, allocated and initialised on the device (model/init.py)
+        model = build_stage(cfg.model, p.tp, p.pp, device=self.device, sequence_parallel=p.sequence_parallel)
         if cfg.model.fp8 != "none":
             fp8_layers.convert_block_linears(model)
+        self.notes = prepare_model(model, cfg)  # sequence-parallel RNG, activation checkpointing, torch.compile
         self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len)
         self.precision = resolve_precision(cfg, self.device)
-        self.notes: list[str] = []
         if self.precision == "bf16" and p.zero_stage == 0:
             # DeepSpeed's bf16 path without ZeRO (its unfused FP16 wrapper) drifts from fp32 after the
             # first step; its ZeRO-1 bf16 optimizer tracks fp32 (docs/architecture.md). ZeRO-1 is the
@@ -130,7 +132,10 @@ class Trainer:
             for i, batch in enumerate(loader):
                 if limit and i >= limit:
                     break
-                c += torch.bincount(batch["input_ids"].flatten(), minlength=V)[:V].double()
+                ids = batch["input_ids"]
+                if "valid_mask" in batch:  # prompt/answer rows: the answer tokens, which validation scores
+                    ids = ids[batch["valid_mask"] & ~batch.get("context_mask", torch.zeros_like(ids, dtype=torch.bool))]
+                c += torch.bincount(ids.flatten(), minlength=V)[:V].double()
             if dist.get_world_size(self.dp_group) > 1:
                 dist.all_reduce(c, group=self.dp_group)
             return c
@@ -184,6 +189,8 @@ class Trainer:
     def train(self) -> dict:
         cfg, t = self.cfg, self.cfg.train
         resumed = self.maybe_resume()
+        if not resumed:  # train.init_from: pretrained weights (never on resume)
+            self.notes += init_from.load(self.engine, self.init_source, cfg.model, self.ema)
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
@@ -201,7 +208,7 @@ class Trainer:
         handler = self.preemption
         accum = cfg.grad_accum(self.world)
         seq_tokens = t.global_batch * cfg.data.seq_len
-        step_flops = train_step_flops(cfg.model, cfg.objective.name, cfg.data.seq_len, t.global_batch)
+        flops = step_flops(cfg)  # model FLOPs (allowed attention pairs) and hardware FLOPs (+ recomputation)
         peak = device_peak_tflops(t.peak_tflops)
         last = {}
         for note in self.notes + self.relayout_notes:
@@ -238,7 +245,7 @@ class Trainer:
                            "train/grad_norm": float(gnorm) if gnorm is not None else None,
                            "train/tokens_seen": self.tokens_seen, "perf/tokens_per_s": tps,
                            "perf/step_s": elapsed / window_steps,
-                           "perf/mfu": (window_steps * step_flops / elapsed) / (peak * 1e12 * self.world) if peak else None}
+                           **flops.metrics(window_steps / elapsed, peak, self.world)}
                 window_t, window_steps, window_loss = time.perf_counter(), 0, {}
             if t.eval_every > 0 and (self.step % t.eval_every == 0 or self.step == t.max_steps):
                 metrics.update(self.validate())

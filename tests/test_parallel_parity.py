@@ -33,8 +33,11 @@ PARAM_ATOL = 3e-5
 
 
 def launch(out: Path, nproc: int, layouts: list[str]) -> None:
-    variants = ",".join((*VARIANTS, "qwen_bf16"))
-    worker = [str(REPO / "tests" / "parallel_worker.py"), "--out", str(out), "--variants", variants, *layouts]
+    launch_variants(out, nproc, layouts, [*VARIANTS, "qwen_bf16"])
+
+
+def launch_variants(out: Path, nproc: int, layouts: list[str], variants: list[str]) -> None:
+    worker = [str(REPO / "tests" / "parallel_worker.py"), "--out", str(out), "--variants", ",".join(variants), *layouts]
     cmd = [sys.executable, *worker] if nproc == 1 else [
         sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *worker]
     r = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)

@@ -98,3 +98,24 @@ def test_plan_needs_no_tokenizer_when_the_vocabulary_is_set(tmp_path):
                       ["model.vocab_size=300", "model.mask_id=299", "train.micro_batch=2"])
     info = plan(cfg, 2)
     assert info["dp"] == 2 and info["params_total"] > 0
+
+
+def test_checkpointing_and_sequence_parallel_shrink_activations(tmp_path):
+    cfg = load_config("configs/qwen3-1.7b-setdlm.yaml", ["model.vocab_size=151936", "model.mask_id=151935"])
+    acts = {mode: estimate_memory(cfg, 8, checkpointing=mode)[0].activations for mode in ("none", "selective", "full")}
+    assert acts["none"] > acts["selective"] > acts["full"] > 0
+    assert acts["full"] < 0.2 * acts["none"]
+    cfg.parallel.sequence_parallel = True
+    sp = estimate_memory(cfg, 8)[0].activations
+    assert 0.5 * acts["none"] < sp < acts["none"]  # only the tensors outside the TP regions are split
+
+
+def test_micro_batch_fit_answers_for_qwen3_on_80gb(tmp_path):
+    from pretrain.plan import micro_batch_fit
+
+    for seq_len, none_fits in ((1024, 16), (4096, 4)):
+        cfg = load_config("configs/qwen3-1.7b-setdlm.yaml", ["model.vocab_size=151936", "model.mask_id=151935",
+                                                             f"data.seq_len={seq_len}", "model.max_seq_len=4096"])
+        fit = micro_batch_fit(cfg, 8, 80.0)
+        assert fit["none"][0] == none_fits, fit
+        assert fit["full"][0] > fit["none"][0] and all(pk <= 0.9 * 80 * 1024**3 for b, pk in fit.values() if b)

@@ -37,3 +37,26 @@ def test_compiled_equals_eager(model, family, kw):
 def test_compile_refused_for_mdlm():
     with pytest.raises(ValueError, match="sampling.compile"):
         SamplingConfig(family="mdlm", compile=True).validate()
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA-graph decode step)")
+@pytest.mark.parametrize("family,kw", [("setdlm", dict(window=4, threshold=0.6)), ("bd3lm", dict(block_size=4)),
+                                        ("ar", {})])
+def test_cuda_graph_step_equals_eager(model_parallel, family, kw):
+    """On a GPU, compile=True captures the step in a CUDA graph (refills keep it, shrinking recaptures)."""
+    from model.sampling.api import decoder_class
+    from model.sampling.engine import to_requests
+
+    m = tiny_model(seed=0).cuda()
+    prompts = PROMPTS * 3
+    cfg = SamplingConfig(family=family, max_new_tokens=8, max_batch=4, **kw)
+    eager = generate(m, prompts, cfg)
+    compiled = generate(m, prompts, cfg, compile=True)
+    assert _key(compiled) == _key(eager)
+    c = SamplingConfig(family=family, max_new_tokens=8, max_batch=4, compile=True, **kw)
+    dec = decoder_class(family)(m, to_requests(prompts, c, m.cfg.mask_id, m.cfg.vocab_size), c,
+                                mask_id=m.cfg.mask_id, eos_id=None)
+    with torch.inference_mode():
+        dec.run()
+    assert dec.runner.mode == "cudagraph"

@@ -50,13 +50,18 @@ class GSM8KTask(GenerationTask):
         p.add_argument("--fewshot-data", help="JSONL to draw few-shot examples from (with --data hub: its train split)")
         p.add_argument("--backend", choices=["auto", "lm-eval", "direct"], default="auto",
                        help="auto: lm-eval when installed, else direct")
+        p.add_argument("--prompt-format", choices=["plain", "chatml"], default="plain",
+                       help="plain: the Question/Answer template; chatml: the question as a user turn in the "
+                            "ChatML template of `setdlm data prepare --template chatml` (direct backend; docs/finetune.md)")
         super().add_args(p)
 
     def __init__(self, args, shard, predictor=None):
         super().__init__(args, shard, predictor)
         self.backend = args.backend
         if self.backend == "auto":
-            self.backend = "lm-eval" if lmeval_available() else "direct"
+            self.backend = "lm-eval" if lmeval_available() and not self.chat else "direct"
+        if self.chat and (self.backend != "direct" or args.fewshot):
+            raise EvalError("--prompt-format chatml: zero-shot with --backend direct only")
         if self.backend == "lm-eval" and not lmeval_available():
             raise EvalError("--backend lm-eval: lm-evaluation-harness is not installed (pip install 'setdlm[lm-eval]'), "
                             "or use --backend direct")
@@ -76,17 +81,26 @@ class GSM8KTask(GenerationTask):
             if len(self.pool) < args.fewshot + 1:
                 raise EvalError(f"--fewshot-data: {len(self.pool)} examples, fewer than --fewshot {args.fewshot} + 1")
 
+    @property
+    def chat(self) -> bool:
+        return getattr(self.args, "prompt_format", "plain") == "chatml"
+
     def sampling_extra(self) -> dict:
-        return {"stop": list(STOP)}
+        return {"stop": list(STOP) + (["<|im_end|>"] if self.chat else [])}
 
     def spec(self) -> dict:
         s = super().spec()
         s.update(data=self.args.data, fewshot=self.args.fewshot, fewshot_data=self.args.fewshot_data,
-                 backend=self.backend, template=TEMPLATE, n=len(self.examples))
+                 backend=self.backend, template="chatml" if self.chat else TEMPLATE,
+                 n=len(self.examples))
         return s
 
     # -- direct --------------------------------------------------------------------------------
-    def prompt(self, ex: dict) -> str:
+    def prompt(self, ex: dict):
+        if self.chat:  # token ids: the special tokens are never parsed out of text
+            from data_pipeline.prompt_answer import chatml_prompt
+
+            return chatml_prompt(self.tokenizer, [{"role": "user", "content": ex["question"]}])
         shots = ""
         if self.args.fewshot:
             rng = random.Random(f"{self.args.seed}/fewshot/{ex['id']}")
@@ -111,7 +125,7 @@ class GSM8KTask(GenerationTask):
         return recs
 
     def run_unit(self, unit: Unit) -> list[dict]:
-        return self._records(unit, unit.payload, [self.prompt(e) for e in unit.payload], STOP)
+        return self._records(unit, unit.payload, [self.prompt(e) for e in unit.payload], self.sampling_extra()["stop"])
 
     # -- lm-eval -------------------------------------------------------------------------------
     def execute(self, run, after_unit=None) -> dict:

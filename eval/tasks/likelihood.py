@@ -237,7 +237,7 @@ class LikelihoodTask(Task):
 
     @torch.no_grad()
     def run_unit(self, unit: Unit) -> list[dict]:
-        from megatron.core import tensor_parallel
+        from model.layers import vocab_cross_entropy
 
         model = self.ckpt.model
         device = next(model.parameters()).device
@@ -252,7 +252,7 @@ class LikelihoodTask(Task):
             with _autocast(self.precision, device):
                 logits = model(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
             # per-sequence CE first, on a copy: megatron's vocab-parallel CE works in place on its input
-            ce = tensor_parallel.vocab_parallel_cross_entropy(logits.float().clone(), inputs.targets)
+            ce = vocab_cross_entropy(logits.float().clone(), inputs.targets)
             per_order.append((ce * inputs.nll_weight).sum(-1).double().cpu().tolist())
             _, m = obj.loss(logits, inputs)  # the batch sums exactly as Trainer.validate computes them
             batch_nll.append(float(m["nll_sum"]))

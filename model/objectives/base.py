@@ -6,8 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 import torch
-from megatron.core import tensor_parallel
-
+from ..layers import vocab_cross_entropy
 from ..masks import MaskSpec, build_mask, with_key_padding
 
 
@@ -66,7 +65,7 @@ class Objective:
         step's gradient is that of the CE summed over the global batch / its predicted-token count),
         or the micro-batch's own weighted mean when no scale is set. Metrics are sums: `loss_sum` /
         `loss_count` is the token-weighted mean CE of whatever was summed."""
-        ce = tensor_parallel.vocab_parallel_cross_entropy(logits.float(), inputs.targets)
+        ce = vocab_cross_entropy(logits.float(), inputs.targets)
         lw, nw = inputs.loss_weight, inputs.nll_weight
         count = lw.sum()
         total = (ce * lw).sum()

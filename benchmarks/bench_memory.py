@@ -1,0 +1,168 @@
+"""Activation checkpointing and torch.compile on CPU: step time and peak memory, predicted vs measured;
+and the dry-run memory table of the GPU recipes.
+
+    .venv/bin/python benchmarks/bench_memory.py [--steps 3] [--markdown]     # both tables
+    .venv/bin/python benchmarks/bench_memory.py --plan-only
+
+CPU table: the `small-cpu` preset (4 x 256, GELU, LayerNorm) as a SW-SetDLM at L = 512 (1,024 tokens
+through the two-stream model), vocabulary 8,192, micro-batch 2, fp32, one process and one thread,
+trained with the trainer's code (build_stage, prepare_model, build_engine, StepRunner) on synthetic
+tokens, for train.activation_checkpointing none / selective / full with train.compile off and on.
+Each configuration is a fresh process: the median step time after warm-up (compilation excluded)
+and the peak RSS increase from just before the model is built (glibc's mmap threshold fixed at 64 KiB
+so freed buffers leave the RSS), next to pretrain/plan.py's estimate
+for the same recipe (device="cpu": weights, gradients, AdamW states, activations, logits).
+
+Plan table: `setdlm pretrain --dry-run` figures per GPU (bf16) for paper-12x768 (configs/owt-setdlm.yaml:
+TP 1, ZeRO-1, micro-batch 16) and qwen3-1.7b (configs/qwen3-1.7b-setdlm.yaml: TP 2, ZeRO-1,
+micro-batch 4) on 8 GPUs at L = 1024 and 4096, per checkpointing mode, and the largest micro-batch
+that fits in 90% of 80 GiB.
+
+A script, not a test: times depend on the machine and its load.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+SEQ, MICRO, VOCAB = 512, 2, 8192
+RECIPE = {
+    "run": {"seed": 3, "name": "bench"},
+    "model": {"preset": "small-cpu", "dropout": 0.0, "max_seq_len": SEQ, "vocab_size": VOCAB, "mask_id": VOCAB - 1,
+              "tie_embeddings": True},
+    "objective": {"name": "setdlm", "set_size": 4},
+    "data": {"seq_len": SEQ},
+    "train": {"micro_batch": MICRO, "global_batch": MICRO, "lr": 1e-3, "warmup_steps": 0, "precision": "fp32"},
+    "logging": {"wandb": "disabled"},
+}
+
+
+def rss_mib() -> float:
+    with open("/proc/self/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def worker(mode: str, compile: bool, steps: int) -> dict:
+    import torch
+
+    from model.objectives import build_objective
+    from model.parallel import ensure_model_parallel
+    from pretrain.config import from_dict
+    from pretrain.engine import build_engine
+    from pretrain.pipeline import StepRunner, build_stage, prepare_model
+    from pretrain.plan import GIB, estimate_memory
+
+    torch.set_num_threads(1)
+    recipe = json.loads(json.dumps(RECIPE))
+    recipe["train"].update(activation_checkpointing=mode, compile=compile)
+    cfg = from_dict(recipe)
+    cfg.validate(1)
+    ensure_model_parallel(1, 1)
+    objective = build_objective(cfg.objective, cfg.model, SEQ)
+    g = torch.Generator().manual_seed(0)
+    batches = [objective.prepare({"input_ids": torch.randint(0, VOCAB - 1, (MICRO, SEQ), generator=g)}, g)
+               for _ in range(2)]
+    base = rss_mib()
+    torch.manual_seed(cfg.run.seed)
+    model = build_stage(cfg.model, 1, 1)
+    notes = prepare_model(model, cfg)
+    engine, _, _ = build_engine(model, cfg, 1, "fp32")
+    stepper = StepRunner(engine, objective, cfg)
+    times = []
+    for i in range(steps + 2):
+        t = time.perf_counter()
+        stepper.train_step([batches[i % 2]])
+        times.append(time.perf_counter() - t)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
+    predicted = max(sm.total for sm in estimate_memory(cfg, 1, precision="fp32", device="cpu")) / 2**20
+    acts = estimate_memory(cfg, 1, precision="fp32", device="cpu")[0]
+    return {"mode": mode, "compile": compile, "step_s": statistics.median(times[2:]), "first_s": times[0],
+            "peak_mib": peak, "predicted_mib": predicted, "predicted_act_mib": (acts.activations + acts.logits) / 2**20,
+            "notes": notes, "gib": GIB}
+
+
+def cpu_table(steps: int) -> list[dict]:
+    rows = []
+    for compile in (False, True):
+        for mode in ("none", "selective", "full"):
+            # a fixed mmap threshold: glibc returns freed large buffers to the OS, so the peak RSS measures
+            # live memory (its default threshold grows after the first large free and keeps freed blocks)
+            env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(REPO), WANDB_MODE="disabled",
+                       MALLOC_MMAP_THRESHOLD_="65536")
+            cmd = [sys.executable, __file__, "--worker", mode, str(int(compile)), "--steps", str(steps)]
+            r = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=1800)
+            line = next((x for x in r.stdout.splitlines() if x.startswith("RESULT ")), None)
+            if line is None:
+                print(r.stdout[-2000:], r.stderr[-4000:], file=sys.stderr)
+                raise SystemExit(f"worker {mode} compile={compile} failed")
+            rows.append(json.loads(line[7:]))
+            print(f"# {mode} compile={compile}: {rows[-1]['step_s']:.2f} s/step", file=sys.stderr, flush=True)
+    return rows
+
+
+def plan_rows() -> list[dict]:
+    from pretrain.config import load_config
+    from pretrain.plan import GIB, estimate_memory, micro_batch_fit
+
+    rows = []
+    for name, config in (("paper-12x768", "configs/owt-setdlm.yaml"), ("qwen3-1.7b", "configs/qwen3-1.7b-setdlm.yaml")):
+        for L in (1024, 4096):
+            cfg = load_config(REPO / config, ["model.vocab_size=50258", "model.mask_id=50257", f"data.seq_len={L}",
+                                              "model.max_seq_len=4096"])
+            fit = micro_batch_fit(cfg, 8, 80.0)
+            for mode in ("none", "selective", "full"):
+                sm = max(estimate_memory(cfg, 8, checkpointing=mode), key=lambda s: s.total)
+                rows.append({"model": name, "L": L, "tp": cfg.parallel.tp, "micro": cfg.train.micro_batch, "mode": mode,
+                             "params": (sm.weights + sm.grads) / GIB, "optim": sm.optimizer / GIB,
+                             "acts": (sm.activations + sm.logits) / GIB, "total": sm.total / GIB, "fit": fit[mode][0]})
+    return rows
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--markdown", action="store_true")
+    ap.add_argument("--plan-only", action="store_true")
+    ap.add_argument("--worker", nargs=2, metavar=("MODE", "COMPILE"))
+    args = ap.parse_args()
+    if args.worker:
+        os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path("/tmp") / "setdlm-bench-inductor"))
+        print("RESULT " + json.dumps(worker(args.worker[0], bool(int(args.worker[1])), args.steps)), flush=True)
+        return 0
+    sep = "|" if args.markdown else " "
+    if not args.plan_only:
+        rows = cpu_table(args.steps)
+        base = next(r for r in rows if r["mode"] == "none" and not r["compile"])
+        print(f"{sep} checkpointing {sep} compile {sep} step (s) {sep} vs plain {sep} peak MiB measured {sep} "
+              f"predicted {sep} error {sep}")
+        if args.markdown:
+            print("|---|---|---|---|---|---|---|")
+        for r in rows:
+            err = (r["predicted_mib"] - r["peak_mib"]) / r["peak_mib"]
+            print(f"{sep} {r['mode']} {sep} {'on' if r['compile'] else 'off'} {sep} {r['step_s']:.2f} {sep} "
+                  f"{r['step_s'] / base['step_s']:.2f}x {sep} {r['peak_mib']:.0f} {sep} {r['predicted_mib']:.0f} {sep} "
+                  f"{err:+.0%} {sep}")
+        print()
+    print(f"{sep} model {sep} L {sep} TP {sep} micro-batch {sep} checkpointing {sep} weights+grads GiB {sep} optimizer GiB "
+          f"{sep} activations+logits GiB {sep} total GiB {sep} largest micro-batch in 80 GiB {sep}")
+    if args.markdown:
+        print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in plan_rows():
+        print(f"{sep} {r['model']} {sep} {r['L']} {sep} {r['tp']} {sep} {r['micro']} {sep} {r['mode']} {sep} "
+              f"{r['params']:.2f} {sep} {r['optim']:.2f} {sep} {r['acts']:.2f} {sep} {r['total']:.2f} {sep} {r['fit']} {sep}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

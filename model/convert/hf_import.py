@@ -1,0 +1,270 @@
+"""Stock Hugging Face causal-LM directories (Qwen3, Llama, Mistral) mapped onto our Transformer.
+
+Pure file and tensor code (no process groups, no recipes): `read_config` checks a directory and says
+what is wrong with it, `model_section` derives the `model:` recipe fields from its config.json, and
+`HFWeights` is a lazy mapping from our parameter names (tp=1 layout, model/transformer.py) to full
+tensors, read one at a time from the safetensors files (never pickle), so importing a large model
+under tensor parallelism holds one full tensor at a time beside this rank's shard.
+
+Layout mapping (each checked against `transformers`' own forward in tests/test_hf_import.py):
+- q_proj / k_proj / v_proj rows -> our fused QKV, grouped per KV head ([q_0..q_{g-1}, k, v] per group);
+- gate_proj / up_proj -> our SwiGLU fc1 with alternating rows (2j gate j, 2j+1 up j);
+- HF's rotate_half rotary (first half / second half of each head) is the convention of model/rotary.py,
+  with the same inverse frequencies; QK-norm (Qwen3) is an RMSNorm over each head before rotary, as ours;
+- the vocabulary is the tokenizer's: rows of the HF embedding/head beyond it (HF pads vocab_size) are
+  dropped, and a MASK token the tokenizer lacked gets a new row initialised to the mean of the
+  tokenizer's embedding rows (the head's MASK row too, though its logit is always -inf); rows added
+  to pad the vocabulary to `vocab_pad_multiple` are zero (their logits are -inf as well).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+
+from .hf_format import SAFE_INDEX, SAFE_SINGLE, ConvertError
+
+# model_type -> what it needs beyond the common Llama layout
+SUPPORTED = {"qwen3": {"qk_norm": True}, "llama": {"qk_norm": False}, "mistral": {"qk_norm": False}}
+# fields of `model:` taken from config.json (architecture); the others are training choices of the recipe
+ARCH_FIELDS = ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "norm", "norm_eps",
+               "activation", "qk_norm", "bias", "rope_base", "tie_embeddings", "head_bias")
+
+
+def _need(config: dict, key: str, where: Path):
+    if config.get(key) is None:
+        raise ConvertError(f"{where}: config.json has no {key!r} (a Hugging Face causal-LM config needs it)")
+    return config[key]
+
+
+def read_config(d) -> dict:
+    """config.json of a supported Hugging Face causal-LM directory, or a ConvertError saying why not."""
+    d = Path(d)
+    if not d.is_dir():
+        raise ConvertError(f"{d}: no such directory (expected a Hugging Face model directory with config.json "
+                           "and model.safetensors)")
+    f = d / "config.json"
+    if not f.is_file():
+        raise ConvertError(f"{d}: no config.json; not a Hugging Face model directory")
+    try:
+        config = json.loads(f.read_text())
+    except ValueError as e:
+        raise ConvertError(f"{f}: not valid JSON ({e})") from None
+    if not isinstance(config, dict):
+        raise ConvertError(f"{f}: expected a JSON object")
+    archs = config.get("architectures") or []
+    mtype = config.get("model_type")
+    if mtype == "setdlm":
+        raise ConvertError(f"{d}: a setdlm export; start from it with `setdlm convert from-hf` (or point "
+                           "train.init_from at the run directory it came from)")
+    if archs and not any(str(a).endswith("ForCausalLM") for a in archs):
+        raise ConvertError(f"{d}: architectures {archs} is not a causal language model (*ForCausalLM); "
+                           f"init_from takes causal LMs of type {', '.join(SUPPORTED)}")
+    if mtype not in SUPPORTED:
+        raise ConvertError(f"{d}: model_type {mtype!r} is not supported; supported: {', '.join(SUPPORTED)}"
+                           + (" (GPT-2 uses learned absolute positions, which this rotary transformer does not have)"
+                              if mtype == "gpt2" else ""))
+    rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
+    rtype = rope.get("rope_type", rope.get("type", "default")) if isinstance(rope, dict) else "default"
+    if rtype not in (None, "default"):
+        raise ConvertError(f"{f}: rope_type {rtype!r} (rotary scaling) is not supported; supported: default")
+    if config.get("use_sliding_window") or (mtype == "mistral" and config.get("sliding_window")):
+        raise ConvertError(f"{f}: sliding-window attention is not supported (use_sliding_window / sliding_window)")
+    layer_types = config.get("layer_types") or []
+    if any(t != "full_attention" for t in layer_types):
+        raise ConvertError(f"{f}: layer_types {sorted(set(layer_types))}: only full_attention layers are supported")
+    act = config.get("hidden_act", "silu")
+    if act != "silu":
+        raise ConvertError(f"{f}: hidden_act {act!r} is not supported; supported: silu (SwiGLU)")
+    if bool(config.get("attention_bias", False)) != bool(config.get("mlp_bias", config.get("attention_bias", False))):
+        raise ConvertError(f"{f}: attention_bias={config.get('attention_bias')} with mlp_bias={config.get('mlp_bias')}: "
+                           "this transformer has one bias switch for every linear layer (model.bias)")
+    weight_files(d)
+    return config
+
+
+def rope_theta(config: dict) -> float:
+    rope = config.get("rope_parameters")
+    if isinstance(rope, dict) and rope.get("rope_theta") is not None:
+        return float(rope["rope_theta"])
+    return float(config.get("rope_theta", 10000.0))
+
+
+def model_section(config: dict, where="config.json") -> dict:
+    """The `model:` architecture fields of a recipe, from a Hugging Face config.json."""
+    heads = int(_need(config, "num_attention_heads", where))
+    hidden = int(_need(config, "hidden_size", where))
+    return {
+        "n_layers": int(_need(config, "num_hidden_layers", where)), "hidden": hidden, "n_heads": heads,
+        "n_kv_heads": int(config.get("num_key_value_heads") or heads),
+        "head_dim": int(config.get("head_dim") or hidden // heads),
+        "ffn_hidden": int(_need(config, "intermediate_size", where)), "norm": "rmsnorm",
+        "norm_eps": float(config.get("rms_norm_eps", 1e-6)), "activation": "swiglu",
+        "qk_norm": SUPPORTED[config["model_type"]]["qk_norm"], "bias": bool(config.get("attention_bias", False)),
+        "rope_base": rope_theta(config), "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "head_bias": False,
+    }
+
+
+def embedding_rows(config: dict) -> int:
+    return int(config.get("vocab_size") or 0)
+
+
+def weight_files(d) -> list[Path]:
+    """The safetensors files of a directory (single file or the shards its index names)."""
+    d = Path(d)
+    if (d / SAFE_INDEX).is_file():
+        try:
+            index = json.loads((d / SAFE_INDEX).read_text())
+        except ValueError as e:
+            raise ConvertError(f"{d / SAFE_INDEX}: not valid JSON ({e})") from None
+        files = sorted({d / f for f in (index.get("weight_map") or {}).values()})
+        if not files:
+            raise ConvertError(f"{d / SAFE_INDEX}: no weight_map, the index is corrupt")
+        for f in files:
+            if not f.is_file():
+                raise ConvertError(f"{d}: weight file {f.name} named in {SAFE_INDEX} is missing (incomplete download?)")
+        return files
+    if (d / SAFE_SINGLE).is_file():
+        return [d / SAFE_SINGLE]
+    if any(d.glob("*.bin")) or any(d.glob("*.pt")):
+        raise ConvertError(f"{d}: only pickle weights (*.bin / *.pt), which can execute code when loaded; convert "
+                           "them to safetensors first (transformers: model.save_pretrained(dir, safe_serialization=True))")
+    raise ConvertError(f"{d}: no weights ({SAFE_SINGLE} or {SAFE_INDEX})")
+
+
+def group_qkv(q, k, v, groups: int, q_per_group: int, head_dim: int) -> torch.Tensor:
+    tail = q.shape[1:]
+    qkv = torch.cat((q.reshape(groups, q_per_group, head_dim, *tail), k.reshape(groups, 1, head_dim, *tail),
+                     v.reshape(groups, 1, head_dim, *tail)), 1)
+    return qkv.reshape(groups * (q_per_group + 2) * head_dim, *tail)
+
+
+def interleave(gate, up) -> torch.Tensor:
+    return torch.stack((gate, up), 1).reshape(2 * up.shape[0], *up.shape[1:])
+
+
+class HFWeights(Mapping):
+    """Our tp=1 parameter name -> full float32 tensor, computed on access from the safetensors files.
+
+    `cfg` is the resolved ModelConfig (vocabulary = the tokenizer's, MASK included); `n_real` is the
+    number of tokenizer ids the HF embedding holds rows for (the tokenizer without a MASK it lacked)."""
+
+    def __init__(self, d, cfg, n_real: int):
+        from safetensors import safe_open
+
+        self.dir, self.cfg, self.n_real = Path(d), cfg, int(n_real)
+        self._files = {}
+        self._where: dict[str, object] = {}
+        for f in weight_files(self.dir):
+            try:
+                h = safe_open(str(f), framework="pt")
+            except Exception as e:  # noqa: BLE001 - safetensors raises several types
+                raise ConvertError(f"{f}: not a readable safetensors file ({type(e).__name__}: {e})") from None
+            self._files[f] = h
+            for k in h.keys():
+                self._where[k] = h
+        self._names = self._our_names()
+        self._check()
+
+    # -- names ---------------------------------------------------------------------------------
+    def _our_names(self) -> list[str]:
+        c = self.cfg
+        names = ["embed.weight"]
+        for i in range(c.n_layers):
+            p = f"layers.{i}."
+            names += [p + "norm1.weight", p + "norm2.weight", p + "attn.qkv.weight", p + "attn.proj.weight",
+                      p + "mlp.fc1.weight", p + "mlp.fc2.weight"]
+            if c.bias:
+                names += [p + "attn.qkv.bias", p + "attn.proj.bias", p + "mlp.fc1.bias", p + "mlp.fc2.bias"]
+            if c.qk_norm:
+                names += [p + "attn.q_norm.weight", p + "attn.k_norm.weight"]
+        names.append("final_norm.weight")
+        if not c.tie_embeddings:
+            names.append("head.weight")
+        return names
+
+    def _check(self) -> None:
+        need = {"model.embed_tokens.weight", "model.norm.weight"}
+        if not self.cfg.tie_embeddings:
+            need.add("lm_head.weight")
+        missing = sorted(n for n in need if n not in self._where)
+        for i in range(self.cfg.n_layers):
+            if f"model.layers.{i}.self_attn.q_proj.weight" not in self._where:
+                missing.append(f"model.layers.{i}.self_attn.q_proj.weight")
+        extra = sorted(k for k in self._where if k.startswith("model.layers.")
+                       and int(k.split(".")[2]) >= self.cfg.n_layers)
+        if missing:
+            raise ConvertError(f"{self.dir}: weights incomplete for config.json ({len(missing)} missing, first "
+                               f"{missing[0]!r})")
+        if extra:
+            raise ConvertError(f"{self.dir}: weights hold more layers than config.json's num_hidden_layers "
+                               f"(first extra: {extra[0]!r})")
+        rows = self._where["model.embed_tokens.weight"].get_slice("model.embed_tokens.weight").get_shape()[0]
+        if rows < self.n_real:
+            raise ConvertError(f"{self.dir}: the embedding has {rows} rows, fewer than the tokenizer's {self.n_real} "
+                               "tokens (tokenizer/model vocabulary mismatch)")
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def __contains__(self, name) -> bool:
+        return name in self._names
+
+    # -- tensors -------------------------------------------------------------------------------
+    def _get(self, hf_name: str) -> torch.Tensor:
+        h = self._where.get(hf_name)
+        if h is None:
+            raise ConvertError(f"{self.dir}: tensor {hf_name!r} is missing from the weights")
+        return h.get_tensor(hf_name).float()
+
+    def _vocab(self, hf_name: str) -> torch.Tensor:
+        c = self.cfg
+        h = self._where.get(hf_name)
+        if h is None:
+            raise ConvertError(f"{self.dir}: tensor {hf_name!r} is missing from the weights")
+        rows = h.get_slice(hf_name)[: self.n_real]  # only the tokenizer's rows are read
+        out = torch.zeros(c.padded_vocab_size, rows.shape[1], dtype=torch.float32)
+        out[: self.n_real] = rows  # cast in place: no full-size float32 intermediate
+        del rows
+        if c.mask_id >= self.n_real:  # a MASK the tokenizer lacked: the mean of the real rows
+            out[c.mask_id] = out[: self.n_real].mean(0)
+        return out
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        if name not in self._names:
+            raise KeyError(name)
+        c = self.cfg
+        if name == "embed.weight":
+            return self._vocab("model.embed_tokens.weight")
+        if name == "head.weight":
+            return self._vocab("lm_head.weight")
+        if name == "final_norm.weight":
+            return self._get("model.norm.weight")
+        _, i, rest = name.split(".", 2)
+        p = f"model.layers.{i}."
+        part, suffix = rest.rsplit(".", 1)
+        direct = {"norm1": "input_layernorm", "norm2": "post_attention_layernorm", "attn.proj": "self_attn.o_proj",
+                  "mlp.fc2": "mlp.down_proj", "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
+        if part in direct:
+            return self._get(p + f"{direct[part]}.{suffix}")
+        if part == "attn.qkv":
+            q, k, v = (self._get(p + f"self_attn.{n}_proj.{suffix}") for n in "qkv")
+            return group_qkv(q, k, v, c.kv_heads, c.n_heads // c.kv_heads, c.dim_head)
+        if part == "mlp.fc1":
+            return interleave(self._get(p + f"mlp.gate_proj.{suffix}"), self._get(p + f"mlp.up_proj.{suffix}"))
+        raise KeyError(name)  # pragma: no cover
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        """Every tensor, materialised (tests and small models)."""
+        return {n: self[n] for n in self._names}
+
+
+__all__ = ["SUPPORTED", "ARCH_FIELDS", "read_config", "model_section", "embedding_rows", "weight_files", "HFWeights",
+           "group_qkv", "interleave", "rope_theta"]

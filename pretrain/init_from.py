@@ -1,0 +1,233 @@
+"""`train.init_from`: start a run from pretrained weights (docs/finetune.md).
+
+Two kinds of source:
+- a stock Hugging Face causal-LM directory (Qwen3, Llama, Mistral; model/convert/hf_import.py): the
+  `model:` architecture comes from its config.json, the tokenizer from the directory (MASK appended
+  when it has none), the weights from its safetensors;
+- a setdlm run directory or checkpoint of any layout (consolidated on the fly, EMA weights when it
+  has them): architecture and tokenizer from the checkpoint.
+
+Only the weights are taken: AdamW moments, LR schedule, step and data position start fresh. Two
+calls from the trainer: `prepare(cfg)` before anything is built (fills the recipe, checks the source
+and the vocabulary, so bad input fails before any work) and `load(engine, source, ema)` once the
+engine exists and no checkpoint of this run was found. A run that already has a checkpoint resumes
+from it and never reads the source again (`prepare` then takes the architecture from that checkpoint).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from model.config import PRESETS, ModelConfig
+from model.convert import hf_import
+from model.convert.hf_format import ConvertError
+
+# Recipe fields that are training choices, not architecture: the recipe's value is kept.
+TRAINING_FIELDS = ("preset", "dropout", "attention_dropout", "attention_backend", "fp8", "vocab_pad_multiple",
+                   "max_seq_len", "init_std", "vocab_size", "mask_id")
+_DEFAULT_TOKENIZER = "gpt2"  # DataConfig's default: replaced by the source's tokenizer
+
+
+@dataclass
+class InitSource:
+    kind: str  # "hf" | "checkpoint" | "resume"
+    path: Path
+    n_real: int = 0  # hf: tokenizer ids with an HF embedding row
+    notes: list = field(default_factory=list)
+
+
+def _bad(msg: str):
+    raise ValueError(f"train.init_from: {msg}")
+
+
+def _merge_model(cfg, derived: dict, where: str) -> None:
+    """Put the source's architecture into cfg.model. A recipe value (its own or its preset's) that differs
+    from the ModelConfig default and from the source is an error naming the field; a field left at its
+    default is taken from the source."""
+    default = ModelConfig()
+    preset = PRESETS.get(cfg.model.preset or "", {})
+    for name, value in derived.items():
+        if name == "n_kv_heads":
+            mine, explicit = cfg.model.kv_heads, cfg.model.n_kv_heads is not None
+        elif name == "head_dim":
+            mine, explicit = cfg.model.dim_head, cfg.model.head_dim is not None
+        else:
+            mine = getattr(cfg.model, name)
+            explicit = mine != getattr(default, name)
+        if explicit and mine != value:
+            src = f" (from preset {cfg.model.preset!r})" if name in preset else ""
+            raise ValueError(f"model.{name}: the recipe sets {mine!r}{src} but {where} has {value!r}; remove "
+                             f"model.{name}{' or the preset' if src else ''} from the recipe, or make it agree")
+        setattr(cfg.model, name, value)
+
+
+def _arch(model_cfg) -> dict:
+    """ARCH_FIELDS of a ModelConfig, with KV heads and head size explicit."""
+    out = {k: getattr(model_cfg, k) for k in hf_import.ARCH_FIELDS}
+    out.update(n_kv_heads=model_cfg.kv_heads, head_dim=model_cfg.dim_head)
+    return out
+
+
+def _run_has_checkpoint(cfg) -> Path | None:
+    pointer = cfg.run_dir / "checkpoints" / "latest"
+    return pointer if pointer.is_file() else None
+
+
+def _resume_source(cfg, pointer: Path) -> InitSource:
+    """The run already has checkpoints: its saved architecture and tokenizer, no import."""
+    import json
+
+    ckpt = pointer.parent / pointer.read_text().strip()
+    try:
+        saved = json.loads((ckpt / "meta.json").read_text())["config"]
+    except (OSError, ValueError, KeyError) as e:
+        _bad(f"run {cfg.run_dir} has a checkpoint pointer but its {ckpt / 'meta.json'} is unreadable ({e})")
+    from model.config import model_config_from_dict
+
+    _merge_model(cfg, _arch(model_config_from_dict({**saved.get("model", {}), "preset": None})),
+                 f"this run's checkpoint {ckpt}")
+    default = ModelConfig()
+    for name in ("dropout", "max_seq_len"):  # the values the import chose when the recipe left the default
+        if getattr(cfg.model, name) == getattr(default, name) and name in saved.get("model", {}):
+            setattr(cfg.model, name, saved["model"][name])
+    sd = saved.get("data", {})
+    if cfg.data.tokenizer == _DEFAULT_TOKENIZER and sd.get("tokenizer"):
+        tok_dir = cfg.run_dir / "tokenizer"  # the run's own copy: the source may be gone by now
+        cfg.data.tokenizer = str(tok_dir) if tok_dir.is_dir() else sd["tokenizer"]
+        cfg.data.add_mask_token = bool(sd.get("add_mask_token", cfg.data.add_mask_token))
+    return InitSource("resume", ckpt)
+
+
+def _tokenizer(cfg, where):
+    from data_pipeline.tokenizers import TokenizerError, load_tokenizer
+
+    try:
+        return load_tokenizer(cfg.data.tokenizer, add_mask=cfg.data.add_mask_token)
+    except TokenizerError as e:
+        raise ValueError(f"data.tokenizer: {e}") from None
+
+
+def _prepare_hf(cfg, d: Path) -> InitSource:
+    from data_pipeline.tokenizers import TokenizerError, load_tokenizer
+
+    try:
+        config = hf_import.read_config(d)
+    except ConvertError as e:
+        _bad(str(e))
+    _merge_model(cfg, hf_import.model_section(config, d / "config.json"), f"{d}/config.json")
+    if cfg.model.max_seq_len == ModelConfig().max_seq_len and config.get("max_position_embeddings"):
+        cfg.model.max_seq_len = int(config["max_position_embeddings"])
+    if cfg.model.dropout == ModelConfig().dropout:  # HF causal LMs of these families train without dropout
+        cfg.model.dropout = 0.0
+    if cfg.data.tokenizer == _DEFAULT_TOKENIZER:
+        if not ((d / "tokenizer.json").is_file() or (d / "tokenizer_config.json").is_file()):
+            _bad(f"{d} has no tokenizer files (tokenizer.json); set data.tokenizer to the model's tokenizer")
+        cfg.data.tokenizer = str(d)
+    try:
+        load_tokenizer(cfg.data.tokenizer)
+        had_mask = True
+    except TokenizerError:
+        had_mask = False
+    if not had_mask:
+        cfg.data.add_mask_token = True
+    tok = _tokenizer(cfg, d)
+    n_real = tok.vocab_size - (0 if had_mask else 1)
+    rows = hf_import.embedding_rows(config)
+    if n_real > rows:
+        raise ValueError(f"data.tokenizer: {tok.name!r} has {n_real} tokens but the model in {d} embeds {rows} "
+                         "(config.json vocab_size): a tokenizer/model vocabulary mismatch; use the model's own tokenizer")
+    if rows - n_real > 4096:
+        raise ValueError(f"data.tokenizer: {tok.name!r} has {n_real} tokens, far fewer than the {rows} rows of the model "
+                         f"in {d}: a tokenizer/model vocabulary mismatch; use the model's own tokenizer")
+    eos = config.get("eos_token_id")
+    eos = [eos] if isinstance(eos, int) else list(eos or [])
+    if eos and tok.eos_id is not None and tok.eos_id not in eos:
+        raise ValueError(f"data.tokenizer: {tok.name!r} has EOS id {tok.eos_id}, the model in {d} was trained with "
+                         f"{eos} (config.json eos_token_id): a tokenizer/model vocabulary mismatch")
+    notes = [f"init_from: weights of {d} ({config.get('model_type')}, {rows} embedding rows -> vocabulary "
+             f"{tok.vocab_size}" + ("" if had_mask else f", MASK {tok.mask_token!r} = id {tok.mask_id} added as the "
+                                    "mean embedding") + "); optimizer, schedule and data start fresh"]
+    return InitSource("hf", d, n_real=n_real, notes=notes)
+
+
+def _prepare_checkpoint(cfg, d: Path) -> InitSource:
+    import json
+
+    from .checkpoint import resolve_checkpoint
+    from .config import from_dict
+
+    try:
+        ckpt = resolve_checkpoint(d)
+        meta = json.loads((ckpt / "meta.json").read_text())
+        src_cfg = from_dict(meta["config"])
+    except (FileNotFoundError, RuntimeError, ValueError, KeyError) as e:
+        _bad(f"{d}: not a Hugging Face model directory (no config.json) nor a readable setdlm checkpoint ({e})")
+    _merge_model(cfg, _arch(src_cfg.model), f"checkpoint {ckpt}")
+    if cfg.data.tokenizer == _DEFAULT_TOKENIZER:
+        tok_dir = ckpt.parent.parent / "tokenizer"
+        cfg.data.tokenizer = str(tok_dir) if tok_dir.is_dir() else src_cfg.data.tokenizer
+        cfg.data.add_mask_token = src_cfg.data.add_mask_token
+    tok = _tokenizer(cfg, d)
+    want = meta.get("tokenizer_sha256")
+    if want and tok.sha256 != want:
+        raise ValueError(f"data.tokenizer: {tok.name!r} (sha256 {tok.sha256[:12]}) is not the tokenizer checkpoint {ckpt} "
+                         f"was trained with ({want[:12]}): a tokenizer/model vocabulary mismatch")
+    if tok.vocab_size != src_cfg.model.vocab_size:
+        raise ValueError(f"data.tokenizer: {tok.vocab_size} tokens, checkpoint {ckpt} has a {src_cfg.model.vocab_size}-token "
+                         "vocabulary: a tokenizer/model vocabulary mismatch")
+    for name in ("vocab_pad_multiple",):
+        setattr(cfg.model, name, getattr(src_cfg.model, name))
+    return InitSource("checkpoint", ckpt, notes=[f"init_from: weights of checkpoint {ckpt} (step {meta.get('step')}); "
+                                                 "optimizer, schedule and data start fresh"])
+
+
+def prepare(cfg) -> InitSource | None:
+    """Fill the recipe from `train.init_from` and check it; None when the run does not use it."""
+    src = getattr(cfg.train, "init_from", None)
+    if not src:
+        return None
+    pointer = _run_has_checkpoint(cfg)
+    if pointer is not None:
+        return _resume_source(cfg, pointer)
+    d = Path(str(src)).expanduser()
+    if not d.exists():
+        _bad(f"{str(src)!r} does not exist (expected a Hugging Face model directory or a setdlm run/checkpoint)")
+    if d.is_dir() and (d / "config.json").is_file() and not (d / "meta.json").is_file():
+        return _prepare_hf(cfg, d.resolve())
+    return _prepare_checkpoint(cfg, d.resolve())
+
+
+def weights(source: InitSource, model_cfg):
+    """Our tp=1 name -> full tensor mapping of the source (lazy for HF directories)."""
+    if source.kind == "hf":
+        try:
+            return hf_import.HFWeights(source.path, model_cfg, source.n_real)
+        except ConvertError as e:
+            _bad(str(e))
+    from .hf_convert import read_checkpoint
+
+    try:
+        _, _, _, w, _ = read_checkpoint(source.path, ema=True)
+    except ConvertError as e:
+        _bad(str(e))
+    return w
+
+
+def load(engine, source: InitSource | None, model_cfg, ema=None) -> list[str]:
+    """Copy the source's weights into this rank's shard (any TP x PP x DP layout, ZeRO 0-3) and its fp32
+    masters; EMA (when on) starts from them. Returns notes for the log."""
+    if source is None or source.kind == "resume":
+        return []
+    from .checkpoint import load_consolidated
+
+    w = weights(source, model_cfg)
+    try:
+        load_consolidated(engine, {"module": w, "ema": w if ema is not None else None, "optimizer": None},
+                          ema=ema, optimizer=False)
+    except ValueError as e:
+        _bad(f"{source.path}: {e}")
+    return list(source.notes)
+
+
+__all__ = ["InitSource", "prepare", "load", "weights", "TRAINING_FIELDS"]

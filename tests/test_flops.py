@@ -1,0 +1,80 @@
+"""FLOPs per step count the attention pairs each objective's mask allows (pretrain/flops.py)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from model.config import ModelConfig
+from model.masks import build_mask
+from pretrain.flops import StepFlops, attention_pairs, objective_layout, train_step_flops
+
+# 1 layer, hidden 8, 2 heads of 4, GELU MLP 16, vocabulary 100 padded to 128.
+TINY = ModelConfig(n_layers=1, hidden=8, n_heads=2, ffn_hidden=16, vocab_size=100, mask_id=99, dropout=0.0)
+
+
+@pytest.mark.parametrize("kind,L,B", [("causal", 5, 0), ("bidirectional", 6, 0), ("setdlm", 7, 0), ("setdlm", 1, 0),
+                                      ("bd3lm", 8, 2), ("bd3lm", 6, 3), ("bd3lm", 4, 4)])
+def test_pair_counts_are_the_masks(kind, L, B):
+    assert attention_pairs(kind, L, B) == int(build_mask(kind, L, B).sum())
+
+
+def test_hand_counts_per_objective():
+    # Per token and layer: QKV 2*8*(2+2*2)*4 = 384, proj 2*2*4*8 = 128, MLP 2*8*16*2 = 512 -> 1024.
+    # Per allowed attention pair: 4 * 2 heads * 4 = 32. Head: 2 * 8 * 128 = 2048 per predicted token.
+    # L = 4, one sequence; a step is 3 forwards.
+    hand = {
+        "ar": 3 * (1024 * 4 + 32 * 10 + 2048 * 3),       # causal: 10 pairs, 3 next-token predictions
+        "mdlm": 3 * (1024 * 4 + 32 * 16 + 2048 * 4),     # bidirectional: 16 pairs
+        "setdlm": 3 * (1024 * 8 + 32 * 20 + 2048 * 4),   # 2L = 8 tokens, 10 clean-causal + 6 earlier + 4 self
+        "bd3lm": 3 * (1024 * 8 + 32 * 24 + 2048 * 4),    # B = 2: 8 in own blocks, 4 + 12 to clean blocks
+    }
+    for name, value in hand.items():
+        assert train_step_flops(TINY, name, 4, 1, block_size=2) == value, name
+    assert train_step_flops(TINY, "setdlm", 4, 5) == 5 * hand["setdlm"]
+    # recomputation: full adds one forward of the blocks, selective the attention core's forward
+    assert train_step_flops(TINY, "ar", 4, 1, recompute="full") == hand["ar"] + 1024 * 4 + 32 * 10
+    assert train_step_flops(TINY, "ar", 4, 1, recompute="selective") == hand["ar"] + 32 * 10
+
+
+def test_setdlm_attention_is_about_two_causal_attentions_not_a_dense_2L():
+    L = 1024
+    assert attention_pairs("setdlm", L) < 1.01 * 2 * attention_pairs("causal", L)
+    assert attention_pairs("setdlm", L) < 0.26 * (2 * L) ** 2
+
+
+def test_linear_flops_match_torch_flop_counter(model_parallel):
+    """The matmul part equals what torch's FlopCounterMode counts on the real model's forward + backward."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from model.objectives import build_objective
+    from model.config import ObjectiveConfig
+    from model.transformer import Transformer, megatron_config
+
+    cfg = ModelConfig(n_layers=2, hidden=16, n_heads=2, ffn_hidden=32, vocab_size=100, mask_id=99, dropout=0.0,
+                      activation="swiglu", norm="rmsnorm", tie_embeddings=False)
+    torch.manual_seed(0)
+    model = Transformer(cfg, megatron_config())
+    for name in ("ar", "setdlm"):
+        L = 6
+        objective = build_objective(ObjectiveConfig(name=name), cfg, L)
+        inputs = objective.prepare({"input_ids": torch.randint(0, 99, (1, L))}, torch.Generator().manual_seed(0))
+        with FlopCounterMode(display=False) as counter:
+            logits = model(inputs.input_ids, inputs.position_ids, **inputs.model_kwargs())
+            objective.loss(logits, inputs)[0].backward()
+        counts = counter.get_flop_counts()["Global"]
+        attention = sum(v for k, v in counts.items() if "attention" in str(k))
+        counted = sum(counts.values()) - attention
+        kind, t_in, t_out = objective_layout(name, L)
+        pairs = attention_pairs(kind, L)
+        ours = train_step_flops(cfg, name, L, 1)
+        ours_attention = 3 * cfg.n_layers * 4 * cfg.n_heads * cfg.dim_head * pairs
+        assert counted == ours - ours_attention, name  # (the CPU SDPA kernel is not in the counter's table)
+
+
+def test_mfu_and_hfu_metrics():
+    f = StepFlops(model=2e12, hardware=3e12)
+    m = f.metrics(steps_per_s=0.5, peak_tflops=10.0, world=2)
+    assert m["perf/model_tflops"] == pytest.approx(0.5) and m["perf/mfu"] == pytest.approx(0.05)
+    assert m["perf/hfu"] == pytest.approx(0.075) and m["perf/hardware_tflops"] == pytest.approx(0.75)
+    assert StepFlops(1e12, 1e12).metrics(1.0, None, 1) == {"perf/model_tflops": 1.0, "perf/mfu": None}
