@@ -467,7 +467,10 @@ def part_train(args) -> int:
                 if cuda:
                     torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                inputs = obj.prepare({"input_ids": x}, trainer.generator)  # as the trainer does, inside the step
+                from model.noise import TRAIN, SampleNoise
+
+                idx = torch.arange(step * micro, (step + 1) * micro, device=dev)  # as the trainer does, inside the step
+                inputs = obj.prepare({"input_ids": x}, SampleNoise(cfg.run.seed, idx, micro, TRAIN))
                 metrics, _ = trainer.stepper.train_step([inputs])
                 if cuda:
                     torch.cuda.synchronize()

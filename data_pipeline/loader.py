@@ -1,14 +1,17 @@
 """`build_loader` and `TokenLoader`: deterministic, resumable micro-batches of token ids.
 
-The order is defined in `order.py`. Each reader (rank, worker) turns its sample stream into
-micro-batches; with workers, torch's `DataLoader` hands batches out round-robin over the workers,
-so batch ``j`` of a rank comes from worker ``j % num_workers``. The loader remembers, per worker,
-the position of its next sample; `state_dict` holds those positions and the batch count, and a
-loader restored from it yields exactly the batches an uninterrupted loader would have yielded next.
+The order is defined in `order.py`: one global sequence of samples per split (a function of the seed
+and the data only); data-parallel rank ``r`` reads its slice of every global batch as micro-batches.
+With workers, torch's `DataLoader` hands batches out round-robin over its workers: worker ``i`` builds
+the rank's batches ``j0 + i, j0 + i + n, ...``, so the batches, and which samples they hold, do not
+depend on ``data.num_workers``. A loader's state is a start position and a batch count; a loader
+restored from it, under any data-parallel size, micro-batch or worker count, continues the global
+order exactly where it stopped (at an optimizer-step boundary when the layout changed).
 """
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -19,7 +22,7 @@ from .config import DataConfig
 from .sources import BuiltinSource, ShardError, check_split
 
 log = logging.getLogger("setdlm.data")
-STATE_VERSION = 1
+STATE_VERSION = 2
 
 
 @dataclass
@@ -28,6 +31,7 @@ class _Plan:
     source: object
     split: str
     micro_batch: int
+    global_batch: int
     dp_rank: int
     dp_size: int
     n_workers: int  # >= 1 (0 workers means one reader in the main process)
@@ -36,6 +40,7 @@ class _Plan:
     window: int
     skip_bad: bool
     with_ids: bool
+    n_batches: int | None  # val: batches per rank in one pass; train: None (infinite)
 
 
 @dataclass
@@ -45,131 +50,90 @@ class _Stats:
     names: list = field(default_factory=list)
 
 
-def _read_window(plan: _Plan, units, counts, first, stats: _Stats):
-    """Rows of `units` concatenated, `src` mapping window positions to rows (-1 = skipped)."""
-    n = int(counts[units].sum())
-    src = np.full(n, -1, dtype=np.int64)
-    parts, ids, off, good = [], [], 0, 0
-    for u in units:
-        c = int(counts[u])
-        try:
-            rows = plan.source.read_unit(plan.split, int(u))
-            if len(rows) != c:
-                raise ShardError(f"{plan.source.unit_name(plan.split, int(u))}: holds {len(rows)} samples, "
-                                 f"the manifest says {c}")
-        except ShardError as e:
-            if not plan.skip_bad:
-                raise
-            stats.shards += 1
-            stats.samples += c
-            stats.names.append(plan.source.unit_name(plan.split, int(u)))
-            log.warning("skipping bad shard (data.skip_bad_shards=true; %d shards, %d samples skipped so far "
-                        "by this reader): %s", stats.shards, stats.samples, e)
-            off += c
-            continue
-        parts.append(rows)
-        ids.append(first[u] + np.arange(c))
-        src[off:off + c] = np.arange(good, good + c)
-        off += c
-        good += c
-    if not parts:
-        return None, src, None
-    return np.concatenate(parts), src, np.concatenate(ids)
+class _Reader:
+    """Reads rows at global positions, keeping the units of the latest windows in memory."""
+
+    def __init__(self, plan: _Plan, stats: _Stats):
+        self.plan, self.stats = plan, stats
+        counts = plan.source.counts(plan.split)
+        self.order = order.GlobalOrder(counts, plan.seed, plan.shuffle, plan.window)
+        self.counts, self.first = counts, plan.source.first_ids(plan.split)
+        self.cache: OrderedDict = OrderedDict()  # unit -> rows (None: bad unit)
+        self.bad: set = set()
+
+    def _unit(self, u: int):
+        if u in self.cache:
+            self.cache.move_to_end(u)
+            return self.cache[u]
+        rows = None
+        if u not in self.bad:
+            try:
+                rows = self.plan.source.read_unit(self.plan.split, u)
+                if len(rows) != int(self.counts[u]):
+                    raise ShardError(f"{self.plan.source.unit_name(self.plan.split, u)}: holds {len(rows)} samples, "
+                                     f"the manifest says {int(self.counts[u])}")
+            except ShardError as e:
+                if not self.plan.skip_bad:
+                    raise
+                self.bad.add(u)
+                self.stats.shards += 1
+                self.stats.samples += int(self.counts[u])
+                self.stats.names.append(self.plan.source.unit_name(self.plan.split, u))
+                log.warning("skipping bad shard (data.skip_bad_shards=true; %d shards, %d samples skipped so far "
+                            "by this reader): %s", self.stats.shards, self.stats.samples, e)
+                rows = None
+        self.cache[u] = rows
+        while len(self.cache) > 2 * self.plan.window + 2:
+            self.cache.popitem(last=False)
+        return rows
+
+    def batch(self, positions: np.ndarray):
+        epochs, _, units, rows_in = self.order.locate(positions)
+        keep, rows = [], []
+        for i, (u, r) in enumerate(zip(units.tolist(), rows_in.tolist())):
+            data = self._unit(u)
+            if data is not None:
+                keep.append(i)
+                rows.append(data[r])
+        keep = np.array(keep, dtype=np.int64)
+        return rows, positions[keep], (self.first[units] + rows_in)[keep], epochs[keep]
 
 
-def _train_samples(plan: _Plan, reader: int, epoch: int, pos: int, stats: _Stats):
-    """Infinite stream of (epoch, position after, sample id, row) for one reader."""
-    counts = plan.source.counts(plan.split)
-    first = plan.source.first_ids(plan.split)
-    n_readers = plan.dp_size * plan.n_workers
-    while True:
-        units = order.reader_units(len(counts), plan.seed, epoch, plan.shuffle, reader, n_readers)
-        acc, produced, whole_epoch = 0, 0, pos == 0
-        for j in range(0, len(units), plan.window):
-            w = units[j:j + plan.window]
-            n = int(counts[w].sum())
-            if acc + n <= pos:
-                acc += n
-                continue
-            rows, src, ids = _read_window(plan, w, counts, first, stats)
-            perm = order.window_order(n, plan.seed, epoch, reader, j // plan.window, plan.shuffle)
-            for q in range(pos - acc, n):
-                k = src[perm[q]]
-                if k >= 0:
-                    produced += 1
-                    yield epoch, acc + q + 1, ids[k], rows[k]
-            acc += n
-            pos = acc
-        if produced == 0 and whole_epoch:
-            raise ShardError(f"every shard of reader {reader} in epoch {epoch} of split {plan.split!r} was bad")
-        epoch, pos = epoch + 1, 0
-
-
-def _val_samples(plan: _Plan, worker: int, pos: int, stats: _Stats):
-    counts = plan.source.counts(plan.split)
-    first = plan.source.first_ids(plan.split)
-    start, stop = order.val_worker_range(int(counts.sum()), plan.micro_batch, plan.dp_rank, plan.dp_size,
-                                         worker, plan.n_workers)
-    lo = start + pos
-    for u in range(len(counts)):
-        f, c = int(first[u]), int(counts[u])
-        if f + c <= lo or f >= stop:
-            continue
-        rows, src, ids = _read_window(plan, np.array([u]), counts, first, stats)
-        if rows is None:
-            continue
-        for i in range(max(lo, f), min(stop, f + c)):
-            yield 0, i - start + 1, int(first[u] + (i - f)), rows[src[i - f]]
-
-
-def _batches(plan: _Plan, worker: int, epoch: int, pos: int):
-    """Micro-batches (tensors, meta) of one reader from position (epoch, pos)."""
+def _batches(plan: _Plan, start: int, first: int, stride: int):
+    """Micro-batches (tensors, meta) of this rank: batches first, first + stride, ... (from `start`)."""
     stats = _Stats()
-    if plan.split == "train":
-        samples = _train_samples(plan, plan.dp_rank * plan.n_workers + worker, epoch, pos, stats)
-    else:
-        samples = _val_samples(plan, worker, pos, stats)
-    rows, ids, epochs = [], [], []
-    last = (epoch, pos)
-    for e, p, sid, row in samples:
-        rows.append(row)
-        ids.append(sid)
-        epochs.append(e)
-        last = (e, p)
-        if len(rows) == plan.micro_batch:
-            yield _pack(plan, rows, ids, epochs, worker, last, stats)
-            rows, ids, epochs = [], [], []
-    if rows:  # only after skipped shards in the val split: a short final batch
-        yield _pack(plan, rows, ids, epochs, worker, last, stats)
-
-
-def _pack(plan, rows, ids, epochs, worker, last, stats):
-    stacked = np.stack(rows)
-    if stacked.ndim == 3:  # prompt/answer shards: (ids, context mask, valid mask) per row
-        batch = {"input_ids": torch.from_numpy(stacked[:, 0].astype(np.int64)),
-                 "context_mask": torch.from_numpy(stacked[:, 1] != 0), "valid_mask": torch.from_numpy(stacked[:, 2] != 0)}
-    else:
-        batch = {"input_ids": torch.from_numpy(stacked.astype(np.int64))}
-    if plan.with_ids:
-        batch["sample_id"] = torch.tensor(ids, dtype=torch.long)
-        batch["epoch"] = torch.tensor(epochs, dtype=torch.long)
-    meta = {"worker": worker, "epoch": int(epochs[-1]), "pos": [int(last[0]), int(last[1])],
-            "skipped": [stats.shards, stats.samples]}
-    return batch, meta
+    reader = _Reader(plan, stats)
+    j = first
+    while plan.n_batches is None or j < plan.n_batches:
+        pos = order.rank_positions(j, start, plan.global_batch, plan.micro_batch, plan.dp_rank, plan.dp_size)
+        wanted = pos
+        rows, pos, ids, epochs = reader.batch(wanted)
+        tokens = np.stack(rows) if rows else np.zeros((0, plan.source.seq_len))  # all in bad shards: empty
+        if tokens.ndim == 3:  # prompt/answer shards: (ids, context mask, valid mask) per row
+            batch = {"input_ids": torch.from_numpy(tokens[:, 0].astype(np.int64)),
+                     "context_mask": torch.from_numpy(tokens[:, 1] != 0),
+                     "valid_mask": torch.from_numpy(tokens[:, 2] != 0)}
+        else:
+            batch = {"input_ids": torch.from_numpy(tokens.astype(np.int64))}
+        batch["sample_index"] = torch.from_numpy(pos.copy())
+        if plan.with_ids:
+            batch["sample_id"] = torch.from_numpy(ids.astype(np.int64))
+            batch["epoch"] = torch.from_numpy(epochs.astype(np.int64))
+        epoch = int(epochs.max()) if len(epochs) else int(wanted[-1]) // reader.order.n
+        yield batch, {"batch": j, "epoch": epoch, "bad": sorted(reader.bad)}
+        j += stride
 
 
 class _WorkerStreams(torch.utils.data.IterableDataset):
-    """DataLoader dataset: DataLoader worker i serves logical worker (i + offset) % n_workers."""
+    """DataLoader dataset: DataLoader worker i builds the rank's batches first + i, first + i + n, ..."""
 
-    def __init__(self, plan: _Plan, positions, offset: int):
-        self.plan, self.positions, self.offset = plan, positions, offset
+    def __init__(self, plan: _Plan, start: int, first: int):
+        self.plan, self.start, self.first = plan, start, first
 
     def __iter__(self):
         info = torch.utils.data.get_worker_info()
         i = 0 if info is None else info.id
-        w = (i + self.offset) % self.plan.n_workers
-        e, p = self.positions[w]
-        return _batches(self.plan, w, e, p)
+        return _batches(self.plan, self.start, self.first + i, self.plan.n_workers)
 
 
 def _clean_worker_errors(it):
@@ -184,46 +148,65 @@ def _clean_worker_errors(it):
 
 
 class TokenLoader:
-    """Iterable of ``{"input_ids": LongTensor[micro_batch, seq_len]}`` for one data-parallel rank.
+    """Iterable of ``{"input_ids": LongTensor[micro_batch, seq_len], "sample_index": LongTensor[micro_batch]}``
+    for one data-parallel rank; ``sample_index`` is each sample's global position in the split's order
+    (the key of its per-sample randomness, the same under every layout).
 
-    ``split="train"`` loops over epochs forever; ``split="val"`` is one pass in the same order every
-    time, ``len(loader)`` batches, all full: the last ``num_samples % (micro_batch * dp_size)`` val
-    samples are dropped (``loader.dropped_samples``), so every rank evaluates the same number of
-    batches. ``epoch`` is the epoch of the latest sample delivered. Bad shards skipped under
-    ``skip_bad_shards`` are counted in ``skipped_shards`` / ``skipped_samples`` and logged.
+    ``global_batch`` (default ``micro_batch * dp_size``) is the number of sequences of one optimizer
+    step over all ranks; this rank reads its ``global_batch / dp_size`` of each, as
+    ``global_batch / (micro_batch * dp_size)`` micro-batches. ``split="train"`` is infinite (epochs follow
+    each other inside the global sequence); ``split="val"`` is one pass over the first
+    ``num_samples // global_batch * global_batch`` samples, in the same order every time (``len(loader)``
+    batches per rank, all full; ``loader.dropped_samples`` are left out), so every layout evaluates the
+    same samples. ``epoch`` is the epoch of the latest sample delivered. Bad shards skipped under
+    ``skip_bad_shards`` are counted in ``skipped_shards`` / ``skipped_samples`` and logged; their samples
+    are left out of their micro-batches (a shorter batch, empty if all its samples were bad).
     """
 
     def __init__(self, source, cfg: DataConfig, *, split: str, micro_batch: int, dp_rank: int,
-                 dp_size: int, seed: int):
+                 dp_size: int, seed: int, global_batch: int | None = None):
+        global_batch = micro_batch * dp_size if global_batch is None else global_batch
+        order.check_layout(global_batch, micro_batch, dp_size)
         self.source, self.cfg, self.split = source, cfg, split
         self.micro_batch, self.dp_rank, self.dp_size, self.seed = micro_batch, dp_rank, dp_size, seed
+        self.global_batch = global_batch
+        self.accum = global_batch // (micro_batch * dp_size)
         self.seq_len = source.seq_len
         self.num_workers = cfg.num_workers
-        self._plan = _Plan(source, split, micro_batch, dp_rank, dp_size, max(1, cfg.num_workers), seed,
-                           cfg.shuffle and split == "train", cfg.shuffle_window, cfg.skip_bad_shards,
-                           cfg.with_sample_ids)
         counts = source.counts(split)
+        self._counts = counts
         self.num_samples = int(counts.sum())
-        n_readers = dp_size * self._plan.n_workers
-        if split == "train" and len(counts) < n_readers:
-            raise ValueError(
-                f"data.num_workers: the train split of {source.description} has {len(counts)} shards, fewer "
-                f"than the {n_readers} readers (dp_size {dp_size} x max(1, num_workers) "
-                f"{self._plan.n_workers}); use fewer workers or prepare smaller shards (--samples-per-shard)")
+        n_batches = None
         if split == "val":
-            nb = order.val_batches_per_rank(self.num_samples, micro_batch, dp_size)
-            if nb == 0:
+            n_eval = order.val_samples(self.num_samples, global_batch)
+            if n_eval == 0:
                 raise ValueError(f"micro_batch: the val split of {source.description} has {self.num_samples} "
-                                 f"sequences, fewer than micro_batch x dp_size = {micro_batch * dp_size}; "
-                                 f"lower the micro-batch or use a larger validation split")
-            self._num_batches = nb
-            self.dropped_samples = self.num_samples - nb * micro_batch * dp_size
-        self._positions = [[0, 0] for _ in range(self._plan.n_workers)]
+                                 f"sequences, fewer than one global batch (micro_batch x dp_size x accumulation = "
+                                 f"{global_batch}); lower the batch or use a larger validation split")
+            n_batches = n_eval // global_batch * self.accum
+            self.dropped_samples = self.num_samples - n_eval
+        self._plan = _Plan(source, split, micro_batch, global_batch, dp_rank, dp_size, max(1, cfg.num_workers), seed,
+                           cfg.shuffle and split == "train", cfg.shuffle_window, cfg.skip_bad_shards,
+                           cfg.with_sample_ids, n_batches)
+        self._num_batches = n_batches
+        self._start = 0  # global position of this loader's step 0
         self._batches = 0
         self.epoch = 0
-        self.skipped_shards = 0
-        self.skipped_samples = 0
+        self._bad: set = set()  # units found bad (skip_bad_shards)
         self._resume_pending = False
+
+    @property
+    def skipped_shards(self) -> int:
+        return len(self._bad)
+
+    @property
+    def skipped_samples(self) -> int:
+        return int(sum(int(self._counts[u]) for u in self._bad))
+
+    @property
+    def position(self) -> int:
+        """Global position of the next optimizer step's first sample (exact at step boundaries)."""
+        return self._start + self._batches // self.accum * self.global_batch
 
     def __len__(self) -> int:
         if self.split != "val":
@@ -232,29 +215,22 @@ class TokenLoader:
 
     def __iter__(self):
         if self.split == "val" and not self._resume_pending:  # every pass starts from the beginning
-            self._positions = [[0, 0] for _ in range(self._plan.n_workers)]
             self._batches = 0
         self._resume_pending = False
-        positions = [list(p) for p in self._positions]
-        offset = self._batches % self._plan.n_workers
+        first = self._batches
         if self.cfg.num_workers == 0:
-            it = _batches(self._plan, 0, *positions[0])
+            it = _batches(self._plan, self._start, first, 1)
         else:
             it = iter(torch.utils.data.DataLoader(
-                _WorkerStreams(self._plan, positions, offset), batch_size=None,
+                _WorkerStreams(self._plan, self._start, first), batch_size=None,
                 num_workers=self.cfg.num_workers, prefetch_factor=self.cfg.prefetch_factor,
                 persistent_workers=False))
-        per_worker_skips = {}
-        base = (self.skipped_shards, self.skipped_samples)
         for batch, meta in _clean_worker_errors(it):
-            w = meta["worker"]
-            self._positions[w] = meta["pos"]
-            self._batches += 1
+            self._batches = meta["batch"] + 1
             self.epoch = meta["epoch"]
-            if meta["skipped"] != per_worker_skips.get(w, [0, 0]):
-                per_worker_skips[w] = meta["skipped"]
-                self.skipped_shards = base[0] + sum(s[0] for s in per_worker_skips.values())
-                self.skipped_samples = base[1] + sum(s[1] for s in per_worker_skips.values())
+            new = set(meta["bad"]) - self._bad
+            if new:
+                self._bad |= new
                 log.warning("data loader (rank %d, split %s): %d bad shards / %d samples skipped so far",
                             self.dp_rank, self.split, self.skipped_shards, self.skipped_samples)
             yield batch
@@ -263,17 +239,21 @@ class TokenLoader:
     def state_dict(self) -> dict:
         return {"version": STATE_VERSION, "split": self.split, "source": self.source.fingerprint,
                 "seq_len": self.seq_len, "seed": self.seed, "shuffle": self._plan.shuffle,
-                "shuffle_window": self._plan.window, "dp_size": self.dp_size,
-                "num_workers": self.num_workers, "micro_batch": self.micro_batch, "rank": self.dp_rank,
-                "batches": self._batches, "epoch": self.epoch, "positions": [list(p) for p in self._positions],
-                "skipped_shards": self.skipped_shards, "skipped_samples": self.skipped_samples}
+                "shuffle_window": self._plan.window, "dp_size": self.dp_size, "num_workers": self.num_workers,
+                "micro_batch": self.micro_batch, "global_batch": self.global_batch, "rank": self.dp_rank,
+                "start": self._start, "batches": self._batches, "epoch": self.epoch,
+                "skipped_shards": self.skipped_shards, "skipped_samples": self.skipped_samples,
+                "bad_units": sorted(int(u) for u in self._bad)}
 
     def load_state_dict(self, state: dict) -> None:
-        """Continue from `state` (call before iterating). The reader layout (dp_size, num_workers),
-        seed, shuffling and data must match the saved run; a state saved by another rank of the same
-        run is accepted (positions are recomputed from its batch count)."""
+        """Continue from `state` (call before iterating). Seed, shuffling and data must match the saved
+        run. Any rank's state restores any rank. Under another layout (dp_size, micro_batch,
+        global_batch) the state must be at an optimizer-step boundary (as the trainer saves it); the
+        number of workers never matters."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ValueError(f"data loader state: not a version-{STATE_VERSION} TokenLoader state")
+            raise ValueError(f"data loader state: not a version-{STATE_VERSION} TokenLoader state (saved by an "
+                             "older setdlm, whose order depended on the layout); start without it to restart "
+                             "the data order")
 
         def refuse(what, saved, now, hint=""):
             raise ValueError(f"data loader state was saved with {what}={saved!r}, this loader has {what}={now!r}; "
@@ -284,41 +264,32 @@ class TokenLoader:
                          ("shuffle_window", self._plan.window)):
             if state.get(key) != now:
                 refuse(key, state.get(key), now)
-        for key, now in (("dp_size", self.dp_size), ("num_workers", self.num_workers)):
-            if state.get(key) != now:
-                refuse(key, state.get(key), now,
-                       f". The sample order depends on the reader layout (dp_size x num_workers): resume with "
-                       f"dp_size={state.get('dp_size')} and data.num_workers={state.get('num_workers')}, or "
-                       f"start without loading the data loader state (the data order then restarts)")
-        self._batches = int(state["batches"])
+        start, batches = int(state["start"]), int(state["batches"])
+        layout = (int(state["global_batch"]), int(state["micro_batch"]), int(state["dp_size"]))
+        saved_accum = layout[0] // (layout[1] * layout[2])
+        if self.split == "val" and layout[0] != self.global_batch:
+            refuse("global_batch", layout[0], self.global_batch)
+        if batches % saved_accum == 0:  # a step boundary: continue the global order from its position
+            if self.split == "val":  # a pass always starts at position 0
+                batches = batches // saved_accum * self.accum
+            else:
+                start, batches = start + batches // saved_accum * layout[0], 0
+        elif layout != (self.global_batch, self.micro_batch, self.dp_size):
+            raise ValueError(
+                f"data loader state was saved in the middle of an optimizer step (micro-batch {batches} of "
+                f"{saved_accum} per step); it can only resume under the same global_batch, micro_batch and "
+                f"dp_size ({layout[0]}, {layout[1]}, {layout[2]}), not ({self.global_batch}, "
+                f"{self.micro_batch}, {self.dp_size})")
+        self._start, self._batches = start, batches
         self._resume_pending = True
-        self.skipped_shards = int(state.get("skipped_shards", 0))
-        self.skipped_samples = int(state.get("skipped_samples", 0))
-        if state.get("rank") == self.dp_rank:
-            self._positions = [list(map(int, p)) for p in state["positions"]]
-            self.epoch = int(state.get("epoch", 0))
-            return
-        if self.split != "train":
-            raise ValueError(f"data loader state of rank {state.get('rank')} cannot be used by rank {self.dp_rank} "
-                             f"for split {self.split!r}")
-        if self.skipped_samples:
-            log.warning("restoring the data state of rank %s on rank %d after skipped shards: positions are "
-                        "recomputed assuming no skips", state.get("rank"), self.dp_rank)
-        counts = self.source.counts("train")
-        w_n = self._plan.n_workers
-        old_b = int(state["micro_batch"])
-        self._positions = []
-        for w in range(w_n):
-            b_w = (self._batches - w + w_n - 1) // w_n if self._batches > w else 0
-            e, p = order.advance(counts, self.seed, self._plan.shuffle, self.dp_rank * w_n + w, self.dp_size * w_n,
-                                 0, 0, b_w * old_b)
-            self._positions.append([e, p])
+        self._bad = {int(u) for u in state.get("bad_units", [])}
         self.epoch = int(state.get("epoch", 0))
 
 
 def build_loader(cfg: DataConfig, *, split: str, tokenizer, micro_batch: int, dp_rank: int = 0,
-                 dp_size: int = 1, seed: int = 0) -> TokenLoader:
-    """The loader of `split` ("train" or "val") for data-parallel rank `dp_rank` of `dp_size`."""
+                 dp_size: int = 1, seed: int = 0, global_batch: int | None = None) -> TokenLoader:
+    """The loader of `split` ("train" or "val") for data-parallel rank `dp_rank` of `dp_size`; `global_batch`
+    (sequences per optimizer step over all ranks) defaults to micro_batch * dp_size."""
     cfg.validate()
     check_split(split)
     for name, v, lo in (("micro_batch", micro_batch, 1), ("dp_size", dp_size, 1), ("dp_rank", dp_rank, 0),
@@ -340,4 +311,4 @@ def build_loader(cfg: DataConfig, *, split: str, tokenizer, micro_batch: int, dp
 
         source = ShardSource.open(cfg, tokenizer)
     return TokenLoader(source, cfg, split=split, micro_batch=micro_batch, dp_rank=dp_rank, dp_size=dp_size,
-                       seed=seed)
+                       seed=seed, global_batch=global_batch)

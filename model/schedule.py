@@ -4,7 +4,8 @@ The sliding-window schedule gives position i an active interval [loc_i, loc_i + 
 axis, with b = S_max / (L + S_max - 1) and loc_i = (1 - b) (L - 1 - i) / (L - 1). Its masking time is
 T_i = loc_i + b (1 - U_i^(1/k)), U_i ~ U(0, 1), and the generation order sorts positions by
 descending T_i. k = A / (b - A) with A = D / (2L) makes the expected number of positions predicted
-per step D / 2. Everything is vectorised on the device, in float64.
+per step D / 2. Everything is vectorised on the device, in float64. `generator` may be a torch.Generator
+or a per-sample `model.noise.SampleNoise`.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from . import noise
 
 
 @dataclass(frozen=True)
@@ -53,7 +56,7 @@ class SlidingWindow:
 
     def masking_times(self, batch: int, generator: torch.Generator | None = None, device=None) -> torch.Tensor:
         """T [B, L] float64."""
-        u = torch.rand(batch, self.length, dtype=torch.float64, generator=generator, device=device)
+        u = noise.rand((batch, self.length), generator, device, torch.float64)
         return self.locations(device) + self.b * (1 - u.pow(1.0 / self.k))
 
 
@@ -74,7 +77,7 @@ def sample_order(batch: int, length: int, *, order: str = "sliding_window", sche
             raise ValueError("sliding_window order needs a schedule")
         key = schedule.masking_times(batch, generator, device)
     elif order == "any_order":
-        key = torch.rand(batch, L, dtype=torch.float64, generator=generator, device=device)
+        key = noise.rand((batch, L), generator, device, torch.float64)
     else:
         raise ValueError(f"objective.order: unknown order {order!r}")
     if context is not None:  # above every schedule key (<= 1), earlier positions higher

@@ -354,7 +354,7 @@ def load_consolidated(engine, state: dict, *, ema=None, optimizer: bool = True) 
             with torch.no_grad():
                 for n, p in params:
                     if n in ema.shadow and n in state["ema"]:
-                        ema.shadow[n].copy_(_local_shard(state["ema"][n], p, tp, tp_rank))
+                        ema.set_full(n, _local_shard(state["ema"][n], p, tp, tp_rank))
         else:
             notes.append("no EMA weights in the consolidated checkpoint: EMA restarts from the weights")
     return notes
@@ -386,8 +386,7 @@ def _init_flat_optimizer_states(inner, step: int) -> None:
 def load_relayout(engine, path: Path, *, ema, dp_rank: int, dp_size: int) -> tuple[dict, dict, list[str]]:
     """Continue a run saved under another TP/PP/DP layout from its consolidated.pt: weights, fp32
     masters, Adam moments, EMA (load_consolidated); returns (meta, extra, notes) where extra holds the
-    RNG state of the old rank 0 and, when the data-parallel size is unchanged, the data position and
-    order generator of the old rank with this data-parallel rank."""
+    RNG state of the old rank 0 and the data position (valid under any data-parallel size)."""
     path = Path(path)
     meta = read_meta(path)
     cons = path / "consolidated.pt"
@@ -399,16 +398,13 @@ def load_relayout(engine, path: Path, *, ema, dp_rank: int, dp_size: int) -> tup
     notes = load_consolidated(engine, state, ema=ema)
     extras = [safe_load(f) for f in sorted(path.glob("extra_rank*.pt"))]
     extra = {"rng": extras[0]["rng"]} if extras else {}
-    if saved["dp"] == dp_size:
-        for e in extras:
-            if e.get("data", {}).get("rank") == dp_rank:
-                extra.update(generator=e["generator"], data=e["data"])
-                break
-    elif saved.get("dp") is None:
-        notes.append("no data position in the checkpoint: the data order starts from the beginning")
+    # The data order is one global sequence (data_pipeline/order.py): any rank's loader state continues
+    # it under any data-parallel size.
+    data = [e["data"] for e in extras if isinstance(e.get("data"), dict)]
+    if data:
+        extra["data"] = data[0]
     else:
-        notes.append(f"data-parallel size changed ({saved['dp']} -> {dp_size}): the data order restarts from the "
-                     "beginning of the training split")
+        notes.append("no data position in the checkpoint: the data order starts from the beginning")
     return meta, extra, notes
 
 

@@ -61,7 +61,7 @@ class TrainConfig:
         "bf16: bf16 weights, fp32 master weights; auto: bf16 on GPUs that support it, else fp32"))
     log_every: int = Field(10, ge=1, description="steps between console lines / metrics.jsonl rows")
     eval_every: int = Field(100, ge=0, description="steps between validations (0: no validation)")
-    eval_batches: int = Field(0, ge=0, description="validation micro-batches per rank (0: the whole validation split)")
+    eval_batches: int = Field(0, ge=0, description="validation global batches of train.global_batch sequences (0: the whole validation split)")
     save_every: int = Field(500, ge=1, description="steps between checkpoints (the last step and a preemption always save)")
     keep_last: int = Field(2, ge=0, description="complete checkpoints kept (0: keep all)")
     peak_tflops: float = Field(0.0, ge=0.0, description="per-device peak for MFU (0: from a table of known GPUs, N/A elsewhere)")

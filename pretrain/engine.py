@@ -100,13 +100,18 @@ def build_engine(model: torch.nn.Module, cfg, world_size: int, precision: str = 
     import deepspeed
 
     t = cfg.train
-    fused = torch.cuda.is_available()
+    # torch's fused AdamW (one kernel per parameter group, CUDA and CPU alike) instead of its
+    # per-parameter loop.
     optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2),
-                                  eps=t.adam_eps, fused=fused or None)
+                                  eps=t.adam_eps, fused=True)
     scheduler = build_scheduler(optimizer, t)
     engine, optimizer, _, scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg, world_size, precision),
         mpu=MegatronMPU(), dist_init_required=False)
+    if engine.zero_optimization_stage() == 0 and parallel_state.get_data_parallel_world_size() == 1:
+        # Nothing to reduce over one data-parallel rank: skip DeepSpeed's flatten / all-reduce /
+        # unflatten of every gradient at each accumulation boundary.
+        engine.enable_backward_allreduce = False
     return engine, optimizer, scheduler
 
 
@@ -119,14 +124,11 @@ def global_grad_norm(params) -> torch.Tensor:
     import torch.distributed as dist
 
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
-    sq = None
-    for p in params:
-        if p.grad is None or getattr(p, "ds_pipe_replicated", False):
-            continue
-        if tp_rank == 0 or getattr(p, "tensor_model_parallel", False):
-            term = p.grad.detach().double().pow(2).sum()
-            sq = term if sq is None else sq + term
-    if sq is None:
+    grads = [p.grad.detach() for p in params if p.grad is not None and not getattr(p, "ds_pipe_replicated", False)
+             and (tp_rank == 0 or getattr(p, "tensor_model_parallel", False))]
+    if grads:  # one foreach pass accumulating in float64 (exact; no float64 copy of any gradient)
+        sq = torch.stack(torch._foreach_norm(grads, 2, dtype=torch.float64)).pow(2).sum()
+    else:
         sq = torch.zeros((), dtype=torch.float64, device=torch.cuda.current_device() if torch.cuda.is_available() else "cpu")
     group = parallel_state.get_model_parallel_group()
     if dist.get_world_size(group=group) > 1:
@@ -147,6 +149,5 @@ def clip_gradients(engine, max_norm: float) -> float | None:
     if max_norm > 0:
         coef = max_norm / (float(norm) + 1e-6)
         if coef < 1.0:
-            for p in params:
-                p.grad.detach().mul_(coef)
+            torch._foreach_mul_([p.grad.detach() for p in params], coef)
     return float(norm)

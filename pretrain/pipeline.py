@@ -134,9 +134,35 @@ class StepRunner:
         """One optimizer step over `micro` (this data-parallel rank's micro-batches, in order).
 
         Returns (summed loss metrics of the micro-batches on the last stage, {} elsewhere; grad norm)."""
+        self.normalise(micro)
         if self.pp == 1:
             return self._train_step_engine(micro)
         return self._train_step_pipeline(micro)
+
+    def normalise(self, micro: list) -> None:
+        """Global token normalisation: set each micro-batch's `loss_scale` so that the gradient of the
+        step is d(sum of CE over the global batch) / (predicted tokens of the global batch).
+
+        The count is summed over this rank's micro-batches and all-reduced over the data-parallel group
+        before any forward (it is known once the micro-batches are prepared). What the loss must be
+        multiplied by to get there: DeepSpeed averages gradients over the `dp` data-parallel ranks, and
+        at pp = 1 `engine.backward` divides each loss by `gradient_accumulation_steps` (= the number of
+        micro-batches); at pp > 1 megatron's schedule divides each micro-batch's loss by the number of
+        micro-batches and DeepSpeed (one "micro-batch" per step) does not. Either way: scale =
+        dp * n_micro / global_count. The count stays a device tensor (no host synchronisation)."""
+        if not micro:
+            return
+        count = torch.stack([m.loss_weight.sum(dtype=torch.float64) for m in micro]).sum()
+        dp = dist.get_world_size(group=self.dp_group)
+        if dp > 1:
+            dist.all_reduce(count, group=self.dp_group)
+        n_micro = self.engine.gradient_accumulation_steps() if self.pp == 1 else len(micro)
+        if self.pp == 1 and n_micro != len(micro):
+            raise ValueError(f"train_step: {len(micro)} micro-batches for DeepSpeed's gradient_accumulation_steps "
+                             f"= {n_micro}")
+        scale = (dp * n_micro / count.clamp(min=1.0)).float()
+        for m in micro:
+            m.loss_scale = scale
 
     def _train_step_engine(self, micro):
         acc: dict = {}
@@ -159,7 +185,8 @@ class StepRunner:
             p.grad = None
         out = self._schedule(micro, forward_only=False)
         self._sync_tied_embedding_grads()
-        self.engine.allreduce_gradients()  # data-parallel reduction (ZeRO-0 all-reduce, ZeRO-1 reduce-scatter)
+        if self.engine.enable_backward_allreduce or self.engine.zero_optimization_stage() > 0:
+            self.engine.allreduce_gradients()  # data-parallel reduction (ZeRO-0 all-reduce, ZeRO-1 reduce-scatter)
         gnorm = clip_gradients(self.engine, self.cfg.train.grad_clip)
         self.engine.step()
         if gnorm is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 
@@ -12,6 +13,7 @@ from megatron.core import parallel_state
 from data_pipeline.loader import build_loader
 from data_pipeline.tokenizers import load_tokenizer
 from model import fp8 as fp8_layers
+from model.noise import TRAIN, VAL, SampleNoise
 from model.objectives import build_objective, summarize
 from model.transformer import parameter_count
 
@@ -67,10 +69,9 @@ class Trainer:
         self.model = self.engine.module
         self.stepper = StepRunner(self.engine, self.objective, cfg)  # layout-specific steps (pretrain/pipeline.py)
         self.ema = EMA(self.model, cfg.train.ema) if cfg.train.ema > 0 else None
-        # Orders and noise: one generator per data-parallel rank (same on its TP/PP peers).
-        self.generator = torch.Generator(device=self.device).manual_seed(cfg.run.seed * 1009 + self.dp_rank)
-        self.train_loader = build_loader(cfg.data, split="train", tokenizer=self.tokenizer, micro_batch=cfg.train.micro_batch,
-                                         dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.run.seed)
+        # Orders and noise are drawn per sample from (seed, its global position in the data order), so a
+        # sample sees the same draws under any layout (model/noise.py, data_pipeline/order.py).
+        self.train_loader = self._loader("train")
         self.step = 0
         self.tokens_seen = 0
         self.wandb_id = None
@@ -85,8 +86,7 @@ class Trainer:
                 "objective": self.cfg.objective.name, "config": self.cfg.to_dict()}
 
     def save(self) -> Path:
-        extra = {"rng": checkpoint.rng_state(), "generator": self.generator.get_state(),
-                 "data": self.train_loader.state_dict(), "step": self.step}
+        extra = {"rng": checkpoint.rng_state(), "data": self.train_loader.state_dict(), "step": self.step}
         return checkpoint.save(self.engine, self.ckpt_root, self.step, meta=self.meta(), extra=extra,
                                ema_state=self.ema.state_dict() if self.ema else None, keep_last=self.cfg.train.keep_last,
                                mp_rank=self.mp_rank, dp_rank=self.dp_rank, rank=self.rank)
@@ -113,24 +113,21 @@ class Trainer:
             self.relayout_notes = [f"re-layout: {saved} -> this run's layout, from {path}/consolidated.pt", *notes]
         self.step, self.tokens_seen, self.wandb_id = meta["step"], meta["tokens_seen"], meta.get("wandb_id")
         checkpoint.set_rng_state(extra["rng"])
-        if "generator" in extra:
-            self.generator.set_state(extra["generator"])
         if "data" in extra:
             self.train_loader.load_state_dict(extra["data"])
         return True
 
     # -- evaluation ----------------------------------------------------------------------------
     @torch.no_grad()
-    def unigram_nll(self, max_train_batches: int = 256) -> float:
+    def unigram_nll(self, max_train_batches: int = 32) -> float:
         """Cross-entropy (nats/token) on the evaluated validation batches of a unigram model fitted to
-        (up to `max_train_batches` of) the training split with add-1/2 smoothing: the baseline a model
+        (up to `max_train_batches` global batches of) the training split with add-1/2 smoothing: the baseline a model
         that uses context must beat."""
         cfg = self.cfg
         V = cfg.model.vocab_size
 
         def count(split: str, limit: int) -> torch.Tensor:
-            loader = build_loader(cfg.data, split=split, tokenizer=self.tokenizer, micro_batch=cfg.train.micro_batch,
-                                  dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.run.seed)
+            loader = self._loader(split)
             c = torch.zeros(V, dtype=torch.float64)
             for i, batch in enumerate(loader):
                 if limit and i >= limit:
@@ -143,42 +140,47 @@ class Trainer:
                 dist.all_reduce(c, group=self.dp_group)
             return c
 
-        train = count("train", max_train_batches)
-        val = count("val", cfg.train.eval_batches)
+        accum = cfg.grad_accum(self.world)
+        train = count("train", max_train_batches * accum)
+        val = count("val", cfg.train.eval_batches * accum)
         logp = ((train + 0.5) / (train.sum() + 0.5 * V)).log()
         return float(-(val * logp).sum() / val.sum().clamp(min=1))
 
     @torch.no_grad()
     def validate(self) -> dict:
         cfg = self.cfg
-        loader = build_loader(cfg.data, split="val", tokenizer=self.tokenizer, micro_batch=cfg.train.micro_batch,
-                              dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.run.seed)
-        gen = torch.Generator(device=self.device).manual_seed(cfg.run.seed + 7919 * (self.dp_rank + 1))
-        backup = None
-        if self.ema is not None:  # validate the EMA weights, as they are the ones exported
-            backup = {n: p.detach().clone() for n, p in self.model.named_parameters() if n in self.ema.shadow}
-            self.ema.copy_to(self.model)
-        self.model.eval()
+        loader = self._loader("val")
+        limit = cfg.train.eval_batches * cfg.grad_accum(self.world)  # eval_batches global batches
+        ema = self.ema.applied(self.model) if self.ema is not None else contextlib.nullcontext()
         acc: dict = {}
-        micro = []
-        for i, batch in enumerate(loader):
-            if cfg.train.eval_batches and i >= cfg.train.eval_batches:
-                break
-            micro.append(self.objective.prepare(self._to_device(batch), gen, bound=True))
-            if len(micro) == 16:  # bounded memory on long validation splits
-                add_metrics(acc, self.stepper.eval_step(micro))
-                micro = []
-        add_metrics(acc, self.stepper.eval_step(micro))
-        self.model.train()
-        if backup is not None:
-            with torch.no_grad():
-                for n, p in self.model.named_parameters():
-                    if n in backup:
-                        p.copy_(backup[n])
+        with ema:  # validate the EMA weights, as they are the ones exported
+            self.model.eval()
+            micro = []
+            for i, batch in enumerate(loader):
+                if limit and i >= limit:
+                    break
+                micro.append(self._prepare(batch, VAL, bound=True))
+                if len(micro) == 16:  # bounded memory on long validation splits
+                    add_metrics(acc, self.stepper.eval_step(micro))
+                    micro = []
+            add_metrics(acc, self.stepper.eval_step(micro))
+            self.model.train()
         total = self.stepper.reduce(acc)
         s = summarize(total)
         return {"val/nll": s.get("nll"), "val/bpt": s.get("bpt"), "val/ppl": s.get("ppl"),
                 "val/tokens": total.get("nll_tokens", 0.0)}
+
+    def _loader(self, split: str):
+        cfg = self.cfg
+        return build_loader(cfg.data, split=split, tokenizer=self.tokenizer, micro_batch=cfg.train.micro_batch,
+                            dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.run.seed,
+                            global_batch=cfg.train.global_batch)
+
+    def _prepare(self, batch: dict, stream: int, **kw):
+        """Model inputs of a micro-batch, its noise keyed by the samples' global positions."""
+        batch = self._to_device(batch)
+        noise = SampleNoise(self.cfg.run.seed, batch["sample_index"], self.cfg.train.global_batch, stream)
+        return self.objective.prepare(batch, noise, **kw)
 
     def _to_device(self, batch: dict) -> dict:
         return {k: v.to(self.device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
@@ -224,7 +226,7 @@ class Trainer:
         window_loss: dict = {}
         preempted = False
         while self.step < t.max_steps:
-            micro = [self.objective.prepare(self._to_device(next(train_iter)), self.generator) for _ in range(accum)]
+            micro = [self._prepare(next(train_iter), TRAIN) for _ in range(accum)]
             m, gnorm = self.stepper.train_step(micro)
             add_metrics(window_loss, m)
             self.step += 1

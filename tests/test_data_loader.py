@@ -115,40 +115,62 @@ def test_builtin_loader_content(gpt2):
     assert [x["input_ids"].tolist() for x in val] == [x["input_ids"].tolist() for x in vb]  # same every pass
 
 
-@pytest.mark.parametrize("workers", [0, 2])
-def test_builtin_exactly_once_and_resume(gpt2, workers):
-    cfg = DataConfig(seq_len=128, num_workers=workers, with_sample_ids=True)
-    loaders = [build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=8, dp_rank=r, dp_size=2, seed=3)
-               for r in range(2)]
-    n = loaders[0].num_samples
-    seen = []
+def _global_steps(cfg, tok, steps, *, global_batch, micro_batch, dp_size, state=None, seed=3):
+    """Per optimizer step, the global positions and manifest ids read by all ranks (rank order)."""
+    loaders = [build_loader(cfg, split="train", tokenizer=tok, micro_batch=micro_batch, dp_rank=r, dp_size=dp_size,
+                            seed=seed, global_batch=global_batch) for r in range(dp_size)]
+    accum = global_batch // (micro_batch * dp_size)
+    its = []
     for ld in loaders:
-        it = iter(ld)
-        while True:
-            b = next(it)
-            seen += b["sample_id"][b["epoch"] == 0].tolist()
-            if all(p[0] >= 1 for p in ld.state_dict()["positions"]):
-                break
-    assert sorted(seen) == list(range(n))  # every sample of epoch 0 exactly once over 2 ranks
-    # resume: consume k, save, rebuild, compare with uninterrupted
-    ref = build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=8, dp_rank=1, dp_size=2, seed=3)
-    it = iter(ref)
-    _take(it, 7)
-    state = ref.state_dict()
-    expect = _take(it, 70)  # crosses an epoch boundary
-    again = build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=8, dp_rank=1, dp_size=2, seed=3)
-    again.load_state_dict(state)
-    got = _take(iter(again), 70)
-    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(expect, got))
-    assert again.epoch == ref.epoch >= 1
-    if workers:
-        return
-    # a state saved by rank 0 restores rank 1 at the same batch count
-    r0 = build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=8, dp_rank=0, dp_size=2, seed=3)
-    _take(iter(r0), 7)
-    other = build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=8, dp_rank=1, dp_size=2, seed=3)
-    other.load_state_dict(r0.state_dict())
-    assert all(torch.equal(a["input_ids"], b["input_ids"]) for a, b in zip(expect, _take(iter(other), 70)))
+        if state is not None:
+            ld.load_state_dict(state)
+        its.append(iter(ld))
+    out = []
+    for _ in range(steps):
+        batches = [next(it) for it in its for _ in range(accum)]
+        out.append((torch.cat([b["sample_index"] for b in batches]).tolist(),
+                    torch.cat([b["sample_id"] for b in batches]).tolist()))
+    return out, loaders
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_builtin_exactly_once_and_layout_invariant(gpt2, workers):
+    cfg = DataConfig(seq_len=128, num_workers=workers, with_sample_ids=True)
+    n = build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=8).num_samples
+    steps = n // 16 + 3  # crosses the epoch boundary
+    two, loaders = _global_steps(cfg, gpt2, steps, global_batch=16, micro_batch=4, dp_size=2)
+    flat_pos = [p for pos, _ in two for p in pos]
+    assert flat_pos == list(range(steps * 16))  # the global order, sliced by rank and micro-batch
+    epoch0 = [i for pos, ids in two for p, i in zip(pos, ids) if p < n]
+    assert sorted(epoch0) == list(range(n))  # every sample of epoch 0 exactly once over 2 ranks
+    # one process, no workers, another micro-batch: the same samples at the same positions
+    one, _ = _global_steps(DataConfig(seq_len=128, with_sample_ids=True), gpt2, steps, global_batch=16,
+                           micro_batch=16, dp_size=1)
+    assert one == two
+    # resume from rank 0's state after 5 steps under DP=4 (micro 2) and under DP=1 with 2 workers
+    _, ref = _global_steps(cfg, gpt2, 5, global_batch=16, micro_batch=4, dp_size=2)
+    state = ref[0].state_dict()
+    for dp, micro, w in ((4, 2, 0), (1, 8, 2)):
+        again, _ = _global_steps(DataConfig(seq_len=128, num_workers=w, with_sample_ids=True), gpt2, 3,
+                                 global_batch=16, micro_batch=micro, dp_size=dp, state=state)
+        assert again == two[5:8], (dp, micro, w)
+
+
+def test_resume_mid_step(gpt2):
+    cfg = DataConfig(seq_len=128, with_sample_ids=True)
+    ld = build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=2, dp_size=2, global_batch=8)
+    it = iter(ld)
+    _take(it, 3)  # mid-step (2 micro-batches per step)
+    state = ld.state_dict()
+    expect = [b["sample_index"].tolist() for b in _take(it, 5)]
+    same = build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=2, dp_size=2, global_batch=8)
+    same.load_state_dict(state)
+    assert [b["sample_index"].tolist() for b in _take(iter(same), 5)] == expect
+    with pytest.raises(ValueError, match="middle of an optimizer step"):
+        build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=4, dp_size=2, global_batch=8).load_state_dict(state)
+    with pytest.raises(ValueError, match="seed"):
+        build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=2, dp_size=2, seed=5,
+                     global_batch=8).load_state_dict(state)
 
 
 def test_order_depends_on_seed_and_epoch(gpt2):
@@ -165,21 +187,10 @@ def test_order_depends_on_seed_and_epoch(gpt2):
     assert not torch.equal(a[:n], a[n:2 * n]) and sorted(a[:n].tolist()) == list(range(n))
 
 
-def test_resume_refuses_other_layout(gpt2):
-    cfg = DataConfig(seq_len=128)
-    ld = build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=8, dp_size=2)
-    _take(iter(ld), 2)
-    with pytest.raises(ValueError, match="dp_size=2.*dp_size=4"):
-        build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=8, dp_size=4).load_state_dict(ld.state_dict())
-    with pytest.raises(ValueError, match="seed"):
-        build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=8, dp_size=2, seed=5).load_state_dict(
-            ld.state_dict())
-
-
 def test_bad_arguments(gpt2, bert):
     with pytest.raises(ValueError, match="^split: "):
         build_loader(DataConfig(), split="test", tokenizer=gpt2, micro_batch=2)
-    with pytest.raises(ValueError, match="^micro_batch: .*fewer than micro_batch x dp_size"):
+    with pytest.raises(ValueError, match="^micro_batch: .*fewer than one global batch"):
         build_loader(DataConfig(), split="val", tokenizer=gpt2, micro_batch=512)
     with pytest.raises(ValueError, match="^dp_rank: "):
         build_loader(DataConfig(), split="train", tokenizer=gpt2, micro_batch=2, dp_rank=2, dp_size=2)

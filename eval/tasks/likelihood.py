@@ -4,11 +4,11 @@ Per objective, exactly what training validation computes (`Trainer.validate`; bo
 `prepare(bound=True)`): SW-SetDLM the order-sampled bound (one generation order per sequence from the
 sliding-window schedule), MDLM and BD3-LM an unbiased estimate of the continuous-time NELBO (its exact
 discrete form, see model/objectives/mdlm.py), normalised by the tokens, AR the exact NLL. The data, batches and
-randomness follow the training validation of a run with `--dp` data-parallel ranks (default 1):
-batch j of virtual rank k draws its orders / noise from the generator seeded `seed + 7919 (k + 1)`
-after the draws of batches 0..j-1, so with the recipe's seed, micro-batch and number of batches the
-value equals `val/nll` in the run's metrics.jsonl -- whatever the number of evaluation ranks (each
-rank replays the cheap `prepare` of the batches it skips). `--orders K` adds K-1 orders per
+randomness follow the training validation: order 0 of a val-split sample draws its orders / noise
+from (seed, its global position in the val order) as the trainer does (model/noise.py), so with the
+recipe's seed, global batch and number of batches (`--match-training`) the value equals `val/nll` in
+the run's metrics.jsonl -- whatever the layout of the run or the number of evaluation ranks. `--text`
+batches draw from the generator seeded `seed + 7919`, replayed over the batches a rank skips. `--orders K` adds K-1 orders per
 sequence, each from its own seeded generator; the reported bound is their mean (and, for SetDLM,
 the tighter importance-weighted bound -log mean_k p(x | order_k)).
 """
@@ -106,8 +106,10 @@ class LikelihoodTask(Task):
                 raise EvalError("--match-training: sets the data, --batch-size, --max-batches and --dp from the run; "
                                 "do not give them too")
             self.batch_size = cfg.train.micro_batch
-            self.max_batches = cfg.train.eval_batches
             self.dp = int((self.ckpt.meta.get("layout") or {}).get("dp", 1))
+            # train.eval_batches counts global batches; the run's validation set does not depend on its layout
+            self.max_batches = cfg.train.eval_batches * cfg.train.global_batch // (self.batch_size * self.dp)
+        self.global_batch = cfg.train.global_batch if args.match_training else None
         for opt, v in (("--batch-size", self.batch_size), ("--orders", args.orders), ("--dp", self.dp)):
             if v < 1:
                 raise EvalError(f"{opt}: must be >= 1, got {v}")
@@ -152,7 +154,7 @@ class LikelihoodTask(Task):
 
         try:
             return build_loader(self.data_cfg, split="val", tokenizer=self.ckpt.tokenizer, micro_batch=self.batch_size,
-                                dp_rank=k, dp_size=self.dp, seed=self.seed)
+                                dp_rank=k, dp_size=self.dp, seed=self.seed, global_batch=self.global_batch)
         except ValueError as e:
             raise EvalError(f"--data: {e}") from None
 
@@ -223,7 +225,14 @@ class LikelihoodTask(Task):
             jj = st["j"]
             st["j"] += 1
             if jj == j:
+                if "sample_index" in batch:  # val split: per-sample draws keyed as in Trainer.validate
+                    from model.noise import VAL, SampleNoise
+
+                    g = self.global_batch or self.batch_size * self.dp
+                    return batch, SampleNoise(self.seed, batch["sample_index"], g, VAL)
                 return batch, st["gen"]
+            if "sample_index" in batch:
+                continue
             self.objective(batch["input_ids"].shape[1]).prepare(batch, st["gen"], bound=True)  # replay the draws
 
     @torch.no_grad()

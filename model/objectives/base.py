@@ -22,6 +22,9 @@ class ModelInputs:
     num_tokens: torch.Tensor  # scalar: tokens the NLL bound is normalised by
     mask_spec: MaskSpec | None = None  # the static mask by name (None when per-row padding applies)
     extra: dict = field(default_factory=dict)
+    # Training: the factor that turns this micro-batch's summed CE into its share of the step's loss
+    # (pretrain/pipeline.py: global token normalisation); None: the micro-batch's own mean.
+    loss_scale: torch.Tensor | float | None = None
 
     def model_kwargs(self) -> dict:
         """Keyword arguments of Transformer.forward besides input_ids and position_ids."""
@@ -56,14 +59,20 @@ class Objective:
         return with_key_padding(build_mask(kind, length, block_size, device), key_valid)
 
     def loss(self, logits: torch.Tensor, inputs: ModelInputs) -> tuple[torch.Tensor, dict]:
-        """logits: vocab-parallel [B, N, V/tp]. Returns (training loss, summed metrics)."""
+        """logits: vocab-parallel [B, N, V/tp]. Returns (training loss, summed metrics).
+
+        The loss is the weighted CE sum times `inputs.loss_scale` (set per optimizer step so that the
+        step's gradient is that of the CE summed over the global batch / its predicted-token count),
+        or the micro-batch's own weighted mean when no scale is set. Metrics are sums: `loss_sum` /
+        `loss_count` is the token-weighted mean CE of whatever was summed."""
         ce = vocab_cross_entropy(logits.float(), inputs.targets)
         lw, nw = inputs.loss_weight, inputs.nll_weight
         count = lw.sum()
-        loss = (ce * lw).sum() / count.clamp(min=1)
+        total = (ce * lw).sum()
+        loss = total * inputs.loss_scale if inputs.loss_scale is not None else total / count.clamp(min=1)
         metrics = {
-            "loss_sum": loss.detach() * 1.0,
-            "loss_count": torch.ones((), device=ce.device),
+            "loss_sum": total.detach(),
+            "loss_count": count.detach().float(),
             "nll_sum": (ce.detach() * nw).sum(),
             "nll_tokens": inputs.num_tokens.detach().float(),
             "pred_tokens": count.detach().float(),

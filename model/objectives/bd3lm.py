@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import noise
 from ..masks import MaskSpec
 from .base import ModelInputs, Objective
 from .mdlm import bound_masking, sample_t
@@ -39,9 +40,9 @@ class BlockDiffusionObjective(Objective):
             extra = {"k_weight": w}
         else:
             t = sample_t(B * nb, self.cfg.eps, self.cfg.antithetic, generator, x.device).view(B, nb)
-            u = torch.rand(B, nb, bs, generator=generator, device=x.device)
+            u = noise.rand((B, nb, bs), generator, x.device)
             masked = u < t[:, :, None]
-            forced = torch.randint(0, bs, (B, nb), generator=generator, device=x.device)
+            forced = noise.randint(bs, (B, nb), generator, x.device)
             none = ~masked.any(-1)
             masked = masked | (none[:, :, None] & (torch.arange(bs, device=x.device) == forced[:, :, None]))
             masked = masked.view(B, L) & predictable

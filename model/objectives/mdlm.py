@@ -20,15 +20,13 @@ from __future__ import annotations
 
 import torch
 
+from .. import noise
 from ..masks import MaskSpec
 from .base import ModelInputs, Objective
 
 
 def sample_t(n: int, eps: float, antithetic: bool, generator, device) -> torch.Tensor:
-    u = torch.rand(n if not antithetic else 1, generator=generator, device=device)
-    if antithetic:
-        u = (u + torch.arange(n, device=device) / n) % 1.0
-    return eps + (1 - eps) * u
+    return noise.noise_levels(n, eps, antithetic, generator, device)
 
 
 def bound_masking(predictable: torch.Tensor, generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -37,10 +35,10 @@ def bound_masking(predictable: torch.Tensor, generator) -> tuple[torch.Tensor, t
     Per group: k ~ U{1..n} (n = its predictable count), then a uniformly random k-subset of its
     predictable positions. Returns (masked [..., n] bool, per-group weight n / k [...]; 0 where n = 0)."""
     n = predictable.sum(-1)
-    u = torch.rand(predictable.shape, generator=generator, device=predictable.device)
+    u = noise.rand(predictable.shape, generator, predictable.device)
     u = torch.where(predictable, u, torch.full_like(u, 2.0))  # non-predictable positions rank last
     rank = u.argsort(-1).argsort(-1)
-    v = torch.rand(n.shape, generator=generator, device=predictable.device)
+    v = noise.rand(n.shape, generator, predictable.device)
     k = (v * n).floor().long() + 1  # uniform on {1..n}
     masked = (rank < k[..., None]) & predictable
     return masked, n.float() / k.float() * (n > 0)
@@ -60,7 +58,7 @@ class MaskedDiffusionObjective(Objective):
             extra = {"k_weight": w}
         else:
             t = sample_t(B, self.cfg.eps, self.cfg.antithetic, generator, x.device)[:, None].expand(B, L)
-            u = torch.rand(B, L, generator=generator, device=x.device)
+            u = noise.rand((B, L), generator, x.device)
             masked = (u < t) & predictable
             nll_w = torch.zeros_like(x, dtype=torch.float)  # not a bound: t is restricted to [eps, 1]
             extra = {"t": t[:, 0]}
