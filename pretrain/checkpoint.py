@@ -35,7 +35,7 @@ import torch.distributed as dist
 
 from common.io import atomic_write_text
 
-from .safe_load import CheckpointError, load as safe_load, restricted_torch_load
+from .safe_load import CheckpointError, load as safe_load, read_meta_json, restricted_torch_load
 
 LATEST = "latest"
 COMPLETE = "COMPLETE"
@@ -216,15 +216,9 @@ def prune(ckpt_root: Path, keep_last: int) -> None:
 
 def read_meta(path: Path) -> dict:
     """meta.json of checkpoint `path` (CheckpointError when missing, truncated or not a setdlm one)."""
-    f = Path(path) / "meta.json"
-    try:
-        meta = json.loads(f.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{f}: missing (not a setdlm checkpoint, or an incomplete copy)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{f}: unreadable or truncated ({type(e).__name__}: {str(e)[:80]})") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("config"), dict) or "step" not in meta:
-        raise CheckpointError(f"{f}: not a setdlm checkpoint's metadata (needs `step` and `config`)")
+    meta = read_meta_json(path)
+    if not isinstance(meta.get("config"), dict) or "step" not in meta:
+        raise CheckpointError(f"{Path(path) / 'meta.json'}: not a setdlm checkpoint's metadata (needs `step` and `config`)")
     return meta
 
 

@@ -44,7 +44,7 @@ import torch
 
 from common.io import atomic_save
 
-from .safe_load import CheckpointError, load as safe_load, restricted_torch_load
+from .safe_load import CheckpointError, load as safe_load, read_meta_json, restricted_torch_load
 
 CONSOLIDATED = "consolidated.pt"
 MOMENTS = ("exp_avg", "exp_avg_sq")
@@ -145,15 +145,9 @@ def _torch_moments(optimizer_state: dict, order: list[str] | None) -> tuple[dict
 
 
 def read_meta(ckpt: Path) -> dict:
-    f = Path(ckpt) / "meta.json"
-    try:
-        meta = json.loads(f.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{f}: missing (not a setdlm checkpoint, or an incomplete copy)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{f}: unreadable or truncated ({type(e).__name__})") from None
-    if not isinstance(meta, dict) or not isinstance(meta.get("layout", {}), dict):
-        raise CheckpointError(f"{f}: not a setdlm checkpoint's metadata")
+    meta = read_meta_json(ckpt)
+    if not isinstance(meta.get("layout", {}), dict):
+        raise CheckpointError(f"{Path(ckpt) / 'meta.json'}: not a setdlm checkpoint's metadata")
     return meta
 
 

@@ -17,6 +17,7 @@ DeepSpeed calls `torch.load(..., weights_only=False)` itself, in its checkpoint 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pickle
 import re
@@ -191,3 +192,17 @@ def inert_entries(obj, prefix: str = "", limit: int = 3) -> list[str]:
 
     walk(obj, prefix)
     return found
+
+
+def read_meta_json(ckpt) -> dict:
+    """`meta.json` of checkpoint directory `ckpt` as a dict (CheckpointError when missing or truncated)."""
+    f = Path(ckpt) / "meta.json"
+    try:
+        meta = json.loads(f.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{f}: missing (not a setdlm checkpoint, or an incomplete copy)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{f}: unreadable or truncated ({type(e).__name__}: {str(e)[:80]})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{f}: not a setdlm checkpoint's metadata")
+    return meta

@@ -5,17 +5,10 @@ import torch
 
 from model.sampling import Infill, SamplingConfig, generate
 from model.sampling.reference import generate_reference
-from model.sampling.testing import tiny_model
+from model.sampling.testing import CharTokenizer, tiny_model
 
 PROMPTS = [[1, 2, 3], Infill([4, 5], 6, [7, 8, 9]), [11], [12, 13, 14, 15, 16, 17, 18, 19], Infill([20], 9, []),
            [21, 22], [23, 24, 25, 26], Infill([27, 28, 29, 30, 31], 4, [32]), [33, 34, 35, 36, 37, 38], [40]]
-
-
-class CharTokenizer:
-    mask_id, eos_id = 49, None
-
-    def decode(self, ids, skip_special=False):
-        return "".join(chr(97 + i) if i < 26 else chr(65 + i - 26) for i in ids)
 
 
 @pytest.fixture(scope="module")

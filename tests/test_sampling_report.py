@@ -7,17 +7,7 @@ import torch
 
 from model.sampling import SamplingConfig
 from model.sampling.report import speed_report, speed_settings
-from model.sampling.testing import tiny_model
-
-
-class CharTokenizer:
-    mask_id, eos_id = 49, None
-
-    def encode(self, text):
-        return [ord(c) - 97 for c in text]
-
-    def decode(self, ids, skip_special=False):
-        return "".join(chr(97 + i) if i < 26 else chr(65 + i - 26) for i in ids)
+from model.sampling.testing import CharTokenizer, tiny_model
 
 
 @pytest.fixture(scope="module")

@@ -7,18 +7,9 @@ import torch
 
 from model.sampling import Infill, SamplingConfig, generate
 from model.sampling.reference import generate_reference
-from model.sampling.testing import tiny_model
+from model.sampling.testing import CharTokenizer, tiny_model
 
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15, 16]]
-
-
-class CharTokenizer:
-    """One character per token id: 0..25 -> a..z, 26..48 -> A..W; 49 is MASK."""
-
-    mask_id, eos_id = 49, None
-
-    def decode(self, ids, skip_special=False):
-        return "".join(chr(97 + i) if i < 26 else chr(65 + i - 26) for i in ids)
 
 
 @pytest.fixture(scope="module")

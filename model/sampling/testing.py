@@ -21,3 +21,15 @@ def tiny_model(seed: int = 0, *, sharpness: float = 1.0, vocab_size: int = 50, *
     with torch.no_grad():
         model.final_norm.weight.mul_(sharpness)
     return model
+
+
+class CharTokenizer:
+    """One character per token id of the tiny models: 0..25 -> a..z, 26..48 -> A..W; 49 is MASK."""
+
+    mask_id, eos_id = 49, None
+
+    def encode(self, text):
+        return [ord(c) - 97 if c.islower() else ord(c) - 65 + 26 for c in text]
+
+    def decode(self, ids, skip_special=False):
+        return "".join(chr(97 + i) if i < 26 else chr(65 + i - 26) for i in ids)
