@@ -57,7 +57,7 @@ def worker(mode: str, compile: bool, steps: int) -> dict:
     import torch
 
     from model.objectives import build_objective
-    from model.parallel import ensure_model_parallel
+    from pretrain.parallel import ensure_model_parallel
     from pretrain.config import from_dict
     from pretrain.engine import build_engine
     from pretrain.pipeline import StepRunner, build_stage, prepare_model

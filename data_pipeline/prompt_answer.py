@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from common.io import atomic_write_bytes
+
 from .packing import token_dtype
 from .shards import FORMAT, MANIFEST, MASK_FIELDS, VERSION, encode_shard, sha256_bytes, write_json_atomic
 from .tokenizers import load_tokenizer
@@ -305,9 +307,7 @@ def prepare_examples(input: str, output: str, *, fmt: str, tokenizer: str, seq_l
             b = min(a + samples_per_shard, len(x))
             data = encode_shard(x[a:b], a, {"context_mask": ctx[a:b], "valid_mask": valid[a:b]})
             rel = f"{split}/shard-{k:06d}.tar"
-            with open(os.path.join(output, rel + ".tmp"), "wb") as f:
-                f.write(data)
-            os.replace(os.path.join(output, rel + ".tmp"), os.path.join(output, rel))
+            atomic_write_bytes(os.path.join(output, rel), data)
             entries.append({"path": rel, "num_samples": b - a, "first_sample": a, "bytes": len(data),
                             "sha256": sha256_bytes(data)})
         splits[split] = {"shards": entries, "complete": True, "num_shards": len(entries), "num_samples": len(x),

@@ -27,6 +27,7 @@ import json
 import os
 from pathlib import Path
 
+from common.io import atomic_write_text
 from tokenizers import AddedToken, decoders, models, normalizers, pre_tokenizers
 from tokenizers import Tokenizer as _HFTokenizer
 
@@ -286,9 +287,7 @@ def _build_qwen3() -> Tokenizer:
         tok.add_special_tokens([AddedToken(GPT2_MASK, special=True, normalized=False)])
         try:
             cached.parent.mkdir(parents=True, exist_ok=True)
-            tmp = cached.with_suffix(f".tmp{os.getpid()}")
-            tok.save(str(tmp))
-            os.replace(tmp, cached)
+            atomic_write_text(cached, tok.to_str())
         except OSError:
             pass  # a read-only home: rebuilt next time
     eos = tok.token_to_id("<|endoftext|>")

@@ -34,7 +34,7 @@ def main() -> int:
     import torch.distributed as dist
 
     from model.config import ModelConfig
-    from model.parallel import ensure_model_parallel, ensure_process_group
+    from pretrain.parallel import ensure_model_parallel, ensure_process_group
     from pretrain.pipeline import build_stage
 
     ensure_process_group()
