@@ -26,6 +26,8 @@ def test_report_shows_parallel_decoding(model):
     steps = [int(f[2]) for f in found]
     assert steps[0] == 12 and steps[2] == 3 and float(found[2][3]) == 4.0  # loose: the whole window per step
     assert all(line.startswith("abc") for line in text.splitlines()[1::2])
+    labels = [label for label, _ in speed_settings(base)]  # the default loose threshold adds the whole-window row
+    assert labels[-1] == "threshold 0 (the whole window every step)" and len(labels) == 4
 
 
 def test_ar_reports_one_line():
