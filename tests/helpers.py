@@ -55,3 +55,22 @@ def read_metrics(run_dir: Path) -> dict[int, dict]:
         row = json.loads(line)
         rows.setdefault(row["step"], {}).update(row)
     return rows
+
+
+def kill_after_checkpoint(recipe, out, run_name: str, step: int, timeout: float = 240) -> str:
+    """Start `setdlm pretrain` on `recipe`, SIGKILL it once checkpoint `step` is published, and
+    return what `latest` names then (the tests check it is before the last step)."""
+    import signal
+    import time
+
+    proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "pretrain", "--config", str(recipe), "--out", str(out)],
+                            cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    latest = Path(out) / run_name / "checkpoints" / "latest"
+    deadline = time.time() + timeout
+    while time.time() < deadline and proc.poll() is None:
+        if latest.is_file() and latest.read_text() >= f"step_{step:08d}":
+            break
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    return latest.read_text()

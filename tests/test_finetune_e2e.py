@@ -6,16 +6,12 @@ problems. The same on the real GSM8K train file in ../shared when it is there.""
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 import yaml
 
-from helpers import REPO, cli_env, read_metrics, setdlm
+from helpers import REPO, kill_after_checkpoint, read_metrics, setdlm
 from hf_fixtures import make_hf_model
 
 pytestmark = pytest.mark.slow
@@ -53,17 +49,8 @@ def test_finetune_from_hf_kill_resume_and_gsm8k(tmp_path):
     assert "init_from: weights of" in ref.stdout + ref.stderr
     # Killed after a checkpoint, the source moved away: the run resumes from its own checkpoint.
     out = tmp_path / "resumed"
-    proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "pretrain", "--config", str(recipe), "--out", str(out)],
-                            cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    latest = out / "ft" / "checkpoints" / "latest"
-    deadline = time.time() + 400
-    while time.time() < deadline and proc.poll() is None:
-        if latest.is_file() and latest.read_text() >= "step_00000004":
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert latest.read_text() < "step_00000008", "the run finished before it could be killed"
+    killed_at = kill_after_checkpoint(recipe, out, "ft", 4, timeout=400)
+    assert killed_at < "step_00000008", "the run finished before it could be killed"
     hf.rename(tmp_path / "hf-moved")
     again = setdlm("pretrain", "--config", recipe, "--out", out, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]

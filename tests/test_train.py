@@ -1,13 +1,9 @@
 """End-to-end training on CPU: every objective learns; a killed run resumes exactly; bad input fails early."""
 
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 
-from helpers import REPO, cli_env, read_metrics, setdlm, write_recipe
+from helpers import kill_after_checkpoint, read_metrics, setdlm, write_recipe
 from launch.cli import main as cli_main
 from pretrain.config import load_config
 from pretrain.trainer import Trainer
@@ -32,17 +28,7 @@ def test_killed_run_resumes_with_identical_losses(tmp_path):
     assert ref.returncode == 0, ref.stderr[-3000:]
     # Same run, SIGKILLed after its step-4 checkpoint, then started again: it resumes by itself.
     out = tmp_path / "resumed"
-    proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "pretrain", "--config", str(recipe), "--out", str(out)],
-                            cwd=REPO, env=cli_env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    latest = out / "tiny" / "checkpoints" / "latest"
-    deadline = time.time() + 240
-    while time.time() < deadline and proc.poll() is None:
-        if latest.is_file() and latest.read_text() >= "step_00000004":
-            break
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    killed_at = latest.read_text()
+    killed_at = kill_after_checkpoint(recipe, out, "tiny", 4, timeout=240)
     assert killed_at < "step_00000010", "the run finished before it could be killed"
     again = setdlm("pretrain", "--config", recipe, "--out", out)
     assert again.returncode == 0, again.stderr[-3000:]
