@@ -22,6 +22,13 @@ PRESETS: dict[str, dict] = {
         norm="rmsnorm", norm_eps=1e-6, activation="swiglu", qk_norm=True, bias=False,
         rope_base=1_000_000.0, dropout=0.0, tie_embeddings=True, max_seq_len=4096,
     ),
+    # Qwen3-8B's shape (its config.json: 36 x 4096, 32 query / 8 KV heads of 128, SwiGLU 12288, RMSNorm
+    # eps 1e-6, QK-norm, rope theta 1e6, untied head): 8.19B parameters with its 151,936-row embedding.
+    "qwen3-8b": dict(
+        n_layers=36, hidden=4096, n_heads=32, n_kv_heads=8, head_dim=128, ffn_hidden=12288,
+        norm="rmsnorm", norm_eps=1e-6, activation="swiglu", qk_norm=True, bias=False,
+        rope_base=1_000_000.0, dropout=0.0, tie_embeddings=False, max_seq_len=4096,
+    ),
 }
 
 OBJECTIVES = ("ar", "mdlm", "bd3lm", "setdlm")
