@@ -64,7 +64,9 @@ class TrainConfig:
     eval_batches: int = Field(0, ge=0, description="validation global batches of train.global_batch sequences (0: the whole validation split)")
     save_every: int = Field(500, ge=1, description="steps between checkpoints (the last step and a preemption always save)")
     keep_last: int = Field(2, ge=0, description="complete checkpoints kept (0: keep all)")
-    peak_tflops: float = Field(0.0, ge=0.0, description="per-device peak for MFU (0: from a table of known GPUs, N/A elsewhere)")
+    peak_tflops: float = Field(0.0, ge=0.0, description=(
+        "per-device peak TFLOP/s that perf/mfu and perf/hfu divide by (0: the detected GPU's datasheet bf16 "
+        "dense peak, pretrain/flops.py; N/A on CPU or an unknown GPU)"))
     sample_at_end: bool = Field(False, description="print a sample from the final model")
     sample_tokens: int = Field(48, ge=1, description="tokens of the end-of-run sample")
     sample_prompt: Text = Field("", description="prompt of the end-of-run sample (empty: unconditional)")

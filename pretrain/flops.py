@@ -22,7 +22,8 @@ Matmul FLOPs only (2 per multiply-add), forward + backward = 3x forward:
 *Model* FLOPs count the work the step needs; *hardware* FLOPs add what activation checkpointing
 recomputes (Megatron-LM's and PaLM's MFU vs HFU): `full` one more forward of the blocks, `selective`
 the attention core's forward (the activation function is not a matmul). `perf/mfu` and `perf/hfu` divide
-them by the device peak (`train.peak_tflops`, or the table below on known GPUs).
+them by the device peak: `train.peak_tflops` when the recipe sets it, else the detected GPU's datasheet
+bf16 dense peak from the table below (`device_peak_tflops`); on CPU or an unknown GPU MFU is N/A.
 """
 
 from __future__ import annotations
@@ -31,8 +32,10 @@ from dataclasses import dataclass
 
 import torch
 
-# Dense bf16 peak TFLOP/s per device.
-PEAK_TFLOPS = {"H100": 989.0, "H200": 989.0, "GH200": 989.0, "A100": 312.0, "L40S": 362.0, "A10": 125.0}
+# Datasheet dense (no sparsity) bf16 tensor-core peak TFLOP/s per device, matched as a substring of
+# `torch.cuda.get_device_name()`, the longest key first ("H100 PCIe" before "H100", the SXM part).
+PEAK_TFLOPS = {"H100": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H200": 989.0, "GH200": 989.0,
+               "A100": 312.0, "L40S": 362.0, "A10": 125.0}
 
 
 def attention_pairs(kind: str, length: int, block_size: int = 0) -> int:
@@ -130,13 +133,20 @@ def step_flops(cfg) -> StepFlops:
     return StepFlops(model=train_step_flops(*args), hardware=train_step_flops(*args, recompute=mode))
 
 
+def datasheet_peak_tflops(device_name: str) -> float | None:
+    """The PEAK_TFLOPS entry of a CUDA device name (None: not in the table)."""
+    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):
+        if key in device_name:
+            return PEAK_TFLOPS[key]
+    return None
+
+
 def device_peak_tflops(override: float = 0.0) -> float | None:
+    """The peak that `perf/mfu` and `perf/hfu` divide by: `train.peak_tflops` when > 0 (e.g. a measured
+    matmul rate, or another precision's peak), else the detected GPU's datasheet bf16 dense peak; None
+    (MFU N/A) on CPU or a GPU the table does not know."""
     if override > 0:
-        return override
+        return float(override)
     if not torch.cuda.is_available():
         return None
-    name = torch.cuda.get_device_name()
-    for key, value in PEAK_TFLOPS.items():
-        if key in name:
-            return value
-    return None
+    return datasheet_peak_tflops(torch.cuda.get_device_name())

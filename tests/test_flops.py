@@ -78,3 +78,40 @@ def test_mfu_and_hfu_metrics():
     assert m["perf/model_tflops"] == pytest.approx(0.5) and m["perf/mfu"] == pytest.approx(0.05)
     assert m["perf/hfu"] == pytest.approx(0.075) and m["perf/hardware_tflops"] == pytest.approx(0.75)
     assert StepFlops(1e12, 1e12).metrics(1.0, None, 1) == {"perf/model_tflops": 1.0, "perf/mfu": None}
+
+
+@pytest.mark.parametrize("name,peak", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0),
+                                       ("NVIDIA H100 NVL", 835.0), ("NVIDIA GH200 480GB", 989.0),
+                                       ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA A10", 125.0),
+                                       ("NVIDIA GeForce RTX 3090", None)])
+def test_datasheet_peak_of_a_device_name(name, peak):
+    from pretrain.flops import datasheet_peak_tflops
+
+    assert datasheet_peak_tflops(name) == peak
+
+
+def test_train_peak_tflops_is_what_mfu_divides_by(tmp_path, model_parallel, capsys):
+    """`train.peak_tflops` replaces the datasheet peak in the trainer's perf/mfu; 0 on CPU logs MFU N/A;
+    a negative value is refused naming the key."""
+    from helpers import read_metrics, write_recipe
+    from launch.cli import main as cli_main
+    from pretrain.config import load_config
+    from pretrain.flops import device_peak_tflops
+    from pretrain.trainer import Trainer
+
+    assert device_peak_tflops(123.0) == 123.0
+    if not torch.cuda.is_available():
+        assert device_peak_tflops(0.0) is None
+    recipe = write_recipe(tmp_path / "r.yaml")
+    for peak in (0.0, 1e-4):
+        out = tmp_path / f"peak{peak}"
+        cfg = load_config(recipe, [f"run.out_dir={out}", "train.max_steps=2", "train.eval_every=0", "train.save_every=100",
+                                   f"train.peak_tflops={peak}"])
+        Trainer(cfg).train()
+        m = read_metrics(out / "tiny")[2]
+        if peak:
+            assert m["perf/mfu"] == pytest.approx(m["perf/model_tflops"] / peak)
+        elif not torch.cuda.is_available():
+            assert "perf/mfu" not in m and m["perf/model_tflops"] > 0  # N/A: not written (the console says "MFU N/A")
+    assert cli_main(["pretrain", "--config", str(recipe), "--out", str(tmp_path), "train.peak_tflops=-1"]) == 2
+    assert "train.peak_tflops" in capsys.readouterr().err
