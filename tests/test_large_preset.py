@@ -128,3 +128,14 @@ def test_qwen3_8b_recipe_dry_run_fits_80gb(world, capsys, tmp_path):
     for seq_len in (1024, 4096):  # the whole L range of the recipe fits at its micro-batch
         cfg = load_config(RECIPE, [*QWEN3_VOCAB, f"data.seq_len={seq_len}"])
         assert max(m.total for m in plan(cfg, world)["memory"]) < 0.5 * 80 * GIB
+
+
+def test_gsm8k_qwen3_8b_recipe_plans_one_node():
+    from pretrain.plan import GIB, plan
+
+    cfg = load_config(REPO / "configs" / "gsm8k-qwen3-8b-setdlm.yaml", QWEN3_VOCAB)
+    assert cfg.model.n_layers == 36 and cfg.train.init_from == "models/Qwen3-8B-Base"
+    info = plan(cfg, 8)
+    assert (info["tp"], info["dp"], info["accum"]) == (2, 4, 2)
+    peak = max(m.total for m in info["memory"])
+    assert peak < 0.6 * 80 * GIB and info["fit"]["none"][0] >= cfg.train.micro_batch, (peak / GIB, info["fit"])
