@@ -67,8 +67,12 @@ def pretrain_main(argv: list[str]) -> int:
         overrides.append(f"run.name={args.name}")
     cfg = load_config(args.config, overrides)  # typed fields: wrong keys, types and ranges stop here
     if args.dry_run:
+        from pretrain.init_from import prepare_for_plan
         from pretrain.plan import print_plan
 
+        note = prepare_for_plan(cfg)  # train.init_from: the source's architecture and vocabulary when present
+        if note:
+            print(note, flush=True)
         print_plan(cfg, world_size=args.world_size or int(os.environ.get("WORLD_SIZE", "1")))
         return 0
     try:  # the layout checks, before any process group (MPI without a size variable: checked after init)

@@ -198,6 +198,21 @@ def prepare(cfg) -> InitSource | None:
     return _prepare_checkpoint(cfg, d.resolve())
 
 
+def prepare_for_plan(cfg) -> str | None:
+    """`--dry-run`: fill the recipe from `train.init_from` as a run would (the source's architecture and
+    tokenizer, no weights read) when the source is on this machine; otherwise a note that the plan uses
+    the recipe's own model section and tokenizer. None when the recipe has no init_from."""
+    src = getattr(cfg.train, "init_from", None)
+    if not src:
+        return None
+    if not Path(str(src)).expanduser().exists():
+        return (f"note: train.init_from {str(src)!r} is not on this machine: planned with the recipe's model section "
+                f"and data.tokenizer {cfg.data.tokenizer!r} (set model.vocab_size / model.mask_id to the source's)")
+    prepare(cfg)
+    cfg.resolve_vocab(_tokenizer(cfg, src))  # with the MASK token the run appends
+    return f"planned with the architecture and tokenizer of train.init_from {src}"
+
+
 def weights(source: InitSource, model_cfg):
     """Our tp=1 name -> full tensor mapping of the source (lazy for HF directories)."""
     if source.kind == "hf":
@@ -230,4 +245,4 @@ def load(engine, source: InitSource | None, model_cfg, ema=None) -> list[str]:
     return list(source.notes)
 
 
-__all__ = ["InitSource", "prepare", "load", "weights", "TRAINING_FIELDS"]
+__all__ = ["InitSource", "prepare", "prepare_for_plan", "load", "weights", "TRAINING_FIELDS"]

@@ -139,3 +139,35 @@ def test_gsm8k_qwen3_8b_recipe_plans_one_node():
     assert (info["tp"], info["dp"], info["accum"]) == (2, 4, 2)
     peak = max(m.total for m in info["memory"])
     assert peak < 0.6 * 80 * GIB and info["fit"]["none"][0] >= cfg.train.micro_batch, (peak / GIB, info["fit"])
+
+
+def test_dry_run_plans_an_init_from_source_with_its_architecture(tmp_path, capsys):
+    """The dry run of a fine-tuning recipe derives the model and vocabulary from train.init_from as the
+    run would (here a tiny HF Qwen3 directory); a source not on this machine is a note, not an error."""
+    import yaml
+
+    from hf_fixtures import make_hf_model
+    from pretrain.plan import plan
+
+    src = make_hf_model(tmp_path / "hf", "qwen3", layers=3, tie=False)
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(yaml.safe_dump({
+        "run": {"name": "ft"}, "model": {"max_seq_len": 64}, "objective": {"name": "setdlm"},
+        "data": {"source": "builtin:pydoc_topics", "seq_len": 32},
+        "train": {"init_from": str(src), "micro_batch": 2, "global_batch": 4}}))
+    code = cli_main(["pretrain", "--config", str(recipe), "--dry-run", "--world-size", "2", "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert f"planned with the architecture and tokenizer of train.init_from {src}" in out
+    from pretrain.init_from import prepare_for_plan
+
+    cfg = load_config(recipe)
+    prepare_for_plan(cfg)  # what the run would derive: 3 untied qwen3 blocks, GPT-2's 50,257 tokens + MASK
+    assert (cfg.model.n_layers, cfg.model.tie_embeddings, cfg.model.vocab_size) == (3, False, 50258)
+    assert f"| {parameter_count(cfg.model) / 1e9:.3f}B parameters" in out
+    assert plan(cfg, 2)["params_total"] == parameter_count(cfg.model)
+    assert not (tmp_path / "ft").exists()
+    code = cli_main(["pretrain", "--config", str(recipe), "--dry-run", "--world-size", "2", "--out", str(tmp_path),
+                     "train.init_from=/no/such/model"])
+    out = capsys.readouterr().out
+    assert code == 0 and "is not on this machine" in out, out
