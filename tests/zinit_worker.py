@@ -1,0 +1,159 @@
+"""ZeRO-3 worker: builds under deepspeed.zero.Init and trains through the real Trainer, in one launch.
+
+    torchrun --standalone --nproc-per-node 2 tests/zinit_worker.py RECIPE OUT INIT_FROM
+
+1. build: a mid-size model built inside `zero3_init` (pretrain/engine.py) and the same model built
+   whole, on every rank, under a dispatch mode that records the peak of live tensor bytes while the
+   model is built; the zero.Init model's gathered weights against the whole one (fp32 and bf16).
+   Writes OUT/build_rank{R}.json.
+2. Z: the recipe under ZeRO-3 over DP=2; its initial weights (gathered) go to OUT/Z_init.pt.
+3. Zr: a copy of Z cut back to its step-2 checkpoint, trained again: it resumes there.
+4. I: one step from `train.init_from=INIT_FROM` (a setdlm run) under ZeRO-3.
+Used by tests/test_zero3_init.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+MID = dict(n_layers=8, hidden=384, n_heads=6, ffn_hidden=1536, tie_embeddings=True, vocab_size=2048, mask_id=2047,
+           dropout=0.0, max_seq_len=64)
+SMALL = dict(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=96, norm="rmsnorm", activation="swiglu",
+             qk_norm=True, bias=False, tie_embeddings=False, vocab_size=1000, mask_id=999, dropout=0.0, max_seq_len=64)
+
+
+class LiveBytes(TorchDispatchMode):
+    """Peak bytes of the tensor storages alive at once among those created inside the mode: every
+    allocation of the build goes through an aten op (parameters, partitions, drawn units, buffers)."""
+
+    def __init__(self):
+        super().__init__()
+        self.live: dict = {}
+        self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.multiprocessing.reductions import StorageWeakRef
+        from torch.utils._pytree import tree_flatten
+
+        out = func(*args, **(kwargs or {}))
+        for t in tree_flatten(out)[0]:
+            if isinstance(t, torch.Tensor) and t.device.type != "meta":
+                st = t.untyped_storage()
+                if st.data_ptr() and st.data_ptr() not in self.live:
+                    self.live[st.data_ptr()] = (StorageWeakRef(st), st.nbytes())
+        self.live = {k: v for k, v in self.live.items() if not v[0].expired()}
+        self.peak = max(self.peak, sum(n for _, n in self.live.values()))
+        return out
+
+
+def _cfg(recipe: Path, model: dict, precision: str):
+    from pretrain.config import load_config
+
+    return load_config(recipe, ["parallel.zero_stage=3", "train.micro_batch=4", f"train.precision={precision}",
+                                *(f"model.{k}={v}" for k, v in model.items())])
+
+
+def gathered(model) -> dict:
+    """Full weights of a zero.Init model (a collective: every rank calls it)."""
+    import deepspeed
+
+    out = {}
+    for n, p in model.named_parameters():
+        with deepspeed.zero.GatheredParameters([p]):
+            out[n] = p.data.detach().clone()
+    return out
+
+
+def build(recipe: Path, out: Path) -> None:
+    import torch.distributed as dist
+
+    from pretrain.engine import zero3_init
+    from pretrain.pipeline import build_stage
+
+    world, rank = dist.get_world_size(), dist.get_rank()
+    report: dict = {}
+    cfg = _cfg(recipe, MID, "fp32")
+    for mode in ("zinit", "whole"):
+        torch.manual_seed(11)
+        zi = zero3_init(cfg, world, "fp32") if mode == "zinit" else None
+        live = LiveBytes()
+        with live:
+            model = build_stage(cfg.model, 1, 1, device="cpu", zero_init=zi)
+        params = list(model.parameters())
+        report[f"peak_{mode}"] = live.peak
+        if mode == "zinit":
+            report["partition_numel"] = [p.ds_tensor.numel() for p in params]
+            report["numel"] = [p.ds_numel for p in params]
+            report["data_numel"] = sum(p.data.numel() for p in params)
+            zinit = gathered(model)
+        else:
+            report["mismatch"] = [n for n, p in model.named_parameters() if not torch.equal(zinit[n], p.detach())]
+        del model, params
+    for precision in ("fp32", "bf16"):  # a small model with every parameter kind (QK-norm, SwiGLU, untied head)
+        small = _cfg(recipe, SMALL, precision)
+        torch.manual_seed(12)
+        whole = {n: p.detach().clone() for n, p in build_stage(small.model, 1, 1, device="cpu").named_parameters()}
+        torch.manual_seed(12)
+        zi = zero3_init(small, world, precision)
+        model = build_stage(small.model, 1, 1, device="cpu", zero_init=zi)
+        dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+        report[f"mismatch_small_{precision}"] = [n for n, w in gathered(model).items()
+                                                 if w.dtype != dtype or not torch.equal(w, whole[n].to(dtype))]
+        report[f"buffers_fp32_{precision}"] = all(b.dtype == torch.float32 for b in model.buffers())
+    (out / f"build_rank{rank}.json").write_text(json.dumps(report))
+
+
+def cut_back(src: Path, dest: Path, step: int) -> None:
+    """The run as an interruption after checkpoint `step` leaves it."""
+    shutil.copytree(src, dest)
+    metrics = dest / "metrics.jsonl"
+    metrics.write_text("".join(line for line in metrics.read_text().splitlines(keepends=True)
+                               if json.loads(line)["step"] <= step))
+    root = dest / "checkpoints"
+    for ckpt in root.glob("step_*"):
+        if int(ckpt.name.split("_")[1]) > step:
+            shutil.rmtree(ckpt)
+    (root / "latest").write_text(f"step_{step:08d}")
+
+
+def main() -> int:
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    import torch.distributed as dist
+
+    from pretrain.config import load_config
+    from pretrain.parallel import ensure_model_parallel, ensure_process_group
+    from pretrain.trainer import Trainer
+
+    recipe, out, init_from = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    ensure_process_group()
+    ensure_model_parallel(1, 1)
+    build(recipe, out)
+
+    def config(name, *overrides):
+        return load_config(recipe, [f"run.name={name}", f"run.out_dir={out}", "parallel.zero_stage=3",
+                                    "train.micro_batch=4", *overrides])
+
+    trainer = Trainer(config("Z"))
+    init = gathered(trainer.model)
+    if dist.get_rank() == 0:
+        torch.save(init, out / "Z_init.pt")
+    trainer.train()
+    if dist.get_rank() == 0:
+        cut_back(out / "Z", out / "Zr", 2)
+    dist.barrier()
+    Trainer(config("Zr")).train()
+    Trainer(config("I", f"train.init_from={init_from}", "train.max_steps=1", "train.ema=0")).train()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
