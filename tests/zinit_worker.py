@@ -23,36 +23,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
-from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+
+from benchmarks.bench_zero3_init import LiveBytes  # noqa: E402  (peak of live tensor bytes)
 
 MID = dict(n_layers=8, hidden=384, n_heads=6, ffn_hidden=1536, tie_embeddings=True, vocab_size=2048, mask_id=2047,
            dropout=0.0, max_seq_len=64)
 SMALL = dict(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=96, norm="rmsnorm", activation="swiglu",
              qk_norm=True, bias=False, tie_embeddings=False, vocab_size=1000, mask_id=999, dropout=0.0, max_seq_len=64)
-
-
-class LiveBytes(TorchDispatchMode):
-    """Peak bytes of the tensor storages alive at once among those created inside the mode: every
-    allocation of the build goes through an aten op (parameters, partitions, drawn units, buffers)."""
-
-    def __init__(self):
-        super().__init__()
-        self.live: dict = {}
-        self.peak = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.multiprocessing.reductions import StorageWeakRef
-        from torch.utils._pytree import tree_flatten
-
-        out = func(*args, **(kwargs or {}))
-        for t in tree_flatten(out)[0]:
-            if isinstance(t, torch.Tensor) and t.device.type != "meta":
-                st = t.untyped_storage()
-                if st.data_ptr() and st.data_ptr() not in self.live:
-                    self.live[st.data_ptr()] = (StorageWeakRef(st), st.nbytes())
-        self.live = {k: v for k, v in self.live.items() if not v[0].expired()}
-        self.peak = max(self.peak, sum(n for _, n in self.live.values()))
-        return out
 
 
 def _cfg(recipe: Path, model: dict, precision: str):
