@@ -8,7 +8,8 @@
   losses, gradient norms and validation NLL, and its consolidated weights and EMA equal A's;
 - Zr, Z cut back to its step-2 checkpoint, resumes there and continues exactly as Z did;
 - I, `train.init_from` A's run under ZeRO-3, starts from A's (EMA) weights: its first validation
-  equals A's last.
+  equals A's last; H, `train.init_from` a stock Hugging Face Qwen3 directory, holds exactly the
+  imported weights (gathered), its EMA too.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import pytest
 import torch
 
 from helpers import REPO, cli_env, read_metrics, write_recipe
+from hf_fixtures import make_hf_model
 from pretrain.config import load_config
 from pretrain.consolidate import main as consolidate_main
 from pretrain.trainer import Trainer
@@ -43,8 +45,9 @@ def runs(tmp_path_factory, model_parallel):
     a = Trainer(load_config(recipe, ["run.name=A", f"run.out_dir={tmp}"]))
     a_init = {n: p.detach().clone() for n, p in a.model.named_parameters()}
     a.train()
+    hf_dir = make_hf_model(tmp / "hf", "qwen3", heads=2, kv_heads=2, head_dim=16, ffn=64, tie=True)
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(REPO / "tests" / "zinit_worker.py"), str(recipe), str(tmp), str(tmp / "A")]
+           str(REPO / "tests" / "zinit_worker.py"), str(recipe), str(tmp), str(tmp / "A"), str(hf_dir)]
     r = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
     assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
     return tmp, a_init
@@ -120,3 +123,8 @@ def test_init_from_a_setdlm_run_into_a_zero_init_model(runs):
     tmp, _ = runs
     a, i = read_metrics(tmp / "A"), read_metrics(tmp / "I")
     assert _close(i[0]["val/nll"], a[4]["val/nll"]), (i[0]["val/nll"], a[4]["val/nll"])
+
+
+def test_init_from_a_hugging_face_directory_into_a_zero_init_model(runs):
+    tmp, _ = runs
+    assert json.loads((tmp / "H_mismatch.json").read_text()) == []

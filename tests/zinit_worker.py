@@ -1,6 +1,6 @@
 """ZeRO-3 worker: builds under deepspeed.zero.Init and trains through the real Trainer, in one launch.
 
-    torchrun --standalone --nproc-per-node 2 tests/zinit_worker.py RECIPE OUT INIT_FROM
+    torchrun --standalone --nproc-per-node 2 tests/zinit_worker.py RECIPE OUT SETDLM_RUN HF_DIR
 
 1. build: a mid-size model built inside `zero3_init` (pretrain/engine.py) and the same model built
    whole, on every rank, under a dispatch mode that records the peak of live tensor bytes while the
@@ -8,7 +8,9 @@
    Writes OUT/build_rank{R}.json.
 2. Z: the recipe under ZeRO-3 over DP=2; its initial weights (gathered) go to OUT/Z_init.pt.
 3. Zr: a copy of Z cut back to its step-2 checkpoint, trained again: it resumes there.
-4. I: one step from `train.init_from=INIT_FROM` (a setdlm run) under ZeRO-3.
+4. I: one step from `train.init_from=SETDLM_RUN` under ZeRO-3.
+5. H: `train.init_from=HF_DIR` (a stock HF model) loaded into a ZeRO-3 model; the gathered weights and
+   EMA against the imported ones go to OUT/H_mismatch.json.
 Used by tests/test_zero3_init.py.
 """
 
@@ -110,7 +112,9 @@ def main() -> int:
     from pretrain.parallel import ensure_model_parallel, ensure_process_group
     from pretrain.trainer import Trainer
 
-    recipe, out, init_from = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3]
+    from pretrain import init_from
+
+    recipe, out, setdlm_run, hf_dir = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
     ensure_process_group()
     ensure_model_parallel(1, 1)
     build(recipe, out)
@@ -128,7 +132,16 @@ def main() -> int:
         cut_back(out / "Z", out / "Zr", 2)
     dist.barrier()
     Trainer(config("Zr")).train()
-    Trainer(config("I", f"train.init_from={init_from}", "train.max_steps=1", "train.ema=0")).train()
+    Trainer(config("I", f"train.init_from={setdlm_run}", "train.max_steps=1", "train.ema=0")).train()
+    hf = Trainer(config("H", f"train.init_from={hf_dir}"))  # a stock HF directory: the gathered load
+    init_from.load(hf.engine, hf.init_source, hf.cfg.model, hf.ema)
+    want = init_from.weights(hf.init_source, hf.cfg.model)
+    got = gathered(hf.model)
+    ema = {n: hf.ema.full(n) for n in hf.ema.shadow}
+    if dist.get_rank() == 0:
+        bad = [n for n, w in got.items() if not torch.equal(w, want[n].to(w.dtype))]
+        bad += [f"ema:{n}" for n, w in ema.items() if not torch.equal(w, want[n].float())]
+        (out / "H_mismatch.json").write_text(json.dumps(bad))
     return 0
 
 
