@@ -5,7 +5,8 @@
 1. build: a mid-size model built inside `zero3_init` (pretrain/engine.py) and the same model built
    whole, on every rank, under a dispatch mode that records the peak of live tensor bytes while the
    model is built; the zero.Init model's gathered weights against the whole one (fp32 and bf16).
-   Writes OUT/build_rank{R}.json.
+   Writes OUT/build_dp{N}_rank{R}.json. With `--build-only RECIPE OUT` (any number of processes:
+   under DP=3 partitions start mid-row and mid-unit) only this step runs.
 2. Z: the recipe under ZeRO-3 over DP=2; its initial weights (gathered) go to OUT/Z_init.pt.
 3. Zr: a copy of Z cut back to its step-2 checkpoint, trained again: it resumes there.
 4. I: one step from `train.init_from=SETDLM_RUN` under ZeRO-3.
@@ -34,11 +35,11 @@ SMALL = dict(n_layers=2, hidden=64, n_heads=4, n_kv_heads=2, ffn_hidden=96, norm
              qk_norm=True, bias=False, tie_embeddings=False, vocab_size=1000, mask_id=999, dropout=0.0, max_seq_len=64)
 
 
-def _cfg(recipe: Path, model: dict, precision: str):
+def _cfg(recipe: Path, model: dict, precision: str, world: int):
     from pretrain.config import load_config
 
-    return load_config(recipe, ["parallel.zero_stage=3", "train.micro_batch=4", f"train.precision={precision}",
-                                *(f"model.{k}={v}" for k, v in model.items())])
+    return load_config(recipe, ["parallel.zero_stage=3", "train.micro_batch=1", f"train.global_batch={world}",
+                                f"train.precision={precision}", *(f"model.{k}={v}" for k, v in model.items())])
 
 
 def gathered(model) -> dict:
@@ -60,7 +61,7 @@ def build(recipe: Path, out: Path) -> None:
 
     world, rank = dist.get_world_size(), dist.get_rank()
     report: dict = {}
-    cfg = _cfg(recipe, MID, "fp32")
+    cfg = _cfg(recipe, MID, "fp32", world)
     for mode in ("zinit", "whole"):
         torch.manual_seed(11)
         zi = zero3_init(cfg, world, "fp32") if mode == "zinit" else None
@@ -78,7 +79,7 @@ def build(recipe: Path, out: Path) -> None:
             report["mismatch"] = [n for n, p in model.named_parameters() if not torch.equal(zinit[n], p.detach())]
         del model, params
     for precision in ("fp32", "bf16"):  # a small model with every parameter kind (QK-norm, SwiGLU, untied head)
-        small = _cfg(recipe, SMALL, precision)
+        small = _cfg(recipe, SMALL, precision, world)
         torch.manual_seed(12)
         whole = {n: p.detach().clone() for n, p in build_stage(small.model, 1, 1, device="cpu").named_parameters()}
         torch.manual_seed(12)
@@ -88,7 +89,7 @@ def build(recipe: Path, out: Path) -> None:
         report[f"mismatch_small_{precision}"] = [n for n, w in gathered(model).items()
                                                  if w.dtype != dtype or not torch.equal(w, whole[n].to(dtype))]
         report[f"buffers_fp32_{precision}"] = all(b.dtype == torch.float32 for b in model.buffers())
-    (out / f"build_rank{rank}.json").write_text(json.dumps(report))
+    (out / f"build_dp{world}_rank{rank}.json").write_text(json.dumps(report))
 
 
 def cut_back(src: Path, dest: Path, step: int) -> None:
@@ -114,9 +115,12 @@ def main() -> int:
 
     from pretrain import init_from
 
-    recipe, out, setdlm_run, hf_dir = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
     ensure_process_group()
     ensure_model_parallel(1, 1)
+    if sys.argv[1] == "--build-only":
+        build(Path(sys.argv[2]), Path(sys.argv[3]))
+        return 0
+    recipe, out, setdlm_run, hf_dir = Path(sys.argv[1]), Path(sys.argv[2]), sys.argv[3], sys.argv[4]
     build(recipe, out)
 
     def config(name, *overrides):
