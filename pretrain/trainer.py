@@ -280,7 +280,10 @@ class Trainer:
         from model.sampling import SamplingConfig
         from model.sampling.report import speed_report
 
-        if self.cfg.parallel.tp * self.cfg.parallel.pp > 1:
+        p = self.cfg.parallel
+        if p.tp * p.pp > 1 or (p.zero_stage == 3 and self.dp_size > 1):  # rank 0 alone holds no whole model
+            self.logger.write("train.sample_at_end: skipped, the weights are sharded under this layout; "
+                              f"sample the checkpoint instead (setdlm sample --checkpoint {self.run_dir})")
             return
         t, o = self.cfg.train, self.cfg.objective
         sc = SamplingConfig(family=o.name, max_new_tokens=t.sample_tokens, block_size=o.block_size,
