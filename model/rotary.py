@@ -11,7 +11,9 @@ import torch
 class Rotary(torch.nn.Module):
     def __init__(self, head_dim: int, base: float = 10000.0):
         super().__init__()
-        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim))
+        # integer arange, then float64: a float factory inside deepspeed.zero.Init would come back in
+        # the training dtype (bf16); this buffer stays float32 under every ZeRO stage
+        inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2).double() / head_dim))
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 
     def forward(self, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -241,7 +241,8 @@ class Transformer(torch.nn.Module):
             rank = parallel_state.get_tensor_model_parallel_rank() if tp > 1 else 0
             ids = torch.arange(rank * V // tp, (rank + 1) * V // tp)
             blocked = (ids >= cfg.vocab_size) | (ids == cfg.mask_id)
-            self.register_buffer("logit_bias", torch.zeros(len(ids)).masked_fill(blocked, float("-inf")), persistent=False)
+            bias = torch.zeros_like(ids, dtype=torch.float32)  # float32 also inside deepspeed.zero.Init
+            self.register_buffer("logit_bias", bias.masked_fill(blocked, float("-inf")), persistent=False)
         mark_tensor_parallel(self)
         init_weights(self, cfg, base, self.mp.tensor_model_parallel_size)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import torch
 from megatron.core import parallel_state
 
@@ -55,7 +57,8 @@ def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
     for name, p in model.named_parameters():
         if not p.requires_grad:
             continue
-        (no_decay if p.dim() < 2 or "norm" in name else decay).append(p)
+        dims = len(p.ds_shape) if hasattr(p, "ds_shape") else p.dim()  # a zero.Init parameter's data is empty
+        (no_decay if dims < 2 or "norm" in name else decay).append(p)
     groups = [{"params": decay, "weight_decay": weight_decay}]
     if no_decay:
         groups.append({"params": no_decay, "weight_decay": 0.0})
@@ -92,6 +95,40 @@ def deepspeed_config(cfg, world_size: int, precision: str = "fp32") -> dict:
         "steps_per_print": 10**12,
         "wall_clock_breakdown": False,
     }
+
+
+def zero3_init(cfg, world_size: int, precision: str = "fp32"):
+    """`deepspeed.zero.Init` for a ZeRO-3 run (None otherwise): built inside it, every parameter is
+    partitioned over the data-parallel group as soon as its module is constructed, so no rank ever
+    holds the full model, and model/init.py then fills each rank's partition with the layout-independent
+    values. It takes the engine's own DeepSpeed config (dtype, ZeRO options, offload) and megatron's
+    data-parallel group, so `deepspeed.initialize` finds the parameters already partitioned as it would
+    have partitioned them. The context has `.dtype`: the dtype to build the parameters in."""
+    if cfg.parallel.zero_stage != 3:
+        return None
+    _skip_cpu_shm_op()
+    import deepspeed
+
+    # zero.Init reads the local device from LOCAL_RANK (torchrun sets it; a single process may not)
+    os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device() if torch.cuda.is_available() else 0))
+    return deepspeed.zero.Init(data_parallel_group=parallel_state.get_data_parallel_group(),
+                               config_dict_or_path=deepspeed_config(cfg, world_size, precision), mpu=MegatronMPU())
+
+
+def zero3_notes(model: torch.nn.Module, cfg) -> list[str]:
+    """The start-of-run log line saying how a ZeRO-3 model was partitioned (nothing below ZeRO-3)."""
+    if cfg.parallel.zero_stage != 3:
+        return []
+    params = list(model.parameters())
+    if not all(getattr(p, "ds_tensor", None) is not None for p in params):
+        return ["ZeRO-3: parameters partitioned at deepspeed.initialize (model.fp8 builds its TE layers from "
+                "the full weights, so the model is built whole first)"]
+    dp = parallel_state.get_data_parallel_world_size()
+    mine = sum(p.ds_tensor.numel() for p in params)
+    total = sum(p.ds_numel for p in params)
+    return [f"ZeRO-3: parameters partitioned at construction (deepspeed.zero.Init) over dp={dp}: this rank holds "
+            f"{mine:,} of {total:,} parameter values (during the build at most one module's parameters in full, "
+            f"largest parameter {max(p.ds_numel for p in params):,})"]
 
 
 def build_engine(model: torch.nn.Module, cfg, world_size: int, precision: str = "fp32"):

@@ -47,13 +47,19 @@ def stage_layers(n_layers: int, pp: int, stage: int) -> range:
     return range(start, start + base + (1 if stage < extra else 0))
 
 
-def build_stage(model_cfg, tp: int, pp: int, *, device=None, sequence_parallel: bool = False) -> Transformer:
+def build_stage(model_cfg, tp: int, pp: int, *, device=None, sequence_parallel: bool = False,
+                zero_init=None) -> Transformer:
     """This rank's part of the model: its pipeline stage's layers, tensor-parallel over `tp` ranks
     (megatron's parallel state must be initialised for (tp, pp)). With `device`, the shards are
-    allocated and initialised there directly (model/init.py): the host never holds the stage."""
+    allocated and initialised there directly (model/init.py): the host never holds the stage. With
+    `zero_init` (ZeRO-3: pretrain.engine.zero3_init), the stage is built inside that
+    `deepspeed.zero.Init` context, in its dtype: each parameter is partitioned over the data-parallel
+    group as its module is constructed and each rank initialises only its partition."""
     stage = parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else 0
-    with torch.device(device) if device is not None else contextlib.nullcontext():
-        return Transformer(model_cfg, megatron_config(tp, pp, sequence_parallel=sequence_parallel),
+    dtype = zero_init.dtype if zero_init is not None else torch.float32
+    with torch.device(device) if device is not None else contextlib.nullcontext(), \
+            zero_init if zero_init is not None else contextlib.nullcontext():
+        return Transformer(model_cfg, megatron_config(tp, pp, params_dtype=dtype, sequence_parallel=sequence_parallel),
                            pre_process=stage == 0, post_process=stage == pp - 1,
                            layers=stage_layers(model_cfg.n_layers, pp, stage))
 

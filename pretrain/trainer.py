@@ -20,7 +20,7 @@ from model.transformer import parameter_count
 from . import checkpoint, init_from
 from .config import RecipeConfig, save_config
 from .ema import EMA
-from .engine import build_engine, resolve_precision
+from .engine import build_engine, resolve_precision, zero3_init, zero3_notes
 from .flops import device_peak_tflops, step_flops
 from .logger import MetricsLogger
 from .parallel import ensure_model_parallel, ensure_process_group
@@ -52,13 +52,17 @@ class Trainer:
         self.ckpt_root = self.run_dir / "checkpoints"
 
         torch.manual_seed(cfg.run.seed)
+        self.precision = resolve_precision(cfg, self.device)
+        # ZeRO-3: built inside deepspeed.zero.Init, each rank holding only its partition (pretrain/engine.py)
+        zero_init = zero3_init(cfg, self.world, self.precision) if cfg.model.fp8 == "none" else None
         # this rank's TP shard of its PP stage, allocated and initialised on the device (model/init.py)
-        model = build_stage(cfg.model, p.tp, p.pp, device=self.device, sequence_parallel=p.sequence_parallel)
+        model = build_stage(cfg.model, p.tp, p.pp, device=self.device, sequence_parallel=p.sequence_parallel,
+                            zero_init=zero_init)
         if cfg.model.fp8 != "none":
             fp8_layers.convert_block_linears(model)
         self.notes = prepare_model(model, cfg)  # sequence-parallel RNG, activation checkpointing, torch.compile
+        self.notes += zero3_notes(model, cfg)
         self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len)
-        self.precision = resolve_precision(cfg, self.device)
         if self.precision == "bf16" and p.zero_stage == 0:
             # DeepSpeed's bf16 path without ZeRO (its unfused FP16 wrapper) drifts from fp32 after the
             # first step; its ZeRO-1 bf16 optimizer tracks fp32 (docs/architecture.md). ZeRO-1 is the
@@ -276,7 +280,10 @@ class Trainer:
         from model.sampling import SamplingConfig
         from model.sampling.report import speed_report
 
-        if self.cfg.parallel.tp * self.cfg.parallel.pp > 1:
+        p = self.cfg.parallel
+        if p.tp * p.pp > 1 or (p.zero_stage == 3 and self.dp_size > 1):  # rank 0 alone holds no whole model
+            self.logger.write("train.sample_at_end: skipped, the weights are sharded under this layout; "
+                              f"sample the checkpoint instead (setdlm sample --checkpoint {self.run_dir})")
             return
         t, o = self.cfg.train, self.cfg.objective
         sc = SamplingConfig(family=o.name, max_new_tokens=t.sample_tokens, block_size=o.block_size,

@@ -92,7 +92,7 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
     from pretrain.parallel import ensure_model_parallel
     from pretrain.checkpoint import save, shard_info
     from pretrain.config import from_dict
-    from pretrain.engine import build_engine
+    from pretrain.engine import build_engine, zero3_init
     from pretrain.pipeline import StepRunner, build_stage, prepare_model
 
     tp, pp, zero = parse(layout)
@@ -102,7 +102,8 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
     ensure_model_parallel(tp, pp)
     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
     torch.manual_seed(cfg.run.seed)
-    model = build_stage(cfg.model, tp, pp, sequence_parallel=cfg.parallel.sequence_parallel)
+    model = build_stage(cfg.model, tp, pp, sequence_parallel=cfg.parallel.sequence_parallel,
+                        zero_init=zero3_init(cfg, world, cfg.train.precision))  # ZeRO-3: as the trainer builds it
     prepare_model(model, cfg)  # activation checkpointing / compile, as the trainer does
     engine, _, _ = build_engine(model, cfg, world, cfg.train.precision)
     objective = build_objective(cfg.objective, cfg.model, SEQ)
