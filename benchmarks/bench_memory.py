@@ -124,6 +124,7 @@ def worker(mode: str, compile: bool, steps: int, block: str = "small-cpu", seq: 
     for i in range(steps + 2):
         if i == 2:  # warm-up done (compiled, optimizer states allocated): measure the steps from here
             warmup_peak = _peak_mib() - base
+            level = rss_mib() - base  # resident between steps: weights, AdamW states, runtime (+ compiler)
             if not _reset_peak():
                 warmup_peak = None  # the lifetime peak below then includes the warm-up
         t = time.perf_counter()
@@ -133,7 +134,7 @@ def worker(mode: str, compile: bool, steps: int, block: str = "small-cpu", seq: 
     predicted = max(sm.total for sm in estimate_memory(cfg, 1, precision="fp32", device="cpu")) / 2**20
     acts = estimate_memory(cfg, 1, precision="fp32", device="cpu")[0]
     return {"mode": mode, "compile": compile, "step_s": statistics.median(times[2:]), "first_s": times[0],
-            "peak_mib": peak, "warmup_peak_mib": warmup_peak, "predicted_mib": predicted, "predicted_act_mib": (acts.activations + acts.logits) / 2**20,
+            "peak_mib": peak, "warmup_peak_mib": warmup_peak, "level_mib": level, "predicted_mib": predicted, "predicted_act_mib": (acts.activations + acts.logits) / 2**20,
             "notes": notes, "gib": GIB}
 
 
@@ -200,15 +201,21 @@ def main() -> int:
         rows = cpu_table(args.steps, args.block, args.seq_len)
         base = next(r for r in rows if r["mode"] == "none" and not r["compile"])
         print(f"{sep} checkpointing {sep} compile {sep} step (s) {sep} vs plain {sep} peak MiB measured {sep} "
-              f"predicted {sep} error {sep} warm-up peak MiB {sep}")
+              f"predicted {sep} error {sep} warm-up peak MiB {sep} between steps MiB {sep} compiler state MiB {sep} "
+              f"error without it {sep}")
         if args.markdown:
-            print("|---|---|---|---|---|---|---|---|")
+            print("|---|---|---|---|---|---|---|---|---|---|---|")
         for r in rows:
             err = (r["predicted_mib"] - r["peak_mib"]) / r["peak_mib"]
             warm = "-" if r["warmup_peak_mib"] is None else f"{r['warmup_peak_mib']:.0f}"
+            # the compiler's resident state: what a compiled run keeps between steps beyond the eager run
+            eager = next(e for e in rows if e["mode"] == r["mode"] and not e["compile"])
+            state = r["level_mib"] - eager["level_mib"] if r["compile"] else 0.0
+            err_wo = (r["predicted_mib"] - (r["peak_mib"] - state)) / (r["peak_mib"] - state)
             print(f"{sep} {r['mode']} {sep} {'on' if r['compile'] else 'off'} {sep} {r['step_s']:.2f} {sep} "
                   f"{r['step_s'] / base['step_s']:.2f}x {sep} {r['peak_mib']:.0f} {sep} {r['predicted_mib']:.0f} {sep} "
-                  f"{err:+.0%} {sep} {warm} {sep}")
+                  f"{err:+.0%} {sep} {warm} {sep} {r['level_mib']:.0f} {sep} "
+                  f"{f'{state:.0f}' if r['compile'] else '-'} {sep} {f'{err_wo:+.0%}' if r['compile'] else '-'} {sep}")
         print()
         if args.cpu_only:
             return 0
