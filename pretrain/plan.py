@@ -42,7 +42,8 @@ A block's backward allocates, beyond its saved tensors, its output gradient and 
 eager autograd releases fc2's saved input before the fc1-output gradient exists, so one ffn-wide
 (SwiGLU: two) gradient counts. Under `train.activation_checkpointing` (model/recompute.py):
 `selective` drops the attention output, the log-sum-exp, the CPU float mask and silu(gate) (the
-recomputed attention core and activation keep them only inside their backward); `full` keeps only
+recomputed attention core and activation keep them only inside their backward: SwiGLU's silu(gate)
+joins the working set); `full` keeps only
 each block's input, and the working set adds the whole block being recomputed.
 
 Compiled blocks (`train.compile`, model/recompute.py `apply_compile`): AOTAutograd traces each
@@ -204,6 +205,8 @@ def backward_working_set(m, tp: int, T: int, dtype_bytes: int, device: str, mode
     seq = tp if sp and tp > 1 else 1
     fc1 = f / tp * (2 if m.activation == "swiglu" else 1)
     elems = h / seq + fc1 + (f / tp if compiled else 0.0)
+    if m.activation == "swiglu" and mode == "selective" and not compiled:
+        elems += f / tp  # the recomputed silu(gate), kept while the product's backward runs
     total = elems * dtype_bytes
     if compiled and mode == "selective":
         total += (f / tp + m.n_heads / tp * m.dim_head) * dtype_bytes  # recomputed activation and attention outputs

@@ -167,6 +167,10 @@ def test_compiled_backward_working_set_matches_a_hand_count(tmp_path):
     assert ws[("none", False)] == ws[("selective", False)] == 96
     assert ws[("none", True)] == 160 and ws[("selective", True)] == 256
     assert ws[("full", False)] == 96 + 504 and ws[("full", True)] == 160 + 504
+    # SwiGLU: fc1's output gradient is 2f wide; eager selective also holds the recomputed silu(gate) (f)
+    m = _model(tmp_path, **SWIGLU_RMS)
+    assert backward_working_set(m, 1, 64, 4, "cpu", "none") == (8 + 32) * 4
+    assert backward_working_set(m, 1, 64, 4, "cpu", "selective") == (8 + 32 + 16) * 4
 
 
 @pytest.mark.parametrize("mode", ["none", "selective", "full"])
