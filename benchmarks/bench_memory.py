@@ -21,8 +21,8 @@ QK-norm, 4 query / 2 key-value heads, no biases); `--seq-len` changes L.
 
 Plan table: `setdlm pretrain --dry-run` figures per GPU (bf16) for paper-12x768 (configs/owt-setdlm.yaml:
 TP 1, ZeRO-1, micro-batch 16) and qwen3-1.7b (configs/qwen3-1.7b-setdlm.yaml: TP 2, ZeRO-1,
-micro-batch 4) on 8 GPUs at L = 1024 and 4096, per checkpointing mode, and the largest micro-batch
-that fits in 90% of 80 GiB.
+micro-batch 4) on 8 GPUs at L = 1024 and 4096, per checkpointing mode (eager, and the total with
+compiled blocks), and the largest micro-batch that fits in 90% of 80 GiB (eager).
 
 A script, not a test: times depend on the machine and its load.
 """
@@ -167,12 +167,15 @@ def plan_rows() -> list[dict]:
         for L in (1024, 4096):
             cfg = load_config(REPO / config, ["model.vocab_size=50258", "model.mask_id=50257", f"data.seq_len={L}",
                                               "model.max_seq_len=4096"])
+            cfg.train.compile = False
             fit = micro_batch_fit(cfg, 8, 80.0)
             for mode in ("none", "selective", "full"):
-                sm = max(estimate_memory(cfg, 8, checkpointing=mode), key=lambda s: s.total)
+                sm = max(estimate_memory(cfg, 8, checkpointing=mode, compiled=False), key=lambda s: s.total)
+                compiled = max(s.total for s in estimate_memory(cfg, 8, checkpointing=mode, compiled=True))
                 rows.append({"model": name, "L": L, "tp": cfg.parallel.tp, "micro": cfg.train.micro_batch, "mode": mode,
                              "params": (sm.weights + sm.grads) / GIB, "optim": sm.optimizer / GIB,
-                             "acts": (sm.activations + sm.logits) / GIB, "total": sm.total / GIB, "fit": fit[mode][0]})
+                             "acts": (sm.activations + sm.logits) / GIB, "total": sm.total / GIB,
+                             "compiled": compiled / GIB, "fit": fit[mode][0]})
     return rows
 
 
@@ -220,12 +223,14 @@ def main() -> int:
         if args.cpu_only:
             return 0
     print(f"{sep} model {sep} L {sep} TP {sep} micro-batch {sep} checkpointing {sep} weights+grads GiB {sep} optimizer GiB "
-          f"{sep} activations+logits GiB {sep} total GiB {sep} largest micro-batch in 80 GiB {sep}")
+          f"{sep} activations+logits GiB {sep} total GiB {sep} total with train.compile GiB {sep} "
+          f"largest micro-batch in 80 GiB {sep}")
     if args.markdown:
-        print("|---|---|---|---|---|---|---|---|---|---|")
+        print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in plan_rows():
         print(f"{sep} {r['model']} {sep} {r['L']} {sep} {r['tp']} {sep} {r['micro']} {sep} {r['mode']} {sep} "
-              f"{r['params']:.2f} {sep} {r['optim']:.2f} {sep} {r['acts']:.2f} {sep} {r['total']:.2f} {sep} {r['fit']} {sep}")
+              f"{r['params']:.2f} {sep} {r['optim']:.2f} {sep} {r['acts']:.2f} {sep} {r['total']:.2f} {sep} "
+              f"{r['compiled']:.2f} {sep} {r['fit']} {sep}")
     return 0
 
 
