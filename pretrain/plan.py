@@ -31,7 +31,7 @@ tensors, eager (model/transformer.py as autograd records it; checked per tensor 
 * the inputs of the qkv, proj and fc1 linears (h, heads x d, h) and of fc2 (ffn);
 * the whole qkv output: v is a view of it, so the attention's saved v keeps all of it alive; q and
   k after rotary are new tensors, also kept; with QK-norm, the q copied out of qkv (a view when a
-  rank holds one kv head) and, composite, the normalised q and k;
+  rank holds one kv head or attention is not grouped) and, composite, the normalised q and k;
 * the attention output (kept by the kernel) besides its [B, T, heads x d] copy for proj, and the
   softmax log-sum-exp; on GPUs flash/flex keep only that O(T) state; torch's CPU SDPA (a flash kernel)
   also keeps the boolean mask converted to a float T x T mask per layer call (`device="cpu"`);
@@ -172,8 +172,9 @@ def activation_bytes_per_token_layer(m, tp: int, T: int, dtype_bytes: int, devic
     if mode != "selective":
         elems += a * d  # the attention output (kept by the attention kernel)
     elems += a * d  # its [B, T, heads*d] copy = the proj input
-    if m.qk_norm and not compiled:  # q copied out of qkv (a view with one kv head per rank; k is a view),
-        elems += (a * d if kv > 1 else 0.0) + ((a + kv) * d if composite_rms else 0.0)  # [+ normalised q, k]
+    if m.qk_norm and not compiled:  # q copied out of qkv (a view with one kv head per rank or one q per kv
+        # head; k is a view) [+ composite: the normalised q, k]
+        elems += (a * d if kv > 1 and a > kv else 0.0) + ((a + kv) * d if composite_rms else 0.0)
     elems += f / tp * (2 if swiglu else 1)  # fc1 output, kept by the activation's backward
     if swiglu and mode != "selective" and not compiled:
         elems += f / tp  # silu(gate), kept by the product (recomputed under selective or compile)

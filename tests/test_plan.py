@@ -197,7 +197,7 @@ def test_compiled_estimate_differs_from_eager_as_modelled(tmp_path, mode):
         assert saved[1] < saved[0] and work[1] > work[0]  # fc2's input is rebuilt in the backward, not saved
 
 
-@pytest.mark.parametrize("block", [GELU_LN, SWIGLU_RMS, QWEN3_GQA])
+@pytest.mark.parametrize("block", [GELU_LN, SWIGLU_RMS, QWEN3_GQA, dict(QWEN3_GQA, n_kv_heads=None)])
 def test_eager_saved_bytes_are_what_autograd_saves(tmp_path, model_parallel, block):
     """The eager per-layer count against the tensors autograd really saves in a tiny model on CPU: the
     saved storages (parameters excluded) of a 2-layer model minus those of a 1-layer model."""
