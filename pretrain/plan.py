@@ -18,19 +18,51 @@ The memory model (bytes per parameter, `bytes_per_param`), per rank, with d = da
     bf16      1     2        2 + 4/d                   12/d
     ZeRO-2 also divides the parameters' gradients by d, ZeRO-3 the weights.
 
-Activations are counted per layer and token from model/transformer.py (inputs saved for backward by
-each norm, linear, attention and activation function), times the micro-batches a stage holds under
-1F1B (pp - stage), plus the last stage's fp32 logits and softmax on the predicted tokens. On GPUs the
-attention kernels (flash/flex) keep O(T) state; so does torch's CPU SDPA (a flash kernel), which
-also saves the boolean mask converted to a float T x T mask per layer call, added for `device="cpu"`.
-The backward of a block holds gradient buffers about the size of the block's saved activations:
-one block's worth is added as a transient. Under `train.activation_checkpointing`
-(model/recompute.py): `selective` drops what the attention core and the MLP activation keep inside
-(softmax statistics, the CPU float mask, SwiGLU's silu(gate)); `full` keeps only each block's input
-(its recomputation in the backward is the transient above). Under `parallel.sequence_parallel` the tensors
+Activations: what each block keeps for its backward, per layer and token, times the micro-batches a
+stage holds under 1F1B (pp - stage; the embedding output or received activations are the first
+block's input), plus one block's backward working set and, on the last stage, the final norm's and
+the head's inputs and the fp32 logits with the cross-entropy's softmax (computed in place) on the predicted
+tokens. Summing the forward-end term (logits) and the backward term (working set) counts both
+peaks at once: an upper bound of a step's peak by at most the smaller of the two. The saved
+tensors, eager (model/transformer.py as autograd records it; checked per tensor on CPU):
+
+* norm1 and norm2 inputs (the residual stream); torch's composite RMSNorm (eager on CPU) also keeps
+  x * rstd; LayerNorm and CUDA's fused RMSNorm keep only per-token statistics beside the input;
+* the inputs of the qkv, proj and fc1 linears (h, heads x d, h) and of fc2 (ffn);
+* the whole qkv output: v is a view of it, so the attention's saved v keeps all of it alive; q and
+  k after rotary are new tensors, also kept; with QK-norm, the q copied out of qkv (a view when a
+  rank holds one kv head or attention is not grouped) and, composite, the normalised q and k;
+* the attention output (kept by the kernel) besides its [B, T, heads x d] copy for proj, and the
+  softmax log-sum-exp; on GPUs flash/flex keep only that O(T) state; torch's CPU SDPA (a flash kernel)
+  also keeps the boolean mask converted to a float T x T mask per layer call (`device="cpu"`);
+* the fc1 output (2 ffn for SwiGLU), SwiGLU's silu(gate), dropout masks when dropout is on, and the
+  norms' fp32 statistics (mean and rstd per token, per head for QK-norm).
+
+A block's backward allocates, beyond its saved tensors, its output gradient and the MLP's gradients:
+eager autograd releases fc2's saved input before the fc1-output gradient exists, so one ffn-wide
+(SwiGLU: two) gradient counts. Under `train.activation_checkpointing` (model/recompute.py):
+`selective` drops the attention output, the log-sum-exp, the CPU float mask and silu(gate) (the
+recomputed attention core and activation keep them only inside their backward: SwiGLU's silu(gate)
+joins the working set); `full` keeps only
+each block's input, and the working set adds the whole block being recomputed.
+
+Compiled blocks (`train.compile`, model/recompute.py `apply_compile`): AOTAutograd traces each
+block's forward and backward as one graph and its min-cut partitioner chooses what the forward
+returns for the backward. It keeps the inputs of matmuls and of the attention kernel and the fc1
+output, and recomputes cheap pointwise results from them instead of saving them: RMSNorm's x * rstd,
+the QK-norm copies, SwiGLU's silu(gate). With `selective`, the checkpoint's tags make it also
+recompute the attention output and the activation output (fc2's input, which eager keeps because
+fc2 sits outside the checkpointed function), so one ffn-wide tensor less is saved per layer and
+the backward rebuilds it with the attention output (and the CPU float mask) as working set. The
+compiled backward holds its saved inputs until the graph returns, so both MLP gradients count in
+its working set (one ffn-wide tensor more than eager); with `full` the recomputation runs inside
+that compiled backward. Measured on CPU (benchmarks/bench_memory.py, GELU/LayerNorm and Qwen3-style
+blocks); on CUDA the same partitioner runs with flex/flash attention and is modelled alike, but was
+not measured, nor was CUDA's fused RMSNorm. Under `parallel.sequence_parallel` the tensors
 outside the tensor-parallel regions (norm and residual inputs, linear inputs, dropout masks, a full
 checkpoint's block inputs) hold T/tp tokens. The figure excludes the CUDA context, allocator
-fragmentation and communication buffers (budget 10-20% on top); `micro_batch_fit` keeps 10% free.
+fragmentation, communication buffers (budget 10-20% on top), the compiler's own memory while it
+compiles, and on CPU the runtime's resident code and thread pools; `micro_batch_fit` keeps 10% free.
 """
 
 from __future__ import annotations
@@ -118,36 +150,70 @@ def bytes_per_param(precision: str, zero: int, dp: int) -> dict:
 
 
 def activation_bytes_per_token_layer(m, tp: int, T: int, dtype_bytes: int, device: str, mode: str = "none",
-                                     sp: bool = False) -> float:
-    """Bytes saved for backward per token and layer (one micro-batch) under checkpointing `mode`
-    (for `full`: the block input only; `recompute_working_set` adds the block being recomputed)."""
+                                     sp: bool = False, compiled: bool = False) -> float:
+    """Bytes a block keeps for its backward, per token and layer (one micro-batch), under checkpointing
+    `mode`, run eager or compiled (the module doc lists the tensors). For `full`: the block input only
+    (`backward_working_set` adds the block being recomputed). The CPU float mask is per layer call,
+    not per token: `estimate_memory` adds it."""
     h, d, f = m.hidden, m.dim_head, m.ffn_hidden
     a, kv = m.n_heads / tp, m.kv_heads / tp
     seq = tp if sp and tp > 1 else 1  # sequence parallelism splits the tensors outside the TP regions
     if mode == "full":
         return h / seq * dtype_bytes  # the block's input
+    swiglu = m.activation == "swiglu"
+    # eager RMSNorm on CPU runs torch's composite, which also keeps the normalised input (x * rstd);
+    # CUDA's fused kernel and a compiled graph keep the input and rstd only, as LayerNorm does
+    composite_rms = device == "cpu" and not compiled
     elems = 0.0
-    elems += 2 * h / seq  # norm1 input (residual), qkv input (norm1 output; under SP gathered again in backward)
-    elems += (a + 2 * kv) * d  # q, k, v (after rotary) kept by attention
-    elems += a * d  # attention output = proj input
-    elems += 2 * h / seq  # norm2 input (residual), fc1 input
-    elems += f / tp * (2 if m.activation == "swiglu" else 1)  # fc1 output, kept by the activation
-    if m.activation == "swiglu" and mode != "selective":
-        elems += f / tp  # silu(gate), kept by the product (recomputed under selective)
-    elems += f / tp  # activation output = fc2 input
-    if m.qk_norm:
-        elems += (a + kv) * d  # q, k before the norm
-    total = elems * dtype_bytes
+    elems += 2 * (h / seq) * (2 if m.norm == "rmsnorm" and composite_rms else 1)  # norm inputs (residual) [+ x*rstd]
+    elems += 2 * h / seq  # qkv and fc1 inputs (the norms' outputs; under SP gathered again in backward)
+    elems += (a + 2 * kv) * d  # the qkv output: v is a view of it, so the attention keeps all of it
+    elems += (a + kv) * d  # q, k after rotary (new tensors), kept by the attention
     if mode != "selective":
-        total += a * 4  # softmax statistics (log-sum-exp) per head (the CPU float mask: estimate_memory)
+        elems += a * d  # the attention output (kept by the attention kernel)
+    elems += a * d  # its [B, T, heads*d] copy = the proj input
+    if m.qk_norm and not compiled:  # q copied out of qkv (a view with one kv head per rank or one q per kv
+        # head; k is a view) [+ composite: the normalised q, k]
+        elems += (a * d if kv > 1 and a > kv else 0.0) + ((a + kv) * d if composite_rms else 0.0)
+    elems += f / tp * (2 if swiglu else 1)  # fc1 output, kept by the activation's backward
+    if swiglu and mode != "selective" and not compiled:
+        elems += f / tp  # silu(gate), kept by the product (recomputed under selective or compile)
+    if not (compiled and mode == "selective"):
+        elems += f / tp  # activation output = fc2 input (compiled selective: recomputed in the backward)
+    total = elems * dtype_bytes
+    # fp32 per-token statistics: LayerNorm's mean and rstd, RMSNorm's rstd (two norms), QK-norm's rstd per head
+    total += 2 * (2 if m.norm == "layernorm" else 1) * 4 / seq + ((a + kv) * 4 if m.qk_norm else 0.0)
+    if mode != "selective":
+        total += a * 4  # softmax statistics (log-sum-exp, fp32) per head
     if m.dropout > 0:
         total += 2 * h / seq  # dropout masks (1 byte each)
     return total
 
 
-def recompute_working_set(m, tp: int, T: int, dtype_bytes: int, device: str, sp: bool = False) -> float:
+def recompute_working_set(m, tp: int, T: int, dtype_bytes: int, device: str, sp: bool = False,
+                          compiled: bool = False) -> float:
     """Bytes per token of the one block whose activations a `full` recomputation rebuilds in the backward."""
-    return activation_bytes_per_token_layer(m, tp, T, dtype_bytes, device, "none", sp)
+    return activation_bytes_per_token_layer(m, tp, T, dtype_bytes, device, "none", sp, compiled)
+
+
+def backward_working_set(m, tp: int, T: int, dtype_bytes: int, device: str, mode: str = "none", sp: bool = False,
+                         compiled: bool = False) -> float:
+    """Bytes per token that one block's backward allocates on top of what is saved (one micro-batch):
+    the output gradient and the MLP's gradients (eager frees fc2's saved input before fc1's output
+    gradient exists; a compiled backward graph holds its saved inputs to its end, so both MLP gradients
+    count), plus what the backward recomputes (module doc). The CPU float mask: `estimate_memory`."""
+    h, f = m.hidden, m.ffn_hidden
+    seq = tp if sp and tp > 1 else 1
+    fc1 = f / tp * (2 if m.activation == "swiglu" else 1)
+    elems = h / seq + fc1 + (f / tp if compiled else 0.0)
+    if m.activation == "swiglu" and mode == "selective" and not compiled:
+        elems += f / tp  # the recomputed silu(gate), kept while the product's backward runs
+    total = elems * dtype_bytes
+    if compiled and mode == "selective":
+        total += (f / tp + m.n_heads / tp * m.dim_head) * dtype_bytes  # recomputed activation and attention outputs
+    if mode == "full":
+        total += recompute_working_set(m, tp, T, dtype_bytes, device, sp, compiled)
+    return total
 
 
 @dataclass
@@ -179,11 +245,13 @@ def tokens_in(cfg) -> tuple[int, int]:
 
 
 def estimate_memory(cfg, world_size: int, *, precision: str | None = None, device: str = "cuda",
-                    micro_batch: int | None = None, checkpointing: str | None = None) -> list[StageMemory]:
-    """Per pipeline stage, the memory of one rank (bytes); `micro_batch` / `checkpointing` override the
-    recipe's (for the fit search)."""
+                    micro_batch: int | None = None, checkpointing: str | None = None,
+                    compiled: bool | None = None) -> list[StageMemory]:
+    """Per pipeline stage, the memory of one rank (bytes); `micro_batch` / `checkpointing` / `compiled`
+    override the recipe's (`train.micro_batch`, `train.activation_checkpointing`, `train.compile`)."""
     m, p, t = cfg.model, cfg.parallel, cfg.train
     mode = checkpointing or getattr(t, "activation_checkpointing", "none")
+    compiled = bool(getattr(t, "compile", False)) if compiled is None else compiled
     sp = getattr(p, "sequence_parallel", False)
     dp = world_size // (p.tp * p.pp)
     accum = cfg.grad_accum(world_size)
@@ -192,24 +260,27 @@ def estimate_memory(cfg, world_size: int, *, precision: str | None = None, devic
     act_bytes = 2 if precision == "bf16" else 4
     T, n_out = tokens_in(cfg)
     b = micro_batch or t.micro_batch
-    per_layer = activation_bytes_per_token_layer(m, p.tp, T, act_bytes, device, mode, sp) * T * b
-    # one block's backward: its gradient buffers (or, under `full`, its recomputed activations)
-    working = recompute_working_set(m, p.tp, T, act_bytes, device, sp) * T * b
-    # torch's CPU SDPA saves the boolean mask as a float T x T mask per layer call (not recomputed: none)
-    cpu_mask = T * T * 4 if device == "cpu" and mode == "none" else 0.0
+    per_layer = activation_bytes_per_token_layer(m, p.tp, T, act_bytes, device, mode, sp, compiled) * T * b
+    # one block's backward: its gradient buffers and what it recomputes (under `full`: the whole block)
+    working = backward_working_set(m, p.tp, T, act_bytes, device, mode, sp, compiled) * T * b
+    # torch's CPU SDPA saves the boolean mask as a float T x T mask per layer call: kept under none,
+    # rebuilt in one block's backward when the attention core is recomputed (compiled selective, full)
+    cpu_mask = T * T * 4 if device == "cpu" else 0.0
+    if mode == "none":
+        per_layer += cpu_mask
+    elif mode == "full" or compiled:
+        working += cpu_mask
     out = []
     sp_on = sp and p.tp > 1
     for sp in stage_params(m, p.pp):
         n = sp.per_rank(p.tp)
         in_flight = min(p.pp - sp.stage, accum) if p.pp > 1 else 1
-        acts = (per_layer + cpu_mask) * len(sp.layers) * in_flight + (working if len(sp.layers) else 0.0)
-        boundary = T * b * m.hidden * act_bytes * in_flight / (p.tp if sp_on else 1)
-        if sp.stage == 0:
-            acts += boundary  # embedding output
-        if p.pp > 1 and sp.stage > 0:
-            acts += boundary  # received activations (kept for backward)
+        acts = per_layer * len(sp.layers) * in_flight + (working if len(sp.layers) else 0.0)
+        if not len(sp.layers):  # the embedding output / received activations (else the first block's input)
+            acts += T * b * m.hidden * act_bytes * in_flight / (p.tp if sp_on else 1)
         logits = 0.0
         if sp.stage == p.pp - 1:
+            acts += (T + n_out) * b * m.hidden * act_bytes  # the final norm's input and the head's input
             # fp32 logits and the cross-entropy's saved softmax on the predicted tokens (one micro-batch)
             logits = 2 * n_out * b * m.padded_vocab_size / p.tp * 4
         out.append(StageMemory(sp.stage, sp.layers, n, n * bpp["weights"], n * bpp["grads"], n * bpp["optimizer"],
@@ -313,6 +384,7 @@ def plan(cfg, world_size: int, *, device: str = "cuda", gpus_per_node: int | Non
     return {"world": world_size, "tp": p.tp, "pp": p.pp, "dp": dp, "zero": p.zero_stage, "accum": accum,
             "micro_batch": t.micro_batch, "global_batch": t.global_batch, "precision": precision,
             "fit": fit, "gpu_gib": gpu_gib, "checkpointing": getattr(t, "activation_checkpointing", "none"),
+            "compile": bool(getattr(t, "compile", False)),
             "sequence_parallel": getattr(p, "sequence_parallel", False),
             "gpus_per_node": gpn, "groups": rank_groups(p.tp, p.pp, dp), "memory": memory, "flops": flops,
             "bubble": bubble, "comm": comm_bytes_per_step(cfg, world_size, precision), "warnings": warnings,
@@ -367,6 +439,7 @@ def format_plan(cfg, info: dict, *, max_ranks: int = 128) -> str:
     w(f"memory per GPU (GiB; {info['precision']}, ZeRO-{info['zero']}: {bpp['weights']:.2f} + {bpp['grads']:.2f} + "
       f"{bpp['optimizer']:.2f} bytes/parameter for weights + grads + optimizer; activations for micro-batch "
       f"{t.micro_batch} under 1F1B, checkpointing {info['checkpointing']}"
+      + (", compiled blocks" if info.get("compile") else "")
       + (", sequence parallel" if info["sequence_parallel"] and tp > 1 else "") + "):")
     w(f"  {'stage':>5} {'weights':>8} {'grads':>8} {'optim':>8} {'activ.':>8} {'logits':>8} {'total':>8}  in flight")
     for sm in info["memory"]:

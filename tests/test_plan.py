@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from helpers import write_recipe
 from launch.cli import main as cli_main
@@ -119,3 +120,113 @@ def test_micro_batch_fit_answers_for_qwen3_on_80gb(tmp_path):
         fit = micro_batch_fit(cfg, 8, 80.0)
         assert fit["none"][0] == none_fits, fit
         assert fit["full"][0] > fit["none"][0] and all(pk <= 0.9 * 80 * 1024**3 for b, pk in fit.values() if b)
+
+
+# -- activations: a hand count of what a block saves, eager and compiled -----------------------------------
+GELU_LN = dict(hidden=8, n_heads=2, ffn_hidden=16, norm="layernorm", activation="gelu", bias=True)
+SWIGLU_RMS = dict(hidden=8, n_heads=2, n_kv_heads=1, ffn_hidden=16, norm="rmsnorm", activation="swiglu",
+                  qk_norm=True, bias=False)
+QWEN3_GQA = dict(hidden=16, n_heads=4, n_kv_heads=2, ffn_hidden=24, norm="rmsnorm", activation="swiglu",
+                 qk_norm=True, bias=False)
+
+
+def _model(tmp_path, **model):
+    return load_config(write_recipe(tmp_path / "r.yaml", model=model), ["model.vocab_size=300", "model.mask_id=299"]).model
+
+
+# bytes per token (fp32, TP 1, CPU): h = 8, 2 heads of d = 4, ffn f = 16
+#   GELU/LayerNorm eager none: norm inputs 2h + linear inputs 2h + qkv output (a + 2kv)d = 16 + q, k 8 + 8
+#   + attention output 8 + proj input 8 + fc1 output 16 + fc2 input 16 = 120 elements = 480 bytes,
+#   + LayerNorm mean/rstd 2 x 2 x 4 + log-sum-exp 2 x 4 = 504. Compiled none: the same (nothing pointwise
+#   is saved). Selective: - attention output - log-sum-exp = 464; compiled selective also - fc2 input = 400.
+#   SwiGLU/RMSNorm/QK-norm (1 kv head, so q is a view of qkv): eager (composite RMSNorm) 2 x 2h + 2h
+#   + qkv (2 + 2) x 4 + q, k 12 + 8 + 8 + normalised q, k 12 + fc1 output 2f + silu(gate) f + fc2 input f
+#   = 168 elements = 672 bytes + rstd 2 x 4 + QK-norm rstd 3 x 4 + lse 8 = 700; compiled: no x*rstd (2h),
+#   no normalised q, k (12), no silu(gate) (f) -> 124 elements = 496 + 28 = 524. Selective: - attention
+#   output, lse and silu(gate): 596; compiled: - attention output and fc2 input: 420.
+@pytest.mark.parametrize("block,mode,eager,compiled", [
+    (GELU_LN, "none", 504, 504), (GELU_LN, "selective", 464, 400), (GELU_LN, "full", 32, 32),
+    (SWIGLU_RMS, "none", 700, 524), (SWIGLU_RMS, "selective", 596, 420),
+])
+def test_saved_bytes_per_token_match_a_hand_count(tmp_path, block, mode, eager, compiled):
+    from pretrain.plan import activation_bytes_per_token_layer
+
+    m = _model(tmp_path, **block)
+    assert activation_bytes_per_token_layer(m, 1, 64, 4, "cpu", mode) == eager
+    assert activation_bytes_per_token_layer(m, 1, 64, 4, "cpu", mode, compiled=True) == compiled
+
+
+def test_compiled_backward_working_set_matches_a_hand_count(tmp_path):
+    from pretrain.plan import backward_working_set
+
+    m = _model(tmp_path, **GELU_LN)
+    # eager: output gradient h + fc1-output gradient f = 24 elements; compiled: + fc2-input gradient f = 40;
+    # compiled selective: + recomputed activation output f + attention output 8 = 64; full: + the block (504)
+    ws = {(mode, c): backward_working_set(m, 1, 64, 4, "cpu", mode, compiled=c)
+          for mode in ("none", "selective", "full") for c in (False, True)}
+    assert ws[("none", False)] == ws[("selective", False)] == 96
+    assert ws[("none", True)] == 160 and ws[("selective", True)] == 256
+    assert ws[("full", False)] == 96 + 504 and ws[("full", True)] == 160 + 504
+    # SwiGLU: fc1's output gradient is 2f wide; eager selective also holds the recomputed silu(gate) (f)
+    m = _model(tmp_path, **SWIGLU_RMS)
+    assert backward_working_set(m, 1, 64, 4, "cpu", "none") == (8 + 32) * 4
+    assert backward_working_set(m, 1, 64, 4, "cpu", "selective") == (8 + 32 + 16) * 4
+
+
+@pytest.mark.parametrize("mode", ["none", "selective", "full"])
+def test_compiled_estimate_differs_from_eager_as_modelled(tmp_path, mode):
+    """estimate_memory(train.compile) = eager + layers x tokens x (saved difference) + tokens x (working-set
+    difference), and the CPU float mask moves into the working set where the compiled backward rebuilds it."""
+    from pretrain.plan import activation_bytes_per_token_layer, backward_working_set
+
+    cfg = load_config(write_recipe(tmp_path / "r.yaml", model={"n_layers": 3, **GELU_LN}),
+                      ["model.vocab_size=300", "model.mask_id=299", f"train.activation_checkpointing={mode}"])
+    m = cfg.model
+    T, b = 2 * cfg.data.seq_len, cfg.train.micro_batch  # two-stream SetDLM
+    eager = estimate_memory(cfg, 1, device="cpu", precision="fp32")[0]
+    cfg.train.compile = True
+    compiled = estimate_memory(cfg, 1, device="cpu", precision="fp32")[0]
+    assert estimate_memory(cfg, 1, device="cpu", precision="fp32", compiled=False)[0].activations == eager.activations
+    saved = [activation_bytes_per_token_layer(m, 1, T, 4, "cpu", mode, compiled=c) for c in (False, True)]
+    work = [backward_working_set(m, 1, T, 4, "cpu", mode, compiled=c) for c in (False, True)]
+    mask = T * T * 4 if mode == "selective" else 0  # rebuilt by the compiled backward of the recomputed core
+    want = 3 * T * b * (saved[1] - saved[0]) + T * b * (work[1] - work[0]) + mask
+    assert compiled.activations - eager.activations == pytest.approx(want)
+    assert (compiled.weights, compiled.logits) == (eager.weights, eager.logits)
+    if mode == "selective":
+        assert saved[1] < saved[0] and work[1] > work[0]  # fc2's input is rebuilt in the backward, not saved
+
+
+@pytest.mark.parametrize("block", [GELU_LN, SWIGLU_RMS, QWEN3_GQA, dict(QWEN3_GQA, n_kv_heads=None)])
+def test_eager_saved_bytes_are_what_autograd_saves(tmp_path, model_parallel, block):
+    """The eager per-layer count against the tensors autograd really saves in a tiny model on CPU: the
+    saved storages (parameters excluded) of a 2-layer model minus those of a 1-layer model."""
+    from model.transformer import Transformer
+    from pretrain.plan import activation_bytes_per_token_layer
+
+    B, T = 2, 16
+
+    def saved_bytes(n_layers):
+        m = _model(tmp_path, n_layers=n_layers, **block)
+        torch.manual_seed(0)
+        model = Transformer(m)
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        seen = {}
+
+        def pack(t):
+            s = t.untyped_storage()
+            if s.data_ptr() not in params:
+                seen[s.data_ptr()] = s.nbytes()
+            return t
+
+        ids = torch.randint(0, 299, (B, T))
+        pos = torch.arange(T).expand(B, T)
+        mask = torch.ones(T, T, dtype=torch.bool).tril()
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            model(ids, pos, mask)
+        return sum(seen.values()), m
+
+    one, _ = saved_bytes(1)
+    two, m = saved_bytes(2)
+    want = activation_bytes_per_token_layer(m, 1, T, 4, "cpu", "none") * B * T + T * T * 4  # + the float mask
+    assert two - one == want
