@@ -34,14 +34,14 @@ def _without_launcher_vars() -> dict:
     return {k: v for k, v in os.environ.items() if k not in drop}
 
 
-def test_launch_env_reads_open_mpi_variables_and_mpi4py_fallback():
+def test_launch_env_reads_open_mpi_variables_and_mpi4py_fallback(tmp_path):
     pytest.importorskip("mpi4py")
     res = subprocess.run(["mpirun", *ROOT_ARGS, "--oversubscribe", "-np", "2", sys.executable,
                           str(REPO / "tests" / "cluster" / "mpi_env_probe.py")],
-                         capture_output=True, text=True, timeout=120, env={**_without_launcher_vars(), **job_env()})
+                         capture_output=True, text=True, timeout=120,
+                         env={**_without_launcher_vars(), **job_env(), "PROBE_DIR": str(tmp_path)})
     assert res.returncode == 0, res.stdout + res.stderr
-    rows = sorted((json.loads(line) for line in res.stdout.splitlines() if line.startswith("{")),
-                  key=lambda r: r["full"]["rank"])
+    rows = sorted((json.loads(f.read_text()) for f in tmp_path.glob("rank*.json")), key=lambda r: r["full"]["rank"])
     assert [r["full"]["rank"] for r in rows] == [0, 1]
     for r in rows:
         full, fb = r["full"], r["mpi4py"]

@@ -1,6 +1,7 @@
 """Run under mpirun: print what launch.env detects, with and without the OMPI_COMM_WORLD_* variables.
 
-Without them only PMIX_RANK is left, so world size and local rank must come from mpi4py.
+Without them only PMIX_RANK is left, so world size and local rank must come from mpi4py. Each rank
+writes its JSON to $PROBE_DIR/rank<N>.json (mpirun's merged stdout can interleave the ranks' lines).
 """
 import json
 import os
@@ -15,4 +16,5 @@ full = detect_env()
 stripped = {k: v for k, v in os.environ.items()
             if not k.startswith(("OMPI_COMM_WORLD_", "OMPI_UNIVERSE_SIZE", "MASTER_"))}
 fallback = detect_env(stripped)
-print(json.dumps({"full": full.to_dict(), "mpi4py": fallback.to_dict()}), flush=True)
+out = Path(os.environ["PROBE_DIR"]) / f"rank{full.rank}.json"
+out.write_text(json.dumps({"full": full.to_dict(), "mpi4py": fallback.to_dict()}))
