@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from common.procmem import peak_rss_mib, reset_peak_rss, rss_mib  # noqa: E402
 
 SEQ, MICRO, VOCAB = 512, 2, 8192
 QWEN3_BLOCK = {"norm": "rmsnorm", "activation": "swiglu", "ffn_hidden": 768, "qk_norm": True, "n_kv_heads": 2,
@@ -55,30 +56,6 @@ RECIPE = {
     "train": {"micro_batch": MICRO, "global_batch": MICRO, "lr": 1e-3, "warmup_steps": 0, "precision": "fp32"},
     "logging": {"wandb": "disabled"},
 }
-
-
-def rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def _reset_peak() -> bool:
-    """Reset the kernel's peak-RSS mark (VmHWM, which ru_maxrss reports); False where not allowed."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _peak_mib() -> float:
-    """The process's peak RSS in MiB since start or the last reset (VmHWM; ru_maxrss where absent)."""
-    try:
-        with open("/proc/self/status") as f:
-            return next(int(x.split()[1]) for x in f if x.startswith("VmHWM:")) / 1024
-    except (OSError, StopIteration):
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def recipe_for(mode: str, compile: bool, block: str = "small-cpu", seq: int = SEQ) -> dict:
@@ -123,14 +100,14 @@ def worker(mode: str, compile: bool, steps: int, block: str = "small-cpu", seq: 
     warmup_peak = None
     for i in range(steps + 2):
         if i == 2:  # warm-up done (compiled, optimizer states allocated): measure the steps from here
-            warmup_peak = _peak_mib() - base
+            warmup_peak = peak_rss_mib() - base
             level = rss_mib() - base  # resident between steps: weights, AdamW states, runtime (+ compiler)
-            if not _reset_peak():
+            if not reset_peak_rss():
                 warmup_peak = None  # the lifetime peak below then includes the warm-up
         t = time.perf_counter()
         stepper.train_step([batches[i % 2]])
         times.append(time.perf_counter() - t)
-    peak = _peak_mib() - base
+    peak = peak_rss_mib() - base
     predicted = max(sm.total for sm in estimate_memory(cfg, 1, precision="fp32", device="cpu")) / 2**20
     acts = estimate_memory(cfg, 1, precision="fp32", device="cpu")[0]
     return {"mode": mode, "compile": compile, "step_s": statistics.median(times[2:]), "first_s": times[0],

@@ -29,24 +29,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from common.procmem import peak_rss_mib, reset_peak_rss, rss_mib  # noqa: E402
+
 MIB = 2**20
-
-
-def _status(key: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {key} in /proc/self/status")
-
-
-def _reset_peak() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
 
 
 def build_rank(model_cfg, tp: int, pp: int, stage: int, tp_rank: int) -> dict:
@@ -66,12 +51,12 @@ def build_rank(model_cfg, tp: int, pp: int, stage: int, tp_rank: int) -> dict:
         assert parallel_state.get_tensor_model_parallel_rank() == tp_rank
         assert (parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else 0) == stage
         torch.manual_seed(0)
-        reset = _reset_peak()
-        before = _status("VmRSS")
+        reset = reset_peak_rss()
+        before = rss_mib()
         t0 = time.perf_counter()
         model = build_stage(model_cfg, tp, pp, device="meta")
         seconds = time.perf_counter() - t0
-        peak = _status("VmHWM") - before if reset else float("nan")
+        peak = peak_rss_mib() - before if reset else float("nan")
         params = dict(model.named_parameters())
         devices = sorted({str(p.device) for p in params.values()})
         full = sum(p.numel() * (tp if getattr(p, "tensor_model_parallel", False) else 1) for p in params.values())

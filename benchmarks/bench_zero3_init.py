@@ -38,6 +38,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from common.procmem import peak_rss_mib, reset_peak_rss, rss_mib  # noqa: E402
+
 
 class LiveBytes(TorchDispatchMode):
     """Peak bytes of the tensor storages alive at once among those created inside the mode."""
@@ -60,23 +62,6 @@ class LiveBytes(TorchDispatchMode):
         self.live = {k: v for k, v in self.live.items() if not v[0].expired()}
         self.peak = max(self.peak, sum(n for _, n in self.live.values()))
         return out
-
-
-def _hwm_reset() -> bool:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def _status_mib(key: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def recipe(layers: int, hidden: int, dp: int) -> dict:
@@ -115,11 +100,11 @@ def worker(args) -> None:
         return zero3_init(cfg, dp, "fp32") if mode == "zero.Init" else None
 
     zi = context()
-    rss0 = _status_mib("VmRSS:")  # the measured build comes first: no freed memory of an earlier one to reuse
-    reset = _hwm_reset()
+    rss0 = rss_mib()  # the measured build comes first: no freed memory of an earlier one to reuse
+    reset = reset_peak_rss()
     meter = LiveBytes()
     model, _ = build(meter, zi)
-    rss = _status_mib("VmHWM:") - rss0 if reset else float("nan")
+    rss = peak_rss_mib() - rss0 if reset else float("nan")
     params = list(model.parameters())
     numel = [getattr(p, "ds_numel", p.numel()) for p in params]
     held = [p.ds_tensor.numel() if hasattr(p, "ds_tensor") else p.numel() for p in params]

@@ -25,7 +25,8 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "benchmarks"))
 
-from bench_memory import MICRO, SEQ, VOCAB, _peak_mib, _reset_peak, recipe_for, rss_mib  # noqa: E402
+from bench_memory import MICRO, SEQ, VOCAB, recipe_for  # noqa: E402
+from common.procmem import peak_rss_mib, reset_peak_rss, rss_mib  # noqa: E402
 
 
 def main() -> int:
@@ -63,7 +64,7 @@ def main() -> int:
     stepper = StepRunner(engine, objective, cfg)
     for i in range(2):
         stepper.train_step([batches[i]])
-    if not _reset_peak():
+    if not reset_peak_rss():
         raise SystemExit("probe_block_memory: /proc/self/clear_refs is not writable here (needs Linux)")
 
     kept, working, open_block = [], [], []
@@ -72,8 +73,8 @@ def main() -> int:
         """A block boundary in the backward: the block whose backward just ended is closed (its peak
         over the level when it began), the next one (if any) opens at the current level."""
         if open_block:
-            working.append(_peak_mib() - open_block.pop())
-        _reset_peak()
+            working.append(peak_rss_mib() - open_block.pop())
+        reset_peak_rss()
 
     def starts(grad):
         boundary(grad)

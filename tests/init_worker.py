@@ -9,7 +9,6 @@ RSS increase of the process while the model was built (MiB). Used by tests/test_
 from __future__ import annotations
 
 import argparse
-import os
 import resource
 import sys
 from pathlib import Path
@@ -18,31 +17,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from common.procmem import peak_rss_mib, reset_peak_rss, rss_mib  # noqa: E402
+
 MID = dict(n_layers=4, hidden=512, n_heads=8, n_kv_heads=4, ffn_hidden=2048, norm="rmsnorm", activation="swiglu",
            qk_norm=True, bias=False, tie_embeddings=False, vocab_size=32000, mask_id=31999, dropout=0.0)
-
-
-def rss_mib() -> float:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def reset_peak_rss() -> bool:
-    """Reset this process's peak-RSS mark (Linux: `5` to /proc/self/clear_refs)."""
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")
-        return True
-    except OSError:
-        return False
-
-
-def hwm_mib() -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError("no VmHWM in /proc/self/status")
 
 
 def main() -> int:
@@ -65,7 +43,7 @@ def main() -> int:
     peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     model = build_stage(cfg, tp, 1, device="cpu")
     if reset:
-        peak = hwm_mib() - before
+        peak = peak_rss_mib() - before
     else:
         peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, peak_before) - before
     state = {n: p.detach().clone() for n, p in model.named_parameters()}
