@@ -101,6 +101,23 @@ def test_plan_needs_no_tokenizer_when_the_vocabulary_is_set(tmp_path):
     assert info["dp"] == 2 and info["params_total"] > 0
 
 
+
+def test_plan_loads_the_tokenizer_as_the_run_does(tmp_path, capsys):
+    """An HF tokenizer directory without a mask token: planned with the MASK the run appends
+    (data.add_mask_token), refused in one line naming the fix without it."""
+    from model.convert.hf_testing import write_gpt2_tokenizer
+
+    write_gpt2_tokenizer(tmp_path / "tok")
+    recipe = write_recipe(tmp_path / "r.yaml", data={"tokenizer": str(tmp_path / "tok"), "add_mask_token": True},
+                          model={"vocab_size": 0, "mask_id": -1})
+    cfg = load_config(recipe, ["train.micro_batch=2"])
+    assert plan(cfg, 2)["params_total"] > 0
+    assert (cfg.model.vocab_size, cfg.model.mask_id) == (50258, 50257)
+    assert cli_main(["pretrain", "--config", str(recipe), "--dry-run", "--world-size", "2", "train.micro_batch=2",
+                     "data.add_mask_token=false"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "data.add_mask_token: true" in err[0] and "model.mask_id" in err[0], err
+
 def test_checkpointing_and_sequence_parallel_shrink_activations(tmp_path):
     cfg = load_config("configs/qwen3-1.7b-setdlm.yaml", ["model.vocab_size=151936", "model.mask_id=151935"])
     acts = {mode: estimate_memory(cfg, 8, checkpointing=mode)[0].activations for mode in ("none", "selective", "full")}
