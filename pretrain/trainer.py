@@ -214,12 +214,14 @@ class Trainer:
         seq_tokens = t.global_batch * cfg.data.seq_len
         flops = step_flops(cfg)  # model FLOPs (allowed attention pairs) and hardware FLOPs (+ recomputation)
         peak = device_peak_tflops(t.peak_tflops)
-        last = {}
+        last, carry = {}, {}
         for note in self.notes + self.relayout_notes:
             self.logger.write(note)
         if self.relayout_notes and t.eval_every > 0:  # the loaded weights, to compare with the saved run's
-            last = self.validate()
-            self.logger.log(self.step, {**last, "relayout": 1})
+            check = self.validate()
+            self.logger.write(f"re-layout check: val/nll {check['val/nll']:.6f} at step {self.step} from the loaded "
+                              "weights (compare the saved run's row of this step)")
+            carry = {f"relayout/{k}": v for k, v in check.items()}  # on the next row: one row per step
         if not resumed and t.eval_every > 0:
             last = self.validate()
             last["val/unigram_nll"] = self.unigram_nll()
@@ -255,7 +257,8 @@ class Trainer:
                 metrics.update(self.validate())
             if metrics:
                 last.update(metrics)
-                self.logger.log(self.step, metrics)
+                self.logger.log(self.step, {**carry, **metrics})
+                carry = {}
             preempted = handler.should_stop()
             if preempted or self.step % t.save_every == 0 or self.step == t.max_steps:
                 path = self.save()

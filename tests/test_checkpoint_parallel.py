@@ -93,9 +93,12 @@ def _from_step_2(run: Path, dest: Path) -> Path:
     return dest
 
 
-def _check_continuation(saved: dict, cont: dict) -> None:
-    assert cont[2].get("relayout") == 1, cont[2]
-    assert close(cont[2]["val/nll"], saved[2]["val/nll"], 1e-6), (cont[2]["val/nll"], saved[2]["val/nll"])
+def _check_continuation(saved_run: Path, cont_run: Path) -> None:
+    steps = [json.loads(line)["step"] for line in (cont_run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == sorted(set(steps)), steps  # one row per step, also across the re-layout resume
+    saved, cont = read_metrics(saved_run), read_metrics(cont_run)
+    # the loaded weights' validation at step 2 rides on the next row: metrics.jsonl keeps one row per step
+    assert close(cont[3]["relayout/val/nll"], saved[2]["val/nll"], 1e-6), (cont[3], saved[2]["val/nll"])
     for step in (3, 4):
         assert close(cont[step]["train/loss"], saved[step]["train/loss"]), (step, cont[step], saved[step])
     assert close(cont[4]["val/nll"], saved[4]["val/nll"]), (cont[4]["val/nll"], saved[4]["val/nll"])
@@ -106,7 +109,7 @@ def test_tp2_checkpoint_continues_under_tp1(tp2_run, tmp_path, model_parallel):
     run1 = _from_step_2(run, tmp_path / "tiny")
     cfg = load_config(r, [f"run.out_dir={tmp_path}", *NO_DROPOUT])
     Trainer(cfg).train()
-    _check_continuation(read_metrics(run), read_metrics(run1))
+    _check_continuation(run, run1)
 
 
 def test_tp2_checkpoint_continues_under_pp2_zero1(tp2_run, tmp_path):
@@ -114,7 +117,7 @@ def test_tp2_checkpoint_continues_under_pp2_zero1(tp2_run, tmp_path):
     run2 = _from_step_2(run, tmp_path / "tiny")
     out = pretrain(2, r, tmp_path, "parallel.pp=2", "parallel.zero_stage=1", *NO_DROPOUT)
     assert "re-layout" in out
-    _check_continuation(read_metrics(run), read_metrics(run2))
+    _check_continuation(run, run2)
 
 
 def test_relayout_without_consolidation_fails_clearly(tp2_run, tmp_path, model_parallel):
