@@ -3,11 +3,17 @@
 from __future__ import annotations
 
 import os
+import warnings
 
 import torch
 from megatron.core import parallel_state
 
 from .schedules import build_scheduler
+
+# torch 2.13 deprecates the two collectives DeepSpeed's ZeRO calls every step (they forward to
+# all_gather_single / reduce_scatter_single); the warning is about DeepSpeed's code, not the recipe.
+for _name in ("all_gather_into_tensor", "reduce_scatter_tensor"):
+    warnings.filterwarnings("ignore", message=f"`torch.distributed.{_name}` is deprecated", category=FutureWarning)
 
 
 def _skip_cpu_shm_op() -> None:
