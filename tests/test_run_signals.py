@@ -97,7 +97,10 @@ def test_second_ctrl_c_exits_at_once(tmp_path):
     log = tmp_path / "out.log"
     with open(log, "w") as sink:
         cmd = [sys.executable, "-m", "launch.cli", "pretrain", "--config", str(recipe), "--out", str(out), "--name",
-               "4242", "train.max_steps=200", "train.save_every=100", "train.eval_every=1000"]
+               "4242", "train.max_steps=200", "train.save_every=100", "train.eval_every=1000",
+               # 50 micro-batches per step (~2.5 s here): the second Ctrl-C lands inside the step the first one
+               # asked to end with a save, not after the save, when the process is already exiting
+               "train.global_batch=200"]
         proc = subprocess.Popen(cmd, cwd=REPO, env=cli_env(), stdout=sink, stderr=subprocess.STDOUT, text=True)
         _wait_for_step(proc, run, 1)
         proc.send_signal(signal.SIGINT)
