@@ -63,7 +63,7 @@ def _seed(base: int, name: str, unit: int) -> int:
     return (base * 1_000_003 + zlib.crc32(f"{name}#{unit}".encode())) % (2**63 - 1)
 
 
-def _partitioned(p: torch.Tensor) -> bool:
+def is_partitioned(p: torch.Tensor) -> bool:
     """A ZeRO-3 parameter built under deepspeed.zero.Init: `p.data` is empty, `p.ds_tensor` is this
     rank's flat slice."""
     return getattr(p, "ds_tensor", None) is not None
@@ -82,7 +82,7 @@ def _slice(p: torch.Tensor) -> tuple[int, int]:
 
 
 def _fill_vector(p: torch.Tensor, value: float) -> None:
-    if not _partitioned(p):
+    if not is_partitioned(p):
         p.fill_(value)
         return
     start, stop = _slice(p)
@@ -122,7 +122,7 @@ def init_weights(model: torch.nn.Module, cfg, base: int, tp: int = 1, tp_rank: i
     g = units(cfg)
     out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
     for name, p in model.named_parameters():
-        local_shape = list(p.ds_shape) if _partitioned(p) else list(p.shape)
+        local_shape = list(p.ds_shape) if is_partitioned(p) else list(p.shape)
         if len(local_shape) < 2:
             _fill_vector(p, 1.0 if "norm" in name and name.endswith("weight") else 0.0)
             continue
@@ -139,7 +139,7 @@ def init_weights(model: torch.nn.Module, cfg, base: int, tp: int = 1, tp_rank: i
         shape = list(local_shape)
         shape[dim] = width
         mine = range(first, first + per_rank)
-        if _partitioned(p):
+        if is_partitioned(p):
             _fill_partition(p, local_shape, dim, width, mine,
                             lambda u, name=name, shape=shape, std=std: _draw(base, name, u, shape, std))
             continue
@@ -147,4 +147,4 @@ def init_weights(model: torch.nn.Module, cfg, base: int, tp: int = 1, tp_rank: i
             p.narrow(dim, j * width, width).copy_(_draw(base, name, u, shape, std))
 
 
-__all__ = ["init_weights", "mark_tensor_parallel", "units"]
+__all__ = ["init_weights", "is_partitioned", "mark_tensor_parallel", "units"]

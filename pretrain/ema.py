@@ -16,14 +16,12 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-
-def _partitioned(p: torch.Tensor) -> bool:
-    return getattr(p, "ds_tensor", None) is not None
+from model.init import is_partitioned
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:
     """The tensor this rank owns: the ZeRO-3 partition, or the parameter itself."""
-    return p.ds_tensor if _partitioned(p) else p
+    return p.ds_tensor if is_partitioned(p) else p
 
 
 class EMA:
@@ -31,7 +29,7 @@ class EMA:
         self.decay = decay
         self.params = {n: p for n, p in module.named_parameters() if p.requires_grad}
         self.shadow = {n: _local(p).detach().float().clone() for n, p in self.params.items()}
-        self.partitioned = any(_partitioned(p) for p in self.params.values())
+        self.partitioned = any(is_partitioned(p) for p in self.params.values())
 
     @torch.no_grad()
     def update(self, module: torch.nn.Module | None = None) -> None:
@@ -44,7 +42,7 @@ class EMA:
     def full(self, name: str) -> torch.Tensor:
         """One parameter's average as a full tensor (collective over its ZeRO-3 group when partitioned)."""
         p, shadow = self.params[name], self.shadow[name]
-        if not _partitioned(p):
+        if not is_partitioned(p):
             return shadow
         group = p.ds_process_group
         parts = [torch.empty_like(shadow) for _ in range(dist.get_world_size(group=group))]
@@ -63,7 +61,7 @@ class EMA:
     def set_full(self, name: str, full: torch.Tensor) -> None:
         """Set one parameter's average from its full tensor (this rank keeps its ZeRO-3 partition)."""
         p, shadow = self.params[name], self.shadow[name]
-        if not _partitioned(p):
+        if not is_partitioned(p):
             shadow.copy_(full)
             return
         flat = full.reshape(-1).to(shadow.device, torch.float32)
@@ -78,7 +76,7 @@ class EMA:
     def applied(self, module: torch.nn.Module | None = None):
         """Inside the block the model holds the EMA weights; the trained weights come back after."""
         backup = {n: _local(p).detach().clone() for n, p in self.params.items()}
-        gathered = {n: p.data.clone() for n, p in self.params.items() if _partitioned(p) and p.data.numel()}
+        gathered = {n: p.data.clone() for n, p in self.params.items() if is_partitioned(p) and p.data.numel()}
         try:
             self.copy_to()
             yield
@@ -96,5 +94,5 @@ class EMA:
         for n, p in self.params.items():
             t = _local(p)
             t.copy_(self.shadow[n].to(t.dtype))
-            if _partitioned(p) and p.data.numel():
+            if is_partitioned(p) and p.data.numel():
                 p.data.copy_(self.full(n).to(p.dtype))

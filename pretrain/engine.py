@@ -8,6 +8,8 @@ import warnings
 import torch
 from megatron.core import parallel_state
 
+from model.init import is_partitioned
+
 from .schedules import build_scheduler
 
 # torch 2.13 deprecates the two collectives DeepSpeed's ZeRO calls every step (they forward to
@@ -126,7 +128,7 @@ def zero3_notes(model: torch.nn.Module, cfg) -> list[str]:
     if cfg.parallel.zero_stage != 3:
         return []
     params = list(model.parameters())
-    if not all(getattr(p, "ds_tensor", None) is not None for p in params):
+    if not all(is_partitioned(p) for p in params):
         return ["ZeRO-3: parameters partitioned at deepspeed.initialize (model.fp8 builds its TE layers from "
                 "the full weights, so the model is built whole first)"]
     dp = parallel_state.get_data_parallel_world_size()
