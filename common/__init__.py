@@ -2,6 +2,7 @@
 
 Imports flow ``common -> data_pipeline -> model -> pretrain -> eval -> launch``:
 
+- ``common.errors``: ``Error``, the base class of every error a user can cause (printed as one line)
 - ``common.schema``: typed recipe sections (pydantic dataclasses) and one-line field errors
 - ``common.yamlfile``: reading recipe YAML with errors that name the file and line
 - ``common.io``: atomic file writes (temp file, fsync, rename, fsync of the directory)

@@ -16,6 +16,8 @@ import os
 import re
 import sys
 
+from .errors import Error
+
 __all__ = ["ArgumentParser", "run_command", "debug_enabled", "one_line", "is_user_error", "report"]
 
 OVERRIDE = re.compile(r"^[A-Za-z_][\w]*\.[\w.]+=")
@@ -56,7 +58,7 @@ class ArgumentParser(argparse.ArgumentParser):
 
 
 def is_user_error(error: BaseException) -> bool:
-    if isinstance(error, (ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError)):
+    if isinstance(error, (Error, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError)):
         return True
     shard_error = getattr(sys.modules.get("data_pipeline.sources"), "ShardError", None)
     return shard_error is not None and isinstance(error, shard_error)

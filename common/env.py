@@ -27,6 +27,8 @@ so every package can ask "which rank am I" before a group exists (`env_rank`).
 """
 from __future__ import annotations
 
+from .errors import Error
+
 import datetime
 import os
 import re
@@ -73,7 +75,7 @@ class DistEnv:
         return asdict(self)
 
 
-class LauncherEnvError(ValueError):
+class LauncherEnvError(Error):
     """The launcher variables are present but inconsistent (named in the message)."""
 
 

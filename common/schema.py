@@ -18,6 +18,8 @@ are validated too. Any error is a :class:`ConfigError` (a ``ValueError``) whose 
 
 from __future__ import annotations
 
+from .errors import Error
+
 import dataclasses
 import functools
 import types
@@ -33,7 +35,7 @@ __all__ = ["ConfigError", "Field", "Literal", "Text", "section", "format_validat
 SECTION_CONFIG = ConfigDict(strict=True, extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
-class ConfigError(ValueError):
+class ConfigError(Error):
     """An invalid recipe value. The message is one line that starts with the dotted field name."""
 
 

@@ -29,6 +29,8 @@ token are skipped with a message. Every count is printed and recorded in manifes
 """
 from __future__ import annotations
 
+from common.errors import Error
+
 import json
 import os
 import sys
@@ -53,7 +55,7 @@ PLAIN_PROMPT = "Question: {prompt}\nAnswer:"
 SKIPS = ("no_marker", "empty_answer", "no_room")
 
 
-class ExampleError(ValueError):
+class ExampleError(Error):
     """An input file or option the prompt/answer preparation cannot use (message names it)."""
 
 

@@ -5,6 +5,8 @@ A source exposes, per split, a list of *units* (a shard, or one sequence) with s
 """
 from __future__ import annotations
 
+from common.errors import Error
+
 import functools
 import hashlib
 
@@ -16,7 +18,7 @@ from .packing import frame_documents, token_dtype, wrap
 SPLITS = ("train", "val")
 
 
-class ShardError(RuntimeError, ValueError):
+class ShardError(RuntimeError, Error):
     """A shard cannot be read or does not match its manifest entry (message names the shard).
 
     Also a ValueError (bad input data): every command prints it as one line, as it does a bad recipe."""

@@ -20,6 +20,8 @@ are not turned into special ids, so raw data cannot forge document boundaries.
 """
 from __future__ import annotations
 
+from common.errors import Error
+
 import functools
 import hashlib
 import importlib.util
@@ -50,7 +52,7 @@ QWEN_SPECIALS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|object_ref_st
                  "</tool_response>", "<think>", "</think>")
 
 
-class TokenizerError(ValueError):
+class TokenizerError(Error):
     """A tokenizer cannot be built or is not usable for masked/set diffusion."""
 
 

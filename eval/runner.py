@@ -26,6 +26,8 @@ shards) can fill one output directory.
 
 from __future__ import annotations
 
+from common.errors import Error
+
 import datetime
 import hashlib
 import json
@@ -43,7 +45,7 @@ FORMAT = "setdlm-eval"
 VERSION = 1
 
 
-class EvalError(ValueError):
+class EvalError(Error):
     """Bad input or an inconsistent output directory; the message says what to change."""
 
 

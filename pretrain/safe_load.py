@@ -16,6 +16,8 @@ DeepSpeed calls `torch.load(..., weights_only=False)` itself, in its checkpoint 
 
 from __future__ import annotations
 
+from common.errors import Error
+
 import contextlib
 import json
 import os
@@ -28,7 +30,7 @@ from pathlib import Path
 import torch
 
 
-class CheckpointError(ValueError):
+class CheckpointError(Error):
     """A checkpoint (or a file in it) that cannot be used: the message names the file and why.
 
     A ValueError, so every command's existing error handling prints it as one line."""

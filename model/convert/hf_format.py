@@ -16,6 +16,8 @@ Layout differences handled here:
 
 from __future__ import annotations
 
+from common.errors import Error
+
 import json
 import os
 import re
@@ -38,7 +40,7 @@ FORMAT_VERSION = 1
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
-class ConvertError(ValueError):
+class ConvertError(Error):
     """A checkpoint or export directory cannot be converted; the message says what is wrong."""
 
 
