@@ -115,7 +115,7 @@ def probe_cuda(env: dict) -> dict:
     out = json.loads(r.stdout.strip().splitlines()[-1])
     if not out["visible"]:
         out["detail"] = "torch.cuda.is_available() is False" + (
-            " (CUDA_VISIBLE_DEVICES is empty)" if env.get("CUDA_VISIBLE_DEVICES") == "" else "")
+            "; CUDA_VISIBLE_DEVICES is empty" if env.get("CUDA_VISIBLE_DEVICES") == "" else "")
     return out
 
 
