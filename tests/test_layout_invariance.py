@@ -17,14 +17,13 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import REPO, cli_env, read_metrics, write_recipe
+from distributed_run import run_distributed
+from helpers import read_metrics, write_recipe
 from pretrain import checkpoint
 from pretrain.config import load_config
 from pretrain.consolidate import main as consolidate_main
@@ -44,11 +43,22 @@ def _recipe(tmp: Path) -> Path:
                                "ema": 0.5, "grad_clip": 0.5})
 
 
+def train_runs(recipe: Path, out: Path, runs: list[str]) -> None:
+    """One rank: trains tiny runs through the real Trainer, one after another. Each NAME:OVERRIDES trains
+    the recipe with `run.name=NAME run.out_dir=OUT` and the comma-separated overrides."""
+    from pretrain.parallel import ensure_process_group
+    from pretrain.config import load_config
+    from pretrain.trainer import Trainer
+
+    ensure_process_group()
+    for run in runs:
+        name, _, overrides = run.partition(":")
+        cfg = load_config(Path(recipe), [f"run.name={name}", f"run.out_dir={out}", *filter(None, overrides.split(","))])
+        Trainer(cfg).train()
+
+
 def _launch(recipe: Path, out: Path, runs: list[str]) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(REPO / "tests" / "layout_worker.py"), str(recipe), str(out), *runs]
-    r = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    run_distributed(train_runs, 2, recipe, out, runs, timeout=900)
 
 
 def _train(recipe: Path, out: Path, name: str, *overrides: str) -> None:
