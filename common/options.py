@@ -68,10 +68,11 @@ def _group(cls, key: str) -> str:
     return "options"
 
 
-def _help(fi, row) -> str:
+def _help(row) -> str:
     _, typ, default, desc = row
-    typ = typ.removesuffix(" or null")
-    shown = "" if default in ("null", "false", "()") else f"; default {default}"
+    if typ == "switch":
+        return desc.replace("%", "%%")
+    shown = "" if default in ("-", "()") else f"; default {default}"
     return f"{desc} [{typ}{shown}]".replace("%", "%%")
 
 
@@ -82,7 +83,7 @@ def add_flags(parser: argparse.ArgumentParser, cls) -> None:
         fi = _field_info(cls, f.name)
         title = _group(cls, f.name)
         g = groups.get(title) or groups.setdefault(title, parser.add_argument_group(title))
-        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=_help(fi, row))
+        kw = dict(dest=f.name, default=argparse.SUPPRESS, help=_help(row))
         extra = fi.json_schema_extra if isinstance(fi.json_schema_extra, dict) else {}
         if "metavar" in extra:
             kw["metavar"] = extra["metavar"]
@@ -111,7 +112,10 @@ def option_rows(cls) -> list[tuple[str, str, str, str]]:
     """(flag, type and valid values, default, description) per field; an unset default reads `-`."""
     rows = []
     for flag, typ, default, desc in field_rows(cls, None):
-        rows.append((flag, typ.removesuffix(" or null"), "-" if default == "null" else default, desc))
+        typ = "switch" if typ == "bool" else typ.removesuffix(" or null")
+        if typ.startswith("list of "):
+            typ = typ.removeprefix("list of ") + ", repeatable"
+        rows.append((flag, typ, "-" if default in ("null", "()") else default, desc))
     return rows
 
 

@@ -119,8 +119,11 @@ def like(cls, key: str, default=_KEEP, description: str | None = None):
         raise TypeError(f"like: {cls.__name__} has no field {key!r}")
     default = (fi.default if fi.default_factory is None else dataclasses.MISSING) if default is _KEEP else default
     kw = {"default_factory": fi.default_factory} if default is dataclasses.MISSING else {"default": default}
+    extra = dict(fi.json_schema_extra) if isinstance(fi.json_schema_extra, dict) else {}
+    if not getattr(cls, "__section_flags__", False):  # errors name the section key it mirrors too
+        extra["same_as"] = f"{getattr(cls, '__recipe_section__', cls.__name__)}.{key}"
     new = Field(**kw, description=description if description is not None else fi.description,
-                json_schema_extra={"same_as": f"{getattr(cls, '__recipe_section__', cls.__name__)}.{key}"})
+                json_schema_extra=extra or None)
     new.metadata = list(fi.metadata)
     return new
 

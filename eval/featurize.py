@@ -17,7 +17,7 @@ import base64
 import numpy as np
 import torch
 
-from .runner import EvalError
+from .errors import EvalError
 
 
 def encode_features(v: np.ndarray) -> str:

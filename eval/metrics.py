@@ -11,6 +11,8 @@ import re
 from collections import Counter
 from decimal import Decimal, InvalidOperation
 
+from .errors import EvalError
+
 # ------------------------------------------------------------------------------------------ GSM8K
 # Final-answer extraction, in this order (the first rule that finds a number wins):
 #   1. "#### <number>"   the GSM8K answer format (the first occurrence; a model fine-tuned on GSM8K
@@ -90,7 +92,7 @@ def _rouge_scorer(types: tuple[str, ...], stemmer: bool):
         try:
             from rouge_score import rouge_scorer
         except ImportError:
-            raise ImportError("ROUGE needs the `rouge-score` package: pip install 'setdlm[eval]'") from None
+            raise EvalError("ROUGE needs the `rouge-score` package: pip install 'setdlm[eval]'") from None
         _scorers[key] = rouge_scorer.RougeScorer(list(types), use_stemmer=stemmer)
     return _scorers[key]
 
@@ -157,7 +159,7 @@ def mauve_score(p_features, q_features, *, num_buckets="auto", seed: int = 25, s
     try:
         import mauve
     except ImportError:
-        raise ImportError("MAUVE needs the `mauve-text` package: pip install 'setdlm[eval]'") from None
+        raise EvalError("MAUVE needs the `mauve-text` package: pip install 'setdlm[eval]'") from None
     p, q = np.asarray(p_features, dtype=np.float32), np.asarray(q_features, dtype=np.float32)
     if len(p) < 2 or len(q) < 2:
         raise ValueError(f"MAUVE needs at least 2 texts per side, got {len(p)} and {len(q)}")
