@@ -11,7 +11,8 @@ Every field has a type, a range (``ge``/``gt``/``le``/``lt``) or a choice set (`
 one-line ``description`` (printed by ``setdlm pretrain --describe``). Validation is strict: an
 ``int`` field refuses ``2.5``, ``"3"`` and ``true``; a ``bool`` field takes only ``true``/``false``;
 a ``float`` field takes integers too. ``Text`` is a string field that also takes a bare number
-(``run.name: 12345``, a Slurm job id); ``PathText`` a string that also takes a ``pathlib.Path``. Unknown
+(``run.name: 12345``, a Slurm job id); ``PathText`` a string that also takes a ``pathlib.Path``;
+``TextList`` a tuple of strings that also takes a list. Unknown
 keys, NaN and infinities are refused. Assignments are validated too. Any error is a :class:`ConfigError`
 (a ``ValueError``) whose message reads ``section.key: what is valid, got VALUE``.
 
@@ -39,7 +40,7 @@ import annotated_types as at
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
-__all__ = ["ConfigError", "Field", "Literal", "Text", "PathText", "section", "like", "format_validation_error",
+__all__ = ["ConfigError", "Field", "Literal", "Text", "PathText", "TextList", "section", "like", "format_validation_error",
            "field_rows", "format_rows", "type_text", "check_keys", "flag_name"]
 
 SECTION_CONFIG = ConfigDict(strict=True, extra="forbid", validate_assignment=True, allow_inf_nan=False)
@@ -64,6 +65,8 @@ def _path_to_text(value):
 Text = Annotated[str, BeforeValidator(_number_to_text)]
 # A path: a string, or an os.PathLike (pathlib.Path) given through a Python API, stored as its string.
 PathText = Annotated[str, BeforeValidator(_path_to_text)]
+# Strings (a repeatable flag): a tuple or a list of strings, stored as a tuple (frozen options stay hashable).
+TextList = Annotated[tuple[str, ...], BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
 
 
 def flag_name(key: str) -> str:
@@ -293,7 +296,7 @@ def _default_text(fi) -> str:
     if isinstance(d, bool):
         return "true" if d else "false"
     if isinstance(d, str):
-        return repr(d) if d == "" or d.strip() != d else d
+        return repr(d) if d == "" or d.strip() != d or not d.isprintable() else d
     return str(d)
 
 

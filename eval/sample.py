@@ -25,7 +25,7 @@ from typing import Literal
 from common.cli import ArgumentParser, run_command
 from common.errors import InputFileError
 from common.options import add_flags, describe_options, from_namespace
-from common.schema import Field, PathText, like
+from common.schema import Field, PathText, TextList, like
 
 from .errors import OptionError
 from .options import DecodingOptions, eval_options, infill_window, sampling_config
@@ -38,7 +38,7 @@ class PromptOptions:
     option_group = "prompts and output"
 
     checkpoint: PathText = Field(description="run directory or checkpoint directory")
-    prompt: tuple[str, ...] | None = Field(None, description="prompt text (repeatable); the prefix when infilling")
+    prompt: TextList | None = Field(None, description="prompt text (repeatable); the prefix when infilling")
     infill: int | None = Field(None, ge=0, json_schema_extra={"metavar": "N"}, description=(
         "fill N masked tokens between --prompt and --suffix instead of continuing the prompt"))
     suffix: str = Field("", description="text after the masked span (with --infill)")
@@ -58,7 +58,7 @@ class SampleOptions(DecodingOptions, PromptOptions):
     window: int | None = like(DecodingOptions, "window", description=(
         "SW-SetDLM window w (default: D; S_max when infilling)"))
     seed: int | None = Field(None, description="seeds the sampler (temperature > 0)")
-    stop: tuple[str, ...] = Field((), description="stop string (repeatable)")
+    stop: TextList = Field((), description="stop string (repeatable)")
     stop_regex: str | None = Field(None, description="stop at the end of the first match of this regular expression")
     ignore_eos: bool = Field(False, description="do not stop at EOS")
     no_ema: bool = Field(False, description="use the raw weights instead of the EMA")

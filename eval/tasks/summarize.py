@@ -7,7 +7,7 @@ article was cut are counted. Decoding stops at EOS or a blank line.
 
 from __future__ import annotations
 
-from common.schema import Field, PathText
+from common.schema import Field, PathText, TextList
 
 from ..data import load_cnndm
 from ..errors import EvalError, OptionError
@@ -25,7 +25,7 @@ class SummarizeOptions(GenerationOptions):
 
     data: PathText = Field(description="CSV or JSONL with article, highlights, id")
     template: str = Field(TEMPLATE, description="prompt with {article}")
-    stop: tuple[str, ...] | None = Field(None, description="stop string (repeatable; default: a blank line)")
+    stop: TextList | None = Field(None, description="stop string (repeatable; default: a blank line)")
 
     def __post_init__(self):
         if "{article}" not in self.template:

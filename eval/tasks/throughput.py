@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from common.schema import ConfigError, Field, PathText, like
+from common.schema import ConfigError, Field, PathText, TextList, like
 
 from ..errors import EvalError
 from ..metrics import mean, percentile, unigram_entropy
@@ -55,7 +55,7 @@ class ThroughputOptions(GenerationOptions):
     num_examples: int = Field(16, ge=1, description="prompts per setting and batch size")
     warmup: int = Field(2, ge=0, description="untimed decodes before timing")
     batch_sizes: str = Field("1", description="comma-separated batch sizes")
-    sweep: tuple[str, ...] = Field((), json_schema_extra={"metavar": "NAME=V1,V2,.."}, description=(
+    sweep: TextList = Field((), json_schema_extra={"metavar": "NAME=V1,V2,.."}, description=(
         "also run these values of one sampling option (repeatable), e.g. threshold=0.5,0.7,0.9,1.0"))
     scorer: str | None = Field(None, description="quality: generative perplexity under this model (setdlm checkpoint or hf:NAME)")
     no_eos_stop: bool = Field(False, description="always decode --max-new-tokens (ignore EOS)")
