@@ -13,7 +13,7 @@ from contextlib import nullcontext
 
 import torch
 
-from .errors import EvalError
+from .featurize import load_hf
 from .models import Checkpoint
 
 
@@ -102,15 +102,10 @@ class Scorer:
         if self._loaded:
             return
         if self._hf:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
+            from transformers import AutoModelForCausalLM
 
-            name = self.spec[3:]
-            try:
-                self.tok = AutoTokenizer.from_pretrained(name)
-                self.lm = AutoModelForCausalLM.from_pretrained(name).to(self.device).eval()
-            except OSError as e:
-                raise EvalError(f"--scorer: cannot load {name!r} ({e}); offline, give a local directory or a setdlm "
-                                f"checkpoint") from None
+            self.tok, self.lm = load_hf(self.spec[3:], AutoModelForCausalLM, self.device, "--scorer",
+                                        "offline, give a local directory or a setdlm checkpoint")
             self.max_len = int(getattr(self.lm.config, "n_positions", None) or getattr(self.lm.config, "max_position_embeddings", 1024))
         else:
             self.ckpt = Checkpoint(self.spec, device=self.device)
