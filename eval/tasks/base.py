@@ -91,7 +91,7 @@ class GenerationTask(Task):
 
     def check_fits(self) -> None:
         """Refuse, before the model loads, decoding that cannot fit the model's max_seq_len (called by
-        eval.cli.execute once the task is set up)."""
+        eval.execute.execute once the task is set up)."""
         if self.sampling is None or self.ckpt is None:
             return
         need = self.prompt_room()
