@@ -12,9 +12,9 @@ one-line ``description`` (printed by ``setdlm pretrain --describe``). Validation
 ``int`` field refuses ``2.5``, ``"3"`` and ``true``; a ``bool`` field takes only ``true``/``false``;
 a ``float`` field takes integers too. ``Text`` is a string field that also takes a bare number
 (``run.name: 12345``, a Slurm job id); ``PathText`` a string that also takes a ``pathlib.Path``;
-``TextList`` a tuple of strings that also takes a list. Unknown
-keys, NaN and infinities are refused. Assignments are validated too. Any error is a :class:`ConfigError`
-(a ``ValueError``) whose message reads ``section.key: what is valid, got VALUE``.
+``TextList`` a tuple of strings that also takes a list. Unknown keys, NaN and infinities are
+refused. Assignments are validated too. Any error is a :class:`ConfigError` (a ``ValueError``)
+whose message reads ``section.key: what is valid, got VALUE``.
 
 The same machinery types the options of the command lines that are not recipes (``SamplingConfig``,
 the options of ``setdlm sample`` and of every ``setdlm eval`` task; common/options.py makes their
