@@ -15,7 +15,7 @@ import csv
 import json
 from pathlib import Path
 
-from .runner import EvalError
+from .errors import EvalError
 
 CLOZE_COLUMNS = ["InputStoryid", "InputSentence1", "InputSentence2", "InputSentence3", "InputSentence4",
                  "RandomFifthSentenceQuiz1", "RandomFifthSentenceQuiz2", "AnswerRightEnding"]
