@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import torch
 
-    from pretrain.checkpoint import load_model
+    from pretrain.checkpoint.inference import load_model
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     try:

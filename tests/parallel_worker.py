@@ -8,7 +8,7 @@ whole global batch and sliced by data-parallel rank), through the code the train
 (`build_stage`, `build_engine`, `StepRunner`), so its losses, gradient norms, validation NLL and final
 weights must equal the one-process reference. Writes DIR/V-LAYOUT.json (rank 0),
 DIR/V-LAYOUT_mp{XX}.pt (one per TP x PP shard, data-parallel rank 0: shard info + weights) and a
-sharded checkpoint DIR/ckpt-V-LAYOUT/ (pretrain/checkpoint.py) for the consolidation checks.
+sharded checkpoint DIR/ckpt-V-LAYOUT/ (pretrain/checkpoint/save.py) for the consolidation checks.
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
 
     from model.objectives import build_objective, summarize
     from pretrain.parallel import ensure_model_parallel
-    from pretrain.checkpoint import save, shard_info
+    from pretrain.checkpoint.save import save, shard_info
     from pretrain.config import from_dict
     from pretrain.engine import build_engine, zero3_init
     from pretrain.pipeline import StepRunner, build_stage, prepare_model

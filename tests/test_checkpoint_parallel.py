@@ -21,9 +21,9 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, cli_env, read_metrics, write_recipe
-from pretrain import checkpoint
+from pretrain.checkpoint import rundir
 from pretrain.config import load_config
-from pretrain.consolidate import main as consolidate_main
+from pretrain.checkpoint.consolidate import main as consolidate_main
 from pretrain.trainer import Trainer
 
 pytestmark = pytest.mark.slow
@@ -87,7 +87,7 @@ def _from_step_2(run: Path, dest: Path) -> Path:
                                if json.loads(line)["step"] <= 2))
     root = dest / "checkpoints"
     shutil.rmtree(root / "step_00000004")
-    (root / checkpoint.LATEST).write_text("step_00000002")
+    (root / rundir.LATEST).write_text("step_00000002")
     assert consolidate_main(["--checkpoint", str(dest)]) == 0
     assert (root / "step_00000002" / "consolidated.pt").is_file()
     return dest
@@ -134,14 +134,14 @@ def test_tp2_checkpoint_loads_and_decodes_without_a_process_group(tp2_run, tmp_p
     os.environ unchanged; nothing is written into the checkpoint."""
     import torch
 
-    from pretrain.consolidate import consolidated_state
+    from pretrain.checkpoint.consolidate import consolidated_state
 
     _, run = tp2_run
     code = (
         "import os, sys, torch\n"
-        "import pretrain.checkpoint, model.sampling\n"
+        "import pretrain.checkpoint.inference, model.sampling\n"
         "before = dict(os.environ)\n"
-        "m, tok, cfg = pretrain.checkpoint.load_model(sys.argv[1])\n"
+        "m, tok, cfg = pretrain.checkpoint.inference.load_model(sys.argv[1])\n"
         "out = model.sampling.generate(m, [tok.encode('The')], model.sampling.SamplingConfig(family='setdlm',\n"
         "    window=4, max_new_tokens=4), mask_id=cfg.model.mask_id, tokenizer=tok)[0]\n"
         "assert len(out.tokens) == 4 and not torch.distributed.is_initialized() and dict(os.environ) == before\n"
@@ -150,7 +150,7 @@ def test_tp2_checkpoint_loads_and_decodes_without_a_process_group(tp2_run, tmp_p
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     got = torch.load(tmp_path / "w.pt", weights_only=True)
-    ckpt = checkpoint.latest_checkpoint(run / "checkpoints")
+    ckpt = rundir.latest_checkpoint(run / "checkpoints")
     assert not (ckpt / "consolidated.pt").exists()
     want = consolidated_state(ckpt, optimizer=False)
     want = {**want["module"], **want["ema"]}

@@ -25,9 +25,9 @@ import pytest
 import torch
 
 from helpers import REPO, cli_env, read_metrics, write_recipe
-from pretrain import checkpoint
+from pretrain.checkpoint import rundir
 from pretrain.config import load_config
-from pretrain.consolidate import main as consolidate_main
+from pretrain.checkpoint.consolidate import main as consolidate_main
 from pretrain.trainer import Trainer
 
 pytestmark = pytest.mark.slow
@@ -121,7 +121,7 @@ def _from_step_2(run: Path, dest: Path, consolidate: bool) -> Path:
                                if json.loads(line)["step"] <= 2))
     root = dest / "checkpoints"
     shutil.rmtree(root / "step_00000003")
-    (root / checkpoint.LATEST).write_text("step_00000002")
+    (root / rundir.LATEST).write_text("step_00000002")
     if consolidate:
         assert consolidate_main(["--checkpoint", str(dest)]) == 0
     return dest

@@ -21,7 +21,8 @@ import pytest
 import torch
 
 from helpers import REPO, cli_env
-from pretrain.consolidate import consolidate, merge
+from pretrain.checkpoint.consolidate import consolidate
+from pretrain.checkpoint.shards import merge
 
 pytestmark = pytest.mark.slow
 
@@ -137,7 +138,7 @@ MISSING = {
 def test_consolidation_refuses_a_checkpoint_with_a_missing_shard(results, tmp_path, capsys, what):
     import shutil
 
-    from pretrain.consolidate import main as consolidate_main
+    from launch.cli import main as cli_main
 
     layout, name = MISSING[what]
     src = results / f"ckpt-qwen-{layout}"
@@ -148,7 +149,7 @@ def test_consolidation_refuses_a_checkpoint_with_a_missing_shard(results, tmp_pa
     step = next(ckpt.glob("step_*"))
     (step / name).unlink()
     out = tmp_path / "consolidated.pt"
-    assert consolidate_main(["--checkpoint", str(ckpt), "--out", str(out)]) == 2
+    assert cli_main(["convert", "consolidate", "--checkpoint", str(ckpt), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err, err
     assert "incomplete" in err and name in err, err

@@ -26,7 +26,7 @@ import torch
 from helpers import REPO, cli_env, read_metrics, write_recipe
 from hf_fixtures import make_hf_model
 from pretrain.config import load_config
-from pretrain.consolidate import main as consolidate_main
+from pretrain.checkpoint.consolidate import main as consolidate_main
 from pretrain.trainer import Trainer
 
 pytestmark = pytest.mark.slow
