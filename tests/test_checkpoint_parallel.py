@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, cli_env, read_metrics, write_recipe
+from helpers import REPO, cli_env, read_metrics, run_as_of, write_recipe
 from pretrain.checkpoint import rundir
 from pretrain.config import load_config
 from pretrain.checkpoint.consolidate import main as consolidate_main
@@ -81,15 +81,9 @@ def tp2_run(tmp_path_factory):
 
 def _from_step_2(run: Path, dest: Path) -> Path:
     """A copy of `run` as it was after its step-2 save, with that checkpoint consolidated."""
-    shutil.copytree(run, dest)
-    metrics = dest / "metrics.jsonl"
-    metrics.write_text("".join(line for line in metrics.read_text().splitlines(keepends=True)
-                               if json.loads(line)["step"] <= 2))
-    root = dest / "checkpoints"
-    shutil.rmtree(root / "step_00000004")
-    (root / rundir.LATEST).write_text("step_00000002")
+    run_as_of(run, dest, 2)
     assert consolidate_main(["--checkpoint", str(dest)]) == 0
-    assert (root / "step_00000002" / "consolidated.pt").is_file()
+    assert (dest / "checkpoints" / "step_00000002" / "consolidated.pt").is_file()
     return dest
 
 

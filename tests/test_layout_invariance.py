@@ -15,8 +15,6 @@ A run saved under DP=2 continues under DP=1 (after consolidation), and a run con
 
 from __future__ import annotations
 
-import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -24,8 +22,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, cli_env, read_metrics, write_recipe
-from pretrain.checkpoint import rundir
+from helpers import REPO, cli_env, read_metrics, run_as_of, write_recipe
 from pretrain.config import load_config
 from pretrain.checkpoint.consolidate import main as consolidate_main
 from pretrain.trainer import Trainer
@@ -115,13 +112,7 @@ def test_zero3_ema_matches_one_process(runs):
 
 
 def _from_step_2(run: Path, dest: Path, consolidate: bool) -> Path:
-    shutil.copytree(run, dest)
-    metrics = dest / "metrics.jsonl"
-    metrics.write_text("".join(line for line in metrics.read_text().splitlines(keepends=True)
-                               if json.loads(line)["step"] <= 2))
-    root = dest / "checkpoints"
-    shutil.rmtree(root / "step_00000003")
-    (root / rundir.LATEST).write_text("step_00000002")
+    run_as_of(run, dest, 2)
     if consolidate:
         assert consolidate_main(["--checkpoint", str(dest)]) == 0
     return dest
