@@ -87,7 +87,8 @@ def _resume_source(cfg, ckpt: Path) -> InitSource:
             setattr(cfg.model, name, saved["model"][name])
     sd = saved.get("data", {})
     if cfg.data.tokenizer == _DEFAULT_TOKENIZER and sd.get("tokenizer"):
-        cfg.data.tokenizer = rundir.tokenizer_location(ckpt, sd["tokenizer"])  # the run's own copy: the source may be gone
+        # the run's own copy (RUN/tokenizer): the source may be gone by now
+        cfg.data.tokenizer = rundir.tokenizer_location(ckpt, sd["tokenizer"])
         cfg.data.add_mask_token = bool(sd.get("add_mask_token", cfg.data.add_mask_token))
     return InitSource("resume", ckpt)
 

@@ -69,5 +69,6 @@ def test_a_finetune_from_a_source_whose_latest_names_a_deleted_step_starts_from_
     assert r.returncode == 0, out[-3000:]
     said = _lines(out, FALLBACK)
     assert len(said) == 1 and str(src / "checkpoints" / "latest") in said[0] and "step_00000002" in said[0], said
-    assert _lines(out, f"init_from: weights of checkpoint {src / 'checkpoints' / 'step_00000002'} (step 2)"), out[-3000:]
+    step_2 = src / "checkpoints" / "step_00000002"
+    assert _lines(out, f"init_from: weights of checkpoint {step_2} (step 2)"), out[-3000:]
     assert "resumed at step" not in out

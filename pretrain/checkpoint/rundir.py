@@ -71,7 +71,8 @@ def read_meta(ckpt: str | os.PathLike, *, require: tuple[str, ...] = ("step", "c
     if not isinstance(meta, dict) or not isinstance(meta.get("layout", {}), dict):
         raise CheckpointError(f"{f}: not a setdlm checkpoint's metadata")
     if any(k not in meta for k in require) or ("config" in require and not isinstance(meta["config"], dict)):
-        raise CheckpointError(f"{f}: not a setdlm checkpoint's metadata (needs {' and '.join(f'`{k}`' for k in require)})")
+        need = " and ".join(f"`{k}`" for k in require)
+        raise CheckpointError(f"{f}: not a setdlm checkpoint's metadata (needs {need})")
     return meta
 
 
