@@ -130,7 +130,7 @@ def load_checkpoint(opts: SampleOptions):
     """(model, tokenizer, recipe) of --checkpoint on --device in --dtype."""
     import torch
 
-    from pretrain.checkpoint import load_model
+    from pretrain.checkpoint.inference import load_model
 
     ckpt = Path(opts.checkpoint)
     if not ckpt.exists():

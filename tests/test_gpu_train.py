@@ -83,7 +83,7 @@ def test_nccl_world1_trains_and_checkpoints(tmp_path, model_parallel):
     assert opt is not None and opt.defaults.get("fused") is True, "AdamW is not the fused CUDA kernel"
     assert m[8]["train/loss"] < m[1]["train/loss"] - 0.2, (m[1]["train/loss"], m[8]["train/loss"])
     assert math.isfinite(m[8]["val/nll"])
-    from pretrain.checkpoint import load_model
+    from pretrain.checkpoint.inference import load_model
 
     model, _, _ = load_model(tmp_path / "nccl" / "tiny" / "checkpoints" / "step_00000008")
     saved_and_live_weights_are_equal(model, trainer.model)

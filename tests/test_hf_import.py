@@ -42,7 +42,9 @@ def import_rank(hf_dir: Path, target: Path, tp: int = 1, pp: int = 1) -> None:
     from model.objectives import build_objective
     from pretrain.parallel import ensure_model_parallel, ensure_process_group
     from model.transformer import full_logits
-    from pretrain import checkpoint, init_from
+    from pretrain import init_from
+    from pretrain.checkpoint.rng import rng_state
+    from pretrain.checkpoint.save import save
     from pretrain.config import from_dict, save_config
     from pretrain.engine import _skip_cpu_shm_op, build_engine
     from pretrain.pipeline import build_stage
@@ -89,8 +91,8 @@ def import_rank(hf_dir: Path, target: Path, tp: int = 1, pp: int = 1) -> None:
             "objective": "ar", "config": cfg.to_dict(),
             "layout": {"world": dist.get_world_size(), "tp": tp, "pp": pp,
                        "dp": parallel_state.get_data_parallel_world_size(), "zero_stage": 0}}
-    checkpoint.save(engine, run / "checkpoints", 0, meta=meta, extra={"rng": checkpoint.rng_state()}, ema_state=None,
-                    keep_last=1, mp_rank=mp_rank, dp_rank=parallel_state.get_data_parallel_rank(), rank=dist.get_rank())
+    save(engine, run / "checkpoints", 0, meta=meta, extra={"rng": rng_state()}, ema_state=None,
+         keep_last=1, mp_rank=mp_rank, dp_rank=parallel_state.get_data_parallel_rank(), rank=dist.get_rank())
 
 
 def _worker(model, run, tp: int):

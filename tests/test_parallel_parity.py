@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from distributed_run import run_distributed
-from pretrain.consolidate import consolidate, merge
+from pretrain.checkpoint.consolidate import consolidate
+from pretrain.checkpoint.shards import merge
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +37,7 @@ PARAM_ATOL = 3e-5
 # weights must equal the one-process reference. LAYOUT is `tp{T}pp{P}z{Z}` (the data-parallel size is
 # N / (T * P)); `ref` is tp1pp1z0 on one process. Writes OUT/V-LAYOUT.json (rank 0), OUT/V-LAYOUT_mp{XX}.pt
 # (one per TP x PP shard, data-parallel rank 0: shard info + weights) and a sharded checkpoint
-# OUT/ckpt-V-LAYOUT/ (pretrain/checkpoint.py) for the consolidation checks.
+# OUT/ckpt-V-LAYOUT/ (pretrain/checkpoint/save.py) for the consolidation checks.
 MODELS = {
     # Qwen-style: GQA, RMSNorm, SwiGLU, QK-norm, no biases, tied embeddings; 3 layers (uneven PP split)
     "qwen": dict(n_layers=3, hidden=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, norm="rmsnorm", activation="swiglu",
@@ -103,7 +104,7 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
 
     from model.objectives import build_objective, summarize
     from pretrain.parallel import ensure_model_parallel
-    from pretrain.checkpoint import save, shard_info
+    from pretrain.checkpoint.save import save, shard_info
     from pretrain.config import from_dict
     from pretrain.engine import build_engine, zero3_init
     from pretrain.pipeline import StepRunner, build_stage, prepare_model
@@ -286,7 +287,7 @@ MISSING = {
 def test_consolidation_refuses_a_checkpoint_with_a_missing_shard(results, tmp_path, capsys, what):
     import shutil
 
-    from pretrain.consolidate import main as consolidate_main
+    from launch.cli import main as cli_main
 
     layout, name = MISSING[what]
     src = results / f"ckpt-qwen-{layout}"
@@ -297,7 +298,7 @@ def test_consolidation_refuses_a_checkpoint_with_a_missing_shard(results, tmp_pa
     step = next(ckpt.glob("step_*"))
     (step / name).unlink()
     out = tmp_path / "consolidated.pt"
-    assert consolidate_main(["--checkpoint", str(ckpt), "--out", str(out)]) == 2
+    assert cli_main(["convert", "consolidate", "--checkpoint", str(ckpt), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err, err
     assert "incomplete" in err and name in err, err

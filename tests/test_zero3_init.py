@@ -30,7 +30,7 @@ from distributed_run import run_distributed
 from helpers import REPO, read_metrics, write_recipe
 from hf_fixtures import hf_logits, make_hf_model
 from pretrain.config import load_config
-from pretrain.consolidate import main as consolidate_main
+from pretrain.checkpoint.consolidate import main as consolidate_main
 from pretrain.trainer import Trainer
 
 sys.path.insert(0, str(REPO))  # benchmarks/ is not an installed package
