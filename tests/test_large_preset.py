@@ -14,7 +14,8 @@ import pytest
 from helpers import REPO, cli_env
 from launch.cli import main as cli_main
 from model.config import ModelConfig, apply_preset
-from model.transformer import Transformer, parameter_count
+from model.shapes import parameter_count
+from model.transformer import Transformer
 from pretrain.config import load_config
 
 RECIPE = REPO / "configs" / "qwen3-8b-setdlm.yaml"
