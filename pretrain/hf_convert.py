@@ -27,9 +27,10 @@ from common.cli import ArgumentParser as CLIParser
 import torch
 
 from model.convert.card import render_card
-from model.convert.hf_format import (CODE_FILES, HF_CODE_DIR, RECIPE_FILE, ConvertError, cast, configs_from_hf,
-                                     from_hf_state_dict, hf_config, parameter_total, parse_size, read_json,
-                                     read_weights, to_hf_state_dict, write_weights)
+from model.convert.errors import ConvertError
+from model.convert.hf_config import CODE_FILES, HF_CODE_DIR, RECIPE_FILE, configs_from_hf, hf_config
+from model.convert.hf_files import DTYPES, cast, parameter_total, parse_size, read_json, read_weights, write_weights
+from model.convert.hf_map import from_hf_state_dict, pad_rows, to_hf_state_dict
 
 EXPORT_SUBDIR = "hf"  # train.export_hf writes RUN/hf
 
@@ -142,8 +143,6 @@ def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32",
                       results=(), overwrite: bool = False, log=print) -> Path:
     """`to-hf`: write a Hugging Face export of a training checkpoint to `out`."""
     import transformers
-
-    from model.convert.hf_format import DTYPES
 
     if dtype not in DTYPES:
         raise ConvertError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -336,7 +335,6 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
     """`from-reference`: a reference-implementation DiT checkpoint into a training run directory."""
     from data_pipeline.tokenizers import load_tokenizer
     from model.convert import reference as ref
-    from model.convert.hf_format import _pad_rows
 
     obj, config = _read_reference(Path(path))
     shadow = None
@@ -399,7 +397,7 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
     cfg = _run_config(raw, overrides)
     Vp = cfg.model.padded_vocab_size
     for k in ("embed.weight", "head.weight", "head.bias"):
-        train_sd[k] = _pad_rows(train_sd[k][:V], Vp)
+        train_sd[k] = pad_rows(train_sd[k][:V], Vp)
     if arch["adaln"]:
         log(f"setdlm convert: time conditioning (adaLN) folded at sigma={sigma}: exact for models trained without "
             "time conditioning (the reference's default)")
