@@ -29,9 +29,6 @@ token are skipped with a message. Every count is printed and recorded in manifes
 """
 from __future__ import annotations
 
-from common.errors import Error
-
-import json
 import os
 import sys
 import time
@@ -40,7 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
+from common.errors import Error
 from common.io import atomic_write_bytes
+from common.jsonl import read_jsonl
 
 from .packing import token_dtype
 from .shards import FORMAT, MANIFEST, MASK_FIELDS, VERSION, encode_shard, sha256_bytes, write_json_atomic
@@ -60,25 +59,9 @@ class ExampleError(Error):
 
 
 # -- reading ---------------------------------------------------------------------------------------
-def read_jsonl(path: str, what: str = "--input") -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        raise ExampleError(f"{what}: no such file {path!r} (a JSONL file, one JSON object per line)")
-    rows = []
-    with open(p, encoding="utf-8", errors="strict") as f:
-        try:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as e:
-                    raise ExampleError(f"{what}: {path} line {n} is not valid JSON ({e})") from None
-                if not isinstance(row, dict):
-                    raise ExampleError(f"{what}: {path} line {n} is not a JSON object")
-                rows.append(row)
-        except UnicodeDecodeError as e:
-            raise ExampleError(f"{what}: {path} is not UTF-8 text ({e})") from None
+def read_examples(path: str, what: str = "--input") -> list[dict]:
+    """The examples of a JSONL file (one JSON object per line)."""
+    rows = read_jsonl(path, what, error=ExampleError)
     if not rows:
         raise ExampleError(f"{what}: {path} holds no examples")
     return rows
@@ -251,7 +234,7 @@ def describe_counts(split: str, c: dict, seq_len: int, overlong: str) -> str:
 
 # -- driver ----------------------------------------------------------------------------------------
 def _load(fmt: str, path: str, what: str):
-    return read_saved_dataset(path, what) if fmt == "marker" else read_jsonl(path, what)
+    return read_saved_dataset(path, what) if fmt == "marker" else read_examples(path, what)
 
 
 def prepare_examples(input: str, output: str, *, fmt: str, tokenizer: str, seq_len: int = 1024,
@@ -365,5 +348,5 @@ def main_from_args(args) -> int:
     return 0
 
 
-__all__ = ["FORMATS", "TEMPLATES", "ROW_PACKINGS", "Encoder", "build_rows", "chatml_prompt", "prepare_examples", "read_jsonl",
+__all__ = ["FORMATS", "TEMPLATES", "ROW_PACKINGS", "Encoder", "build_rows", "chatml_prompt", "prepare_examples", "read_examples",
            "read_saved_dataset", "add_args", "main_from_args", "ExampleError"]

@@ -22,6 +22,7 @@ import sys
 from pathlib import Path
 
 from common.cli import ArgumentParser as CLIParser
+from common.jsonl import read_jsonl
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -60,22 +61,13 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def read_jsonl(path: str) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("prompt", None), str):
-                raise ValueError(f'{path}:{n}: each line must be an object with a "prompt" string')
-            if "infill_length" in row and (not isinstance(row["infill_length"], int) or row["infill_length"] < 0):
-                raise ValueError(f'{path}:{n}: "infill_length" must be a non-negative integer')
-            rows.append(row)
-    return rows
+def _prompt_row(row: dict) -> str | None:
+    """What is wrong with a --prompts-file row (None: nothing)."""
+    if not isinstance(row.get("prompt", None), str):
+        return 'each line must be an object with a "prompt" string'
+    if "infill_length" in row and (not isinstance(row["infill_length"], int) or row["infill_length"] < 0):
+        return '"infill_length" must be a non-negative integer'
+    return None
 
 
 def done_lines(path: Path) -> int:
@@ -130,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         return err(f"--batch-size must be >= 1, got {args.batch_size}")
     try:
         if args.prompts_file:
-            rows = read_jsonl(args.prompts_file)
+            rows = read_jsonl(args.prompts_file, "--prompts-file", check=_prompt_row)
         else:
             rows = [{"prompt": t} | ({"suffix": args.suffix, "infill_length": args.infill} if args.infill is not None else {})
                     for t in args.prompt]

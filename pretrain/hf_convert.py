@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from common.cli import ArgumentParser as CLIParser
+from common.jsonl import read_jsonl
 
 import torch
 
@@ -76,11 +77,7 @@ def collect_results(run_dir: Path, step: int, files=()) -> list[tuple[str, objec
     metrics = Path(run_dir) / "metrics.jsonl"
     if metrics.is_file():
         last = None
-        for line in metrics.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
+        for row in read_jsonl(metrics, skip_bad=True):  # a row cut short by a kill is skipped
             if row.get("val/nll") is not None and row.get("step", 0) <= step:
                 last = row
         if last is not None:
