@@ -39,7 +39,6 @@ from dataclasses import asdict, dataclass
 from typing import Mapping
 
 DEFAULT_MASTER_PORT = 29500
-LAUNCHERS = ("single", "torchrun", "slurm", "mpi")
 
 
 @dataclass

@@ -310,43 +310,5 @@ def prepare_examples(input: str, output: str, *, fmt: str, tokenizer: str, seq_l
     return manifest
 
 
-def add_args(p) -> None:
-    g = p.add_argument_group("prompt/answer data (--format prompt_answer | chat | marker; docs/finetune.md)")
-    g.add_argument("--format", default="text", choices=("text", *FORMATS),
-                   help="text (default: documents packed for pretraining) or a prompt/answer format")
-    g.add_argument("--prompt-field", default="prompt", help="prompt_answer: prompt field (GSM8K: question)")
-    g.add_argument("--answer-field", default="answer", help="prompt_answer: answer field")
-    g.add_argument("--messages-field", default="messages", help="chat: field holding the messages list")
-    g.add_argument("--template", default="auto", choices=TEMPLATES, help="auto: chatml when the tokenizer has "
-                   "<|im_start|>/<|im_end|>, else plain")
-    g.add_argument("--prompt-template", default=PLAIN_PROMPT, help="plain template: the context ({prompt} is "
-                   "replaced); the answer follows after a space, then EOS")
-    g.add_argument("--marker", default=IM_START, help="marker: the context ends --marker-offset tokens after the last one")
-    g.add_argument("--marker-offset", type=int, default=2, help="marker: default 2 (<|im_start|> assistant \\n)")
-    g.add_argument("--overlong", default="truncate", choices=OVERLONG,
-                   help="examples longer than --seq-len: cut the answer's end (default) or leave them out")
-
-
-def main_from_args(args) -> int:
-    if args.packing is None:
-        args.packing = "padded"
-    try:
-        m = prepare_examples(args.input, args.output, fmt=args.format, tokenizer=args.tokenizer or "gpt2",
-                             seq_len=args.seq_len or 1024, packing=args.packing, overlong=args.overlong,
-                             template=args.template, val_docs=args.val_docs or 0, val_input=args.val_input,
-                             samples_per_shard=args.samples_per_shard, max_docs=args.max_docs, add_mask=args.add_mask,
-                             overwrite=args.overwrite, prompt_field=args.prompt_field, answer_field=args.answer_field,
-                             messages_field=args.messages_field, prompt_template=args.prompt_template,
-                             marker=args.marker, marker_offset=args.marker_offset)
-    except ValueError as e:
-        print(f"setdlm data prepare: error: {e}", file=sys.stderr)
-        return 2
-    for s, info in m["splits"].items():
-        print(f"{s}: {info['num_shards']} shards, {info['num_samples']} rows of {m['seq_len']} tokens "
-              f"({info['examples'].get('examples', 0)} of {info['num_documents']} examples used)")
-    print(f"wrote {os.path.join(args.output, MANIFEST)}")
-    return 0
-
-
 __all__ = ["FORMATS", "TEMPLATES", "ROW_PACKINGS", "Encoder", "build_rows", "chatml_prompt", "prepare_examples", "read_examples",
-           "read_saved_dataset", "add_args", "main_from_args", "ExampleError"]
+           "read_saved_dataset", "ExampleError"]

@@ -99,10 +99,6 @@ class Checkpoint:
 
 
 # ------------------------------------------------------------------------------------------ sampling
-SAMPLING_ARGS = ("family", "window", "threshold", "block_size", "steps", "temperature", "top_k", "top_p",
-                 "max_new_tokens", "remasking", "steps_per_block", "repetition_penalty")
-
-
 def add_sampling_args(p, *, threshold=None, max_new_tokens=128, temperature=0.0, window_default="D") -> None:
     g = p.add_argument_group("decoding (defaults follow the checkpoint's objective)")
     g.add_argument("--family", choices=["setdlm", "bd3lm", "mdlm", "ar"], help="sampler (default: the checkpoint's objective)")

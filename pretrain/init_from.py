@@ -22,10 +22,6 @@ from pathlib import Path
 from model.config import PRESETS, ModelConfig
 from model.convert import hf_stock
 from model.convert.errors import ConvertError
-
-# Recipe fields that are training choices, not architecture: the recipe's value is kept.
-TRAINING_FIELDS = ("preset", "dropout", "attention_dropout", "attention_backend", "fp8", "vocab_pad_multiple",
-                   "max_seq_len", "init_std", "vocab_size", "mask_id")
 _DEFAULT_TOKENIZER = "gpt2"  # DataConfig's default: replaced by the source's tokenizer
 
 
@@ -245,4 +241,4 @@ def load(engine, source: InitSource | None, model_cfg, ema=None) -> list[str]:
     return list(source.notes)
 
 
-__all__ = ["InitSource", "prepare", "prepare_for_plan", "load", "weights", "TRAINING_FIELDS"]
+__all__ = ["InitSource", "prepare", "prepare_for_plan", "load", "weights"]

@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
+from common.schema import ConfigError
+
 from model.transformer import Transformer, megatron_config
 
 from .compat_cpu import megatron_compat, sequence_parallel_compat
@@ -124,7 +126,7 @@ class StepRunner:
             from megatron.core.pipeline_parallel import get_forward_backward_func
 
             if engine.zero_optimization_stage() > 1:
-                raise ValueError(f"parallel.zero_stage: ZeRO-{engine.zero_optimization_stage()} cannot be combined "
+                raise ConfigError(f"parallel.zero_stage: ZeRO-{engine.zero_optimization_stage()} cannot be combined "
                                  "with pipeline parallelism; use zero_stage 0 or 1")
             # Gradients are produced by megatron's schedule, outside engine.backward(): DeepSpeed's
             # ZeRO-1 must build its reduction buckets itself, as under its own pipeline engine.
