@@ -69,6 +69,6 @@ class DataConfig:
             raise ConfigError("data.source: is empty; use 'builtin:pydoc_topics' or a directory of prepared shards")
         if self.is_builtin and self.source[len("builtin:"):] not in BUILTIN_TEXTS:
             raise ConfigError(f"data.source: unknown builtin corpus {self.source!r}; valid: "
-                             + ", ".join("builtin:" + n for n in BUILTIN_TEXTS))
+                              + ", ".join("builtin:" + n for n in BUILTIN_TEXTS))
         if not self.tokenizer.strip():
             raise ConfigError("data.tokenizer: is empty; use 'gpt2', 'bert-base-uncased' or a tokenizer directory")

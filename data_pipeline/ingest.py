@@ -81,7 +81,7 @@ def check_text_files(files: list[str]) -> None:
                 decoder.decode(b"", final=True)
         except UnicodeDecodeError as e:
             raise InputFileError(f"--input: {f}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
-                             f"{offset + e.start}); convert it first, e.g. iconv -f latin1 -t utf-8") from None
+                                 f"{offset + e.start}); convert it first, e.g. iconv -f latin1 -t utf-8") from None
         except (OSError, EOFError) as e:  # a damaged .gz
             raise InputFileError(f"--input: {f}: cannot be read ({type(e).__name__}: {e})") from None
         if size == 0:
@@ -135,8 +135,8 @@ def open_text(spec: str, *, text_field: str = "text", split: str = "train", txt_
     except Exception as e:  # noqa: BLE001
         offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
         raise InputFileError(f"--input: cannot load Hugging Face dataset {spec!r} (config {name!r}, split {split!r}): "
-                         f"{type(e).__name__}: {e}"
-                         + (" [offline mode: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set]" if offline else "")
-                         ) from None
+                             f"{type(e).__name__}: {e}"
+                             + (" [offline mode: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set]" if offline else "")
+                             ) from None
     desc = f"Hugging Face dataset {spec!r}" + (f" config {name!r}" if name else "") + f" split {split!r}"
     return TextSource(_check(ds, text_field, desc), desc, str(getattr(ds, "_fingerprint", spec)), text_field)

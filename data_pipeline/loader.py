@@ -189,8 +189,8 @@ class TokenLoader:
             n_eval = order.val_samples(self.num_samples, global_batch)
             if n_eval == 0:
                 raise ConfigError(f"micro_batch: the val split of {source.description} has {self.num_samples} "
-                                 f"sequences, fewer than one global batch (micro_batch x dp_size x accumulation = "
-                                 f"{global_batch}); lower the batch or use a larger validation split")
+                                  f"sequences, fewer than one global batch (micro_batch x dp_size x accumulation = "
+                                  f"{global_batch}); lower the batch or use a larger validation split")
             n_batches = n_eval // global_batch * self.accum
             self.dropped_samples = self.num_samples - n_eval
         self._plan = _Plan(source, split, micro_batch, global_batch, dp_rank, dp_size, max(1, cfg.num_workers), seed,
@@ -260,12 +260,12 @@ class TokenLoader:
         number of workers never matters."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
             raise LoaderStateError(f"data loader state: not a version-{STATE_VERSION} TokenLoader state (saved by an "
-                             "older setdlm, whose order depended on the layout); start without it to restart "
-                             "the data order")
+                                   "older setdlm, whose order depended on the layout); start without it to restart "
+                                   "the data order")
 
         def refuse(what, saved, now, hint=""):
             raise LoaderStateError(f"data loader state was saved with {what}={saved!r}, this loader has {what}={now!r}; "
-                             f"resuming would repeat or skip data{hint}")
+                                   f"resuming would repeat or skip data{hint}")
 
         for key, now in (("split", self.split), ("source", self.source.fingerprint), ("seq_len", self.seq_len),
                          ("seed", self.seed), ("shuffle", self._plan.shuffle),
@@ -311,7 +311,7 @@ def build_loader(cfg: DataConfig, *, split: str, tokenizer, micro_batch: int, dp
 
         if cfg.packing in EXAMPLE_PACKINGS:
             raise ConfigError(f"data.packing: {cfg.packing!r} rows come from prompt/answer shards (setdlm data prepare "
-                             "--format prompt_answer); builtin corpora are packed 'wrapped' or 'wrapped_bos_eos'")
+                              "--format prompt_answer); builtin corpora are packed 'wrapped' or 'wrapped_bos_eos'")
         source = BuiltinSource(cfg.source[len("builtin:"):], tokenizer, cfg.seq_len, cfg.packing,
                                float(cfg.val_fraction))
     else:

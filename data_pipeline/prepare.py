@@ -120,7 +120,7 @@ def prepare(input: str, output: str, *, tokenizer: str = "gpt2", seq_len: int = 
             n = sum(e["num_samples"] for e in info["shards"])
             if n == 0:
                 raise InputFileError(f"--input: the {sname} split ({src.description}) gives no full sequence of "
-                                 f"{seq_len} tokens; it has too little text (or only empty documents)")
+                                     f"{seq_len} tokens; it has too little text (or only empty documents)")
             info.update(complete=True, num_shards=len(info["shards"]), num_samples=n, num_tokens=n * seq_len,
                         num_documents=len(src), dropped_tail_tokens=int(dropped))
             save_progress()

@@ -242,7 +242,7 @@ def prepare_examples(input: str, output: str, *, fmt: str, tokenizer: str, seq_l
                      val_docs: int = 0, val_input: str | None = None, samples_per_shard: int = 4096,
                      max_docs: int | None = None, add_mask: bool = False, overwrite: bool = False, log=None,
                      **encoder_kw) -> dict:
-    """Prepare prompt/answer shards in `output`; returns the manifest. Raises ValueError naming the option."""
+    """Prepare prompt/answer shards in `output`; returns the manifest. Raises an ExampleError naming the option."""
     log = log or (lambda msg: print(f"[data prepare] {msg}", file=sys.stderr, flush=True))
     if packing not in ROW_PACKINGS:
         raise ExampleError(f"--packing: {packing!r} for --format {fmt}; valid: {', '.join(ROW_PACKINGS)}")

@@ -148,10 +148,10 @@ def read_manifest(base: str) -> dict:
     except FileNotFoundError:
         if is_local(base) and not os.path.isdir(local_path(base)):
             raise ConfigError(f"data.source: {base!r} is neither 'builtin:NAME' nor a directory of prepared "
-                             f"shards (no such directory)") from None
+                              f"shards (no such directory)") from None
         if is_local(base) and os.path.exists(join_url(base, PARTIAL)):
             raise ConfigError(f"data.source: preparation of {base!r} is unfinished ({PARTIAL} but no {MANIFEST}); "
-                             f"re-run `setdlm data prepare` with the same arguments to complete it") from None
+                              f"re-run `setdlm data prepare` with the same arguments to complete it") from None
         raise ConfigError(f"data.source: no {MANIFEST} in {base!r}; prepare it with `setdlm data prepare`") from None
     except Exception as e:  # noqa: BLE001
         raise InputFileError(f"data.source: cannot read {url} ({type(e).__name__}: {e})") from None
@@ -197,21 +197,21 @@ class ShardSource:
         t = m["tokenizer"]
         if t["sha256"] != tokenizer.sha256:
             raise ConfigError(f"data.tokenizer: {tokenizer.name!r} (sha256 {tokenizer.sha256[:12]}...) is not the "
-                             f"tokenizer the shards in {cfg.source!r} were prepared with ({t['name']!r}, sha256 "
-                             f"{t['sha256'][:12]}...); set data.tokenizer to {t['name']!r} or to "
-                             f"{join_url(cfg.source, 'tokenizer')!r}")
+                              f"tokenizer the shards in {cfg.source!r} were prepared with ({t['name']!r}, sha256 "
+                              f"{t['sha256'][:12]}...); set data.tokenizer to {t['name']!r} or to "
+                              f"{join_url(cfg.source, 'tokenizer')!r}")
         if int(m["seq_len"]) != cfg.seq_len:
             raise ConfigError(f"data.seq_len: {cfg.seq_len}, but the shards in {cfg.source!r} hold sequences of "
-                             f"{m['seq_len']} tokens; set data.seq_len: {m['seq_len']}")
+                              f"{m['seq_len']} tokens; set data.seq_len: {m['seq_len']}")
         if m["packing"] != cfg.packing:
             raise ConfigError(f"data.packing: {cfg.packing!r}, but the shards in {cfg.source!r} were packed "
-                             f"{m['packing']!r}; set data.packing: {m['packing']}")
+                              f"{m['packing']!r}; set data.packing: {m['packing']}")
         return cls(cfg.source, m, cfg.verify_checksums)
 
     def _split(self, split: str) -> str:
         if split not in self._counts:
             raise ConfigError(f"split: {self.description} has no {split!r} split (it has: "
-                             f"{', '.join(sorted(self._counts))}); prepare one (e.g. --val-docs or --val-split)")
+                              f"{', '.join(sorted(self._counts))}); prepare one (e.g. --val-docs or --val-split)")
         return split
 
     def counts(self, split: str) -> np.ndarray:

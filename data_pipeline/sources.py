@@ -43,7 +43,7 @@ class BuiltinSource:
             n_val = 1
         if n - n_val < 1:
             raise ConfigError(f"data.source: builtin:{corpus} gives only {n} sequences of "
-                             f"{seq_len} tokens; lower data.seq_len or data.val_fraction")
+                              f"{seq_len} tokens; lower data.seq_len or data.val_fraction")
         self._rows = {"train": rows[: n - n_val], "val": rows[n - n_val:]}
         self.seq_len = seq_len
         self.packing = packing

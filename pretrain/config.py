@@ -135,13 +135,13 @@ class RecipeConfig:
             raise ConfigError(f"parallel.zero_stage: ZeRO-{p.zero_stage} cannot be combined with pipeline parallelism (parallel.pp={p.pp}); use zero_stage 0 or 1")
         if p.tp > 1 and p.zero_stage == 3:
             raise ConfigError(f"parallel.zero_stage: ZeRO-3 is supported with tensor parallelism off (parallel.tp={p.tp}); "
-                             "use zero_stage 0, 1 or 2 with tp > 1, or tp=1 with ZeRO-3")
+                              "use zero_stage 0, 1 or 2 with tp > 1, or tp=1 with ZeRO-3")
         if t.compile and p.zero_stage == 3:
             raise ConfigError("train.compile: DeepSpeed ZeRO-3 gathers parameters in module hooks that the compiled "
-                             "blocks do not run; use parallel.zero_stage 0-2 with compile, or train.compile: false")
+                              "blocks do not run; use parallel.zero_stage 0-2 with compile, or train.compile: false")
         if p.sequence_parallel and p.tp < 2:
             raise ConfigError(f"parallel.sequence_parallel: needs tensor parallelism (parallel.tp >= 2, got {p.tp}); "
-                             "set it to false or raise parallel.tp")
+                              "set it to false or raise parallel.tp")
         if world_size is not None:
             dp = world_size // (p.tp * p.pp)
             if t.global_batch % (t.micro_batch * dp):
@@ -157,7 +157,7 @@ class RecipeConfig:
             tokens = self.data.seq_len * (2 if self.objective.name in ("setdlm", "bd3lm") else 1)
             if tokens % p.tp:
                 raise ConfigError(f"parallel.sequence_parallel: {tokens} tokens per sequence through the model are not "
-                                 f"divisible by parallel.tp={p.tp}; choose data.seq_len so that they are")
+                                  f"divisible by parallel.tp={p.tp}; choose data.seq_len so that they are")
 
     def resolve_vocab(self, tokenizer) -> None:
         """Fill model.vocab_size and model.mask_id from the tokenizer unless the recipe set them."""
@@ -166,7 +166,7 @@ class RecipeConfig:
         if self.model.mask_id < 0:
             if tokenizer.mask_id is None:
                 raise ConfigError(f"data.tokenizer: {self.data.tokenizer!r} has no MASK token; set model.mask_id "
-                                 "or use a tokenizer with one")
+                                  "or use a tokenizer with one")
             self.model.mask_id = tokenizer.mask_id
 
     def dp_size(self, world_size: int) -> int:

@@ -127,7 +127,7 @@ class StepRunner:
 
             if engine.zero_optimization_stage() > 1:
                 raise ConfigError(f"parallel.zero_stage: ZeRO-{engine.zero_optimization_stage()} cannot be combined "
-                                 "with pipeline parallelism; use zero_stage 0 or 1")
+                                  "with pipeline parallelism; use zero_stage 0 or 1")
             # Gradients are produced by megatron's schedule, outside engine.backward(): DeepSpeed's
             # ZeRO-1 must build its reduction buckets itself, as under its own pipeline engine.
             engine.pipeline_parallelism = True
@@ -169,7 +169,7 @@ class StepRunner:
         n_micro = self.engine.gradient_accumulation_steps() if self.pp == 1 else len(micro)
         if self.pp == 1 and n_micro != len(micro):
             raise RuntimeError(f"train_step: {len(micro)} micro-batches for DeepSpeed's gradient_accumulation_steps "
-                             f"= {n_micro}")
+                               f"= {n_micro}")
         scale = (dp * n_micro / count.clamp(min=1.0)).float()
         for m in micro:
             m.loss_scale = scale

@@ -69,7 +69,7 @@ def resolve_for_plan(cfg) -> None:
         tok = load_tokenizer(cfg.data.tokenizer, add_mask=cfg.data.add_mask_token)  # as the run loads it
     except Exception as e:  # noqa: BLE001 - any tokenizer problem: say how to plan without it
         raise ConfigError(f"data.tokenizer: cannot load {cfg.data.tokenizer!r} here ({e}); set model.vocab_size and "
-                         "model.mask_id to plan without it") from None
+                          "model.mask_id to plan without it") from None
     cfg.resolve_vocab(tok)
 
 
