@@ -11,7 +11,6 @@ the scorer: eval/scoring.py.)
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 
 import torch

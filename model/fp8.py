@@ -18,6 +18,8 @@ import contextlib
 
 import torch
 
+from common.schema import ConfigError
+
 FP8_MODES = ("none", "hybrid", "e4m3")
 
 
@@ -26,18 +28,18 @@ def check_available(mode: str) -> None:
     if mode == "none":
         return
     if mode not in FP8_MODES:
-        raise ValueError(f"model.fp8: unknown mode {mode!r}; valid: {', '.join(FP8_MODES)}")
+        raise ConfigError(f"model.fp8: unknown mode {mode!r}; valid: {', '.join(FP8_MODES)}")
     if not torch.cuda.is_available():
-        raise ValueError(f"model.fp8={mode}: FP8 needs a CUDA GPU with FP8 tensor cores (H100/H200 or newer); "
+        raise ConfigError(f"model.fp8={mode}: FP8 needs a CUDA GPU with FP8 tensor cores (H100/H200 or newer); "
                            "no CUDA device is visible. Use model.fp8=none here.")
     cap = torch.cuda.get_device_capability()
     if cap < (8, 9):
-        raise ValueError(f"model.fp8={mode}: {torch.cuda.get_device_name()} (compute capability {cap[0]}.{cap[1]}) "
+        raise ConfigError(f"model.fp8={mode}: {torch.cuda.get_device_name()} (compute capability {cap[0]}.{cap[1]}) "
                            "has no FP8 tensor cores; FP8 needs 8.9 (Ada) or 9.0 (Hopper) and newer")
     try:
         import transformer_engine.pytorch  # noqa: F401
     except ImportError as e:
-        raise ValueError(f"model.fp8={mode}: Transformer Engine is not installed ({e}); it ships in the NGC "
+        raise ConfigError(f"model.fp8={mode}: Transformer Engine is not installed ({e}); it ships in the NGC "
                            "PyTorch image this project's Dockerfile builds on") from None
 
 

@@ -6,7 +6,7 @@ reference implementation's DiT checkpoints (docs/convert.md).
     setdlm convert from-hf --model DIR --out RUN_DIR [--overwrite] [section.key=value ...]
     setdlm convert from-reference --model PATH --out RUN_DIR [--family F] [--set-size D] [--seq-len L]
                          [--n-heads N] [--tokenizer gpt2] [--ema/--no-ema] [--sigma 0] [section.key=value ...]
-    setdlm convert consolidate ...      (sharded TP/PP/ZeRO-3 checkpoints; pretrain.consolidate)
+    setdlm convert consolidate ...      (sharded TP/PP/ZeRO-3 checkpoints; pretrain/checkpoint/consolidate.py)
 
 The weight mapping itself is pure tensor code in model/convert/; this module reads and writes run
 directories through the checkpoint file layer (pretrain/checkpoint/rundir.py).
@@ -25,11 +25,13 @@ from pathlib import Path
 import torch
 
 from common.cli import ArgumentParser as CLIParser
+from common.jsonl import read_jsonl
 
 from model.convert.card import render_card
-from model.convert.hf_format import (CODE_FILES, HF_CODE_DIR, RECIPE_FILE, ConvertError, cast, configs_from_hf,
-                                     from_hf_state_dict, hf_config, parameter_total, parse_size, read_json,
-                                     read_weights, to_hf_state_dict, write_weights)
+from model.convert.errors import ConvertError
+from model.convert.hf_config import CODE_FILES, HF_CODE_DIR, RECIPE_FILE, configs_from_hf, hf_config
+from model.convert.hf_files import DTYPES, cast, parameter_total, parse_size, read_json, read_weights, write_weights
+from model.convert.hf_map import from_hf_state_dict, pad_rows, to_hf_state_dict
 
 from .checkpoint import rundir
 from .safe_load import CheckpointError
@@ -56,11 +58,7 @@ def collect_results(run_dir: Path, step: int, files=()) -> list[tuple[str, objec
     metrics = Path(run_dir) / "metrics.jsonl"
     if metrics.is_file():
         last = None
-        for line in metrics.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
+        for row in read_jsonl(metrics, skip_bad=True):  # a row cut short by a kill is skipped
             if row.get("val/nll") is not None and row.get("step", 0) <= step:
                 last = row
         if last is not None:
@@ -123,8 +121,6 @@ def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32",
                       results=(), overwrite: bool = False, log=print) -> Path:
     """`to-hf`: write a Hugging Face export of a training checkpoint to `out`."""
     import transformers
-
-    from model.convert.hf_format import DTYPES
 
     if dtype not in DTYPES:
         raise ConvertError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
@@ -310,7 +306,6 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
     """`from-reference`: a reference-implementation DiT checkpoint into a training run directory."""
     from data_pipeline.tokenizers import load_tokenizer
     from model.convert import reference as ref
-    from model.convert.hf_format import _pad_rows
 
     obj, config = _read_reference(Path(path))
     shadow = None
@@ -373,7 +368,7 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
     cfg = _run_config(raw, overrides)
     Vp = cfg.model.padded_vocab_size
     for k in ("embed.weight", "head.weight", "head.bias"):
-        train_sd[k] = _pad_rows(train_sd[k][:V], Vp)
+        train_sd[k] = pad_rows(train_sd[k][:V], Vp)
     if arch["adaln"]:
         log(f"setdlm convert: time conditioning (adaLN) folded at sigma={sigma}: exact for models trained without "
             "time conditioning (the reference's default)")

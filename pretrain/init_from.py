@@ -1,7 +1,7 @@
 """`train.init_from`: start a run from pretrained weights (docs/finetune.md).
 
 Two kinds of source:
-- a stock Hugging Face causal-LM directory (Qwen3, Llama, Mistral; model/convert/hf_import.py): the
+- a stock Hugging Face causal-LM directory (Qwen3, Llama, Mistral; model/convert/hf_stock.py): the
   `model:` architecture comes from its config.json, the tokenizer from the directory (MASK appended
   when it has none), the weights from its safetensors;
 - a setdlm run directory or checkpoint of any layout (consolidated on the fly, EMA weights when it
@@ -21,15 +21,12 @@ from pathlib import Path
 
 from common.schema import ConfigError
 from model.config import PRESETS, ModelConfig
-from model.convert import hf_import
-from model.convert.hf_format import ConvertError
+from model.convert import hf_stock
+from model.convert.errors import ConvertError
 
 from .checkpoint import rundir
 from .safe_load import CheckpointError
 
-# Recipe fields that are training choices, not architecture: the recipe's value is kept.
-TRAINING_FIELDS = ("preset", "dropout", "attention_dropout", "attention_backend", "fp8", "vocab_pad_multiple",
-                   "max_seq_len", "init_std", "vocab_size", "mask_id")
 _DEFAULT_TOKENIZER = "gpt2"  # DataConfig's default: replaced by the source's tokenizer
 
 
@@ -68,7 +65,7 @@ def _merge_model(cfg, derived: dict, where: str) -> None:
 
 def _arch(model_cfg) -> dict:
     """ARCH_FIELDS of a ModelConfig, with KV heads and head size explicit."""
-    out = {k: getattr(model_cfg, k) for k in hf_import.ARCH_FIELDS}
+    out = {k: getattr(model_cfg, k) for k in hf_stock.ARCH_FIELDS}
     out.update(n_kv_heads=model_cfg.kv_heads, head_dim=model_cfg.dim_head)
     return out
 
@@ -106,10 +103,10 @@ def _prepare_hf(cfg, d: Path) -> InitSource:
     from data_pipeline.tokenizers import TokenizerError, load_tokenizer
 
     try:
-        config = hf_import.read_config(d)
+        config = hf_stock.read_config(d)
     except ConvertError as e:
         _bad(str(e))
-    _merge_model(cfg, hf_import.model_section(config, d / "config.json"), f"{d}/config.json")
+    _merge_model(cfg, hf_stock.model_section(config, d / "config.json"), f"{d}/config.json")
     if cfg.model.max_seq_len == ModelConfig().max_seq_len and config.get("max_position_embeddings"):
         cfg.model.max_seq_len = int(config["max_position_embeddings"])
     if cfg.model.dropout == ModelConfig().dropout:  # HF causal LMs of these families train without dropout
@@ -127,7 +124,7 @@ def _prepare_hf(cfg, d: Path) -> InitSource:
         cfg.data.add_mask_token = True
     tok = _tokenizer(cfg)
     n_real = tok.vocab_size - (0 if had_mask else 1)
-    rows = hf_import.embedding_rows(config)
+    rows = hf_stock.embedding_rows(config)
     if n_real > rows:
         raise ConfigError(f"data.tokenizer: {tok.name!r} has {n_real} tokens but the model in {d} embeds {rows} "
                           "(config.json vocab_size): a tokenizer/model vocabulary mismatch; use the model's own tokenizer")
@@ -207,7 +204,7 @@ def weights(source: InitSource, model_cfg):
     """Our tp=1 name -> full tensor mapping of the source (lazy for HF directories)."""
     if source.kind == "hf":
         try:
-            return hf_import.HFWeights(source.path, model_cfg, source.n_real)
+            return hf_stock.HFWeights(source.path, model_cfg, source.n_real)
         except ConvertError as e:
             _bad(str(e))
     from .checkpoint.inference import checkpoint_weights
@@ -235,4 +232,4 @@ def load(engine, source: InitSource | None, model_cfg, ema=None) -> list[str]:
     return list(source.notes)
 
 
-__all__ = ["InitSource", "prepare", "prepare_for_plan", "load", "weights", "TRAINING_FIELDS"]
+__all__ = ["InitSource", "prepare", "prepare_for_plan", "load", "weights"]

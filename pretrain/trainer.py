@@ -15,7 +15,7 @@ from data_pipeline.tokenizers import load_tokenizer
 from model import fp8 as fp8_layers
 from model.noise import TRAIN, VAL, SampleNoise
 from model.objectives import build_objective, summarize
-from model.transformer import parameter_count
+from model.shapes import parameter_count
 
 from . import init_from
 from .checkpoint import resume, rng, rundir

@@ -12,7 +12,6 @@ truncated meta.json and a `latest` naming a missing or incomplete step are check
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import subprocess

@@ -131,7 +131,7 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
         m, gnorm = stepper.train_step(micro)
         red = stepper.reduce(m)
         result["losses"].append(red["loss_sum"] / red["loss_count"])
-        result["grad_norms"].append(gnorm)
+        result["grad_norms"].append(None if gnorm is None else float(gnorm))  # the engine's norm: a tensor
     engine.module.eval()
     val = global_inputs(objective, 99)
     red = stepper.reduce(stepper.eval_step([_rows(val, i, i + MICRO) for i in range(mine.start, mine.stop, MICRO)]))
