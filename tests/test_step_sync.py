@@ -16,6 +16,9 @@ import torch
 
 from helpers import REPO, write_recipe
 
+# Installed packages (a virtual environment may live inside the checkout, as scripts/install.sh puts it)
+LIBRARIES = tuple(sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, *sys.path) if "site-packages" in p}
+                         | {sys.prefix, os.path.realpath(sys.prefix)}))
 SYNCS = ("item", "tolist", "__float__", "__int__", "__bool__", "__index__", "numpy", "__array__", "cpu")
 
 
@@ -32,7 +35,8 @@ class SyncCounter:
         def counted(tensor, *args, **kwargs):
             frame = sys._getframe(1)
             path = frame.f_code.co_filename
-            if self.active and path.startswith(str(REPO)) and os.sep + "tests" + os.sep not in path:
+            if self.active and path.startswith(str(REPO)) and not path.startswith(LIBRARIES) \
+                    and os.sep + "tests" + os.sep not in path:
                 self.calls[(os.path.relpath(path, REPO), frame.f_code.co_name, name)] += 1
             return method(tensor, *args, **kwargs)
 
