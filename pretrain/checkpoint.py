@@ -460,10 +460,10 @@ def load_model(path: str | os.PathLike, *, ema: bool = True, device: str | torch
 
     Any checkpoint works, whatever TP x PP x DP layout and ZeRO stage saved it (sharded ones are merged
     in memory; `setdlm convert consolidate` writes the merge once for repeated use). The model is a
-    TP=1 Transformer of plain torch layers (model/layers.py): no process group is created, nothing
+    TP=1 Transformer (torch alone, model/layers.py): no process group is created, nothing
     in os.environ is set, and torch.distributed stays uninitialised."""
     from data_pipeline.tokenizers import load_tokenizer
-    from model.transformer import Transformer, megatron_config
+    from model.transformer import Transformer
 
     from .config import from_dict
 
@@ -480,7 +480,7 @@ def load_model(path: str | os.PathLike, *, ema: bool = True, device: str | torch
         raise CheckpointError(f"checkpoint {ckpt}: tokenizer hash {tokenizer.sha256[:12]} differs from the one "
                               f"it was trained with ({meta['tokenizer_sha256'][:12]})")
     with torch.random.fork_rng(devices=[]):  # the initial values are overwritten: leave the caller's RNG alone
-        model = Transformer(cfg.model, megatron_config())
+        model = Transformer(cfg.model)
     own = model.state_dict()
     wrong = [f"{k} {tuple(v.shape)} (the recipe's model has {tuple(own[k].shape)})" for k, v in weights.items()
              if k in own and torch.is_tensor(own[k]) and tuple(own[k].shape) != tuple(v.shape)]

@@ -189,11 +189,11 @@ def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32",
 
 def _normalize_weights(cfg, weights: dict) -> dict:
     """Load weights into a tp=1 Transformer of `cfg` (checking names and shapes); its state dict."""
-    from model.transformer import Transformer, megatron_config
+    from model.transformer import Transformer
 
     weights = {k: v for k, v in weights.items() if torch.is_tensor(v)}
     with torch.random.fork_rng(devices=[]):  # the initial values are overwritten; leave the caller's RNG alone
-        model = Transformer(cfg.model, megatron_config())
+        model = Transformer(cfg.model)
     own = model.state_dict()
     for k, v in weights.items():
         if k in own and torch.is_tensor(own[k]) and tuple(own[k].shape) != tuple(v.shape):

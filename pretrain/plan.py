@@ -106,7 +106,7 @@ def _layer_params(m) -> tuple[int, int]:
 
 
 def stage_params(m, pp: int) -> list[StageParams]:
-    from .pipeline import stage_layers  # imports megatron (no process group)
+    from .parallelize import stage_layers  # imports megatron (no process group)
 
     V, h = m.padded_vocab_size, m.hidden
     per_sharded, per_repl = _layer_params(m)
