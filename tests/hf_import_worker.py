@@ -44,7 +44,7 @@ def main() -> int:
     from pretrain import checkpoint, init_from
     from pretrain.config import from_dict, save_config
     from pretrain.engine import _skip_cpu_shm_op, build_engine
-    from pretrain.pipeline import build_stage
+    from pretrain.parallelize import build_stage
 
     ensure_process_group()
     _skip_cpu_shm_op()

@@ -31,7 +31,7 @@ def main() -> int:
 
     from model.config import ModelConfig
     from pretrain.parallel import ensure_model_parallel, ensure_process_group
-    from pretrain.pipeline import build_stage
+    from pretrain.parallelize import build_stage
 
     ensure_process_group()
     tp = dist.get_world_size()

@@ -38,14 +38,14 @@ def test_imported_logits_match_transformers_one_process(hf_dirs, tmp_path, arch)
     from data_pipeline.tokenizers import load_tokenizer
     from model.objectives import build_objective
     from pretrain.parallel import ensure_model_parallel
-    from model.transformer import Transformer, full_logits, megatron_config
+    from model.transformer import Transformer, full_logits
     from pretrain import init_from
 
     cfg, source = _prepare(tmp_path, hf_dirs[arch], objective="ar")
     cfg.resolve_vocab(load_tokenizer(cfg.data.tokenizer, add_mask=cfg.data.add_mask_token))
     cfg.validate(1)
     ensure_model_parallel(1, 1)
-    model = Transformer(cfg.model, megatron_config()).eval()
+    model = Transformer(cfg.model).eval()
     _load_strict(model, init_from.weights(source, cfg.model).state_dict())
     ids = ids_for_test()
     inputs = build_objective(cfg.objective, cfg.model, ids.shape[1]).prepare({"input_ids": ids})
@@ -78,14 +78,14 @@ def test_imported_logits_match_transformers_under_tp2_and_survive_export(hf_dirs
     # init_from a setdlm checkpoint of another layout (TP=2 shards, consolidated on the fly), in one process.
     from data_pipeline.tokenizers import load_tokenizer
     from pretrain.parallel import ensure_model_parallel
-    from model.transformer import Transformer, full_logits, megatron_config
+    from model.transformer import Transformer, full_logits
     from pretrain import init_from
 
     cfg, source = _prepare(tmp_path, run, objective="ar")
     assert source.kind == "checkpoint" and cfg.model.n_layers == 2 and cfg.data.tokenizer == str(run / "tokenizer")
     cfg.resolve_vocab(load_tokenizer(cfg.data.tokenizer, add_mask=cfg.data.add_mask_token))
     ensure_model_parallel(1, 1)
-    model = Transformer(cfg.model, megatron_config()).eval()
+    model = Transformer(cfg.model).eval()
     _load_strict(model, init_from.weights(source, cfg.model))
     with torch.no_grad():
         again = full_logits(model, model(ids, torch.arange(ids.shape[1]).expand_as(ids),
