@@ -9,9 +9,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from megatron.core import tensor_parallel
-
 from model.config import ModelConfig, ObjectiveConfig
+from model.layers import vocab_cross_entropy
 from model.masks import build_mask
 from model.objectives import build_objective
 from model.schedule import SlidingWindow
@@ -29,7 +28,7 @@ def tiny(seed=0):
 
 
 def ce(logits, targets):
-    return tensor_parallel.vocab_parallel_cross_entropy(logits.float().clone(), targets)
+    return vocab_cross_entropy(logits.float().clone(), targets)
 
 
 def pattern_weight(k: int, n: int) -> float:
