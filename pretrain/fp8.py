@@ -16,6 +16,7 @@ raises before any work starts. Not run in this project's CI: only the error path
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
 
@@ -112,7 +113,7 @@ def apply_fp8(model: torch.nn.Module, mode: str) -> None:
             for name, child in list(parent.named_children()):
                 if name in _BLOCK_LINEARS:
                     setattr(parent, name, TELinear(child, _BLOCK_LINEARS[name]))
-    model.block_context = lambda: autocast(mode)
+    model.block_context = functools.partial(autocast, mode)
 
 
 def autocast(mode: str):
