@@ -10,7 +10,7 @@ rank's, and `pretrain.parallelize.build_stage(device="meta")` builds its stage e
 does with `device="cuda"`: the same megatron layers, shard shapes and per-shard initialisation
 (model/init.py draws each unit of the rank's own shards on the host and copies it to the device;
 on `meta` the copy is free, so what the host holds is what a GPU build holds there too). Per rank it
-prints the parameters (plan.py's `stage_params(...).per_rank(tp)` beside them), their bf16 and fp32
+prints the parameters (pretrain/memory.py's `stage_params(...).per_rank(tp)` beside them), their bf16 and fp32
 bytes, the peak host-memory increase during the build (VmHWM, Linux) and the build time. Building
 nothing beyond a rank's own units is what keeps the host peak near the largest unit (1/tp of the
 embedding for a 150k vocabulary) instead of the full model's bytes.
@@ -41,8 +41,8 @@ def build_rank(model_cfg, tp: int, pp: int, stage: int, tp_rank: int) -> dict:
     from megatron.core import parallel_state
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
+    from pretrain.memory import stage_params
     from pretrain.parallelize import build_stage
-    from pretrain.plan import stage_params
 
     # megatron's order tp-cp-ep-dp-pp with dp = 1: global rank = stage * tp + tp_rank
     dist.init_process_group("fake", store=FakeStore(), rank=stage * tp + tp_rank, world_size=tp * pp)
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore")
-    from model.transformer import parameter_count
+    from model.shapes import parameter_count
 
     cfg = model_config(args.preset, args.vocab_size, args.n_layers or None)
     cfg.validate(tp=args.tp)

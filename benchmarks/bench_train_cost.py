@@ -22,7 +22,8 @@ import torch  # noqa: E402
 
 from model.config import ModelConfig, ObjectiveConfig, apply_preset  # noqa: E402
 from model.objectives import build_objective  # noqa: E402
-from model.transformer import Transformer, parameter_count  # noqa: E402
+from model.shapes import parameter_count  # noqa: E402
+from model.transformer import Transformer  # noqa: E402
 
 
 def time_objective(name: str, model: Transformer, seq_len: int, batch: int, steps: int, warmup: int, device) -> float:

@@ -3,7 +3,9 @@
 Imports flow ``common -> data_pipeline -> model -> pretrain -> eval -> launch``:
 
 - ``common.errors``: ``Error``, the base class of every error a user can cause (printed as one line)
-- ``common.schema``: typed recipe sections (pydantic dataclasses) and one-line field errors
+- ``common.schema``: typed sections (pydantic dataclasses: the recipe, SamplingConfig, command options) and
+  one-line field errors
+- ``common.options``: command-line flags, ``--help`` and ``--describe`` generated from a typed options section
 - ``common.yamlfile``: reading recipe YAML with errors that name the file and line
 - ``common.io``: atomic file writes (temp file, fsync, rename, fsync of the directory)
 - ``common.env``: rank / world size / master address from torchrun, Slurm or MPI variables

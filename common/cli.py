@@ -5,8 +5,8 @@
   flags (`--config R a.b=1 --name x c.d=2`), for every parser with an ``overrides`` positional.
 - `run_command`: calls a subcommand's ``main(argv)``; configuration, data, checkpoint and
   command-line errors (``ValueError`` and its subclasses, missing files, shard errors) print
-  ``setdlm CMD: error: MESSAGE`` on one line and return 2. ``SETDLM_DEBUG=1`` re-raises them with
-  their traceback. Ctrl-C outside training prints ``interrupted`` and returns 130.
+  ``setdlm CMD: error: MESSAGE`` on one line and return 2 (or the error's ``exit_status``).
+  ``SETDLM_DEBUG=1`` re-raises them with their traceback. Ctrl-C outside training prints ``interrupted`` and returns 130.
 """
 
 from __future__ import annotations
@@ -82,4 +82,4 @@ def run_command(prog: str, main, argv: list[str]) -> int:
         if debug_enabled() or not is_user_error(e):
             raise
         report(prog, e)
-        return 2
+        return int(getattr(e, "exit_status", 2))  # an Error may name another status (eval merge: 3, incomplete)

@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from .errors import Error
 
-import datetime
 import os
 import re
 import shutil
@@ -39,7 +38,6 @@ from dataclasses import asdict, dataclass
 from typing import Mapping
 
 DEFAULT_MASTER_PORT = 29500
-LAUNCHERS = ("single", "torchrun", "slurm", "mpi")
 
 
 @dataclass

@@ -11,9 +11,19 @@ Every field has a type, a range (``ge``/``gt``/``le``/``lt``) or a choice set (`
 one-line ``description`` (printed by ``setdlm pretrain --describe``). Validation is strict: an
 ``int`` field refuses ``2.5``, ``"3"`` and ``true``; a ``bool`` field takes only ``true``/``false``;
 a ``float`` field takes integers too. ``Text`` is a string field that also takes a bare number
-(``run.name: 12345``, a Slurm job id). Unknown keys, NaN and infinities are refused. Assignments
-are validated too. Any error is a :class:`ConfigError` (a ``ValueError``) whose message reads
-``section.key: what is valid, got VALUE``.
+(``run.name: 12345``, a Slurm job id); ``PathText`` a string that also takes a ``pathlib.Path``;
+``TextList`` a tuple of strings that also takes a list. Unknown keys, NaN and infinities are
+refused. Assignments are validated too. Any error is a :class:`ConfigError` (a ``ValueError``)
+whose message reads ``section.key: what is valid, got VALUE``.
+
+The same machinery types the options of the command lines that are not recipes (``SamplingConfig``,
+the options of ``setdlm sample`` and of every ``setdlm eval`` task; common/options.py makes their
+flags): ``section(name, frozen=True, kw_only=True, flags=True, error=...)`` names a key by its flag
+(``--max-new-tokens: ...``) and raises the given `Error` subclass. ``like(cls, key, ...)`` declares a
+field with the type constraints and description of another section's field (a command-line default
+of its own, one source of its range). Checks across fields go in ``__post_init__`` (it runs on
+construction, not on assignment) or ``validate()``, with messages that start with the dotted key
+(``sampling.window_max: ...``) or the flag.
 """
 
 from __future__ import annotations
@@ -22,6 +32,7 @@ from .errors import Error
 
 import dataclasses
 import functools
+import os
 import types
 from typing import Annotated, Literal, Union, get_args, get_origin
 
@@ -29,10 +40,11 @@ import annotated_types as at
 from pydantic import BeforeValidator, ConfigDict, Field, ValidationError
 from pydantic.dataclasses import dataclass as _pydantic_dataclass
 
-__all__ = ["ConfigError", "Field", "Literal", "Text", "section", "format_validation_error", "field_rows",
-           "type_text", "check_keys"]
+__all__ = ["ConfigError", "Field", "Literal", "Text", "PathText", "TextList", "section", "like", "format_validation_error",
+           "field_rows", "format_rows", "type_text", "check_keys", "flag_name"]
 
 SECTION_CONFIG = ConfigDict(strict=True, extra="forbid", validate_assignment=True, allow_inf_nan=False)
+FROZEN_CONFIG = ConfigDict(strict=True, extra="forbid", allow_inf_nan=False)  # frozen: nothing to assign
 
 
 class ConfigError(Error):
@@ -45,15 +57,35 @@ def _number_to_text(value):
     return value
 
 
+def _path_to_text(value):
+    return os.fspath(value) if isinstance(value, os.PathLike) else value
+
+
 # A free-form string that also takes a bare YAML number (a run name such as a Slurm job id).
 Text = Annotated[str, BeforeValidator(_number_to_text)]
+# A path: a string, or an os.PathLike (pathlib.Path) given through a Python API, stored as its string.
+PathText = Annotated[str, BeforeValidator(_path_to_text)]
+# Strings (a repeatable flag): a tuple or a list of strings, stored as a tuple (frozen options stay hashable).
+TextList = Annotated[tuple[str, ...], BeforeValidator(lambda v: tuple(v) if isinstance(v, list) else v)]
 
 
-def section(name: str):
-    """Class decorator: a validated recipe section called `name` (the prefix of its error messages)."""
+def flag_name(key: str) -> str:
+    """The command-line flag of an option field: `max_new_tokens` -> `--max-new-tokens`."""
+    return "--" + key.replace("_", "-")
+
+
+def section(name: str, *, frozen: bool = False, kw_only: bool = False, flags: bool = False, error: type = None):
+    """Class decorator: a validated section called `name` (the prefix of its error messages).
+
+    frozen: instances cannot be changed (`dataclasses.replace` makes a new, validated one);
+    kw_only: keyword-only construction, so a subclass may add required fields after defaults;
+    flags: keys are command-line flags, errors read `--key-name: expected ...`; error: the `Error`
+    subclass raised (default ConfigError)."""
+    error = error or ConfigError
 
     def wrap(cls):
-        cls = _pydantic_dataclass(cls, config=SECTION_CONFIG)
+        cls = _pydantic_dataclass(cls, config=FROZEN_CONFIG if frozen else SECTION_CONFIG, frozen=frozen,
+                                  kw_only=kw_only)
         init, setattr_ = cls.__init__, cls.__setattr__
 
         @functools.wraps(init)
@@ -61,20 +93,42 @@ def section(name: str):
             try:
                 init(self, *args, **kwargs)
             except ValidationError as e:
-                raise ConfigError(format_validation_error(e, name, type(self))) from None
+                raise error(format_validation_error(e, name, type(self), flags=flags)) from None
 
         @functools.wraps(setattr_)
         def __setattr__(self, key, value):
             try:
                 setattr_(self, key, value)
             except ValidationError as e:
-                raise ConfigError(format_validation_error(e, name, type(self))) from None
+                raise error(format_validation_error(e, name, type(self), flags=flags)) from None
 
         cls.__init__, cls.__setattr__ = __init__, __setattr__
         cls.__recipe_section__ = name
+        cls.__section_flags__ = flags
         return cls
 
     return wrap
+
+
+_KEEP = object()
+
+
+def like(cls, key: str, default=_KEEP, description: str | None = None):
+    """A field with the constraints (range, length) and description of `cls.key`, and its own default
+    (and description): one source for a value's range where a command line offers another default.
+    Write the annotation at the use (it may differ: `int | None` where None means "from the checkpoint")."""
+    fi = _field_info(cls, key)
+    if fi is None:
+        raise TypeError(f"like: {cls.__name__} has no field {key!r}")
+    default = (fi.default if fi.default_factory is None else dataclasses.MISSING) if default is _KEEP else default
+    kw = {"default_factory": fi.default_factory} if default is dataclasses.MISSING else {"default": default}
+    extra = dict(fi.json_schema_extra) if isinstance(fi.json_schema_extra, dict) else {}
+    if not getattr(cls, "__section_flags__", False):  # errors name the section key it mirrors too
+        extra["same_as"] = f"{getattr(cls, '__recipe_section__', cls.__name__)}.{key}"
+    new = Field(**kw, description=description if description is not None else fi.description,
+                json_schema_extra=extra or None)
+    new.metadata = list(fi.metadata)
+    return new
 
 
 # ----------------------------------------------------------------------------------------- errors
@@ -117,22 +171,24 @@ def _bound_text(fi) -> str:
     return ""
 
 
-def _message(err: dict, fi) -> str:
+def _message(err: dict, fi, flags: bool = False) -> str:
     kind, ctx, got = err["type"], err.get("ctx") or {}, err.get("input")
     words = {
         "int_type": "must be an integer", "int_from_float": "must be an integer",
         "int_parsing": "must be an integer", "float_type": "must be a number", "float_parsing": "must be a number",
         "bool_type": "must be true or false", "bool_parsing": "must be true or false",
         "string_type": "must be a string", "finite_number": "must be a finite number",
-        "none_required": "must be null",
+        "none_required": "must be null", "list_type": "must be a list", "tuple_type": "must be a list",
     }
     if kind in words:
         msg = words[kind]
         bound = _bound_text(fi)
         if bound and kind.startswith(("int", "float")):
             msg += f" {bound}"
-        if fi is not None and _nullable(fi.annotation):
+        if fi is not None and _nullable(fi.annotation) and not flags:
             msg += " (or null)"
+        if flags:  # `--orders: expected an integer >= 1, got '2'`
+            msg = msg.replace("must be ", "expected ", 1)
     elif kind in ("greater_than_equal", "greater_than", "less_than_equal", "less_than"):
         bound = _bound_text(fi) or {"greater_than_equal": f">= {ctx.get('ge')}", "greater_than": f"> {ctx.get('gt')}",
                                     "less_than_equal": f"<= {ctx.get('le')}", "less_than": f"< {ctx.get('lt')}"}[kind]
@@ -162,24 +218,42 @@ def _nullable(annotation) -> bool:
     return get_origin(annotation) in (Union, types.UnionType) and type(None) in get_args(annotation)
 
 
-def format_validation_error(error: ValidationError, prefix: str, cls) -> str:
-    """One line: `prefix.key: what is valid, got VALUE`, plus how many other fields are wrong."""
-    errors = error.errors()
+def _key_name(prefix: str, loc: list[str], cls, flags: bool) -> str:
+    """How an error names a key: `prefix.key`; with flags `--key` (and the section field it mirrors)."""
+    if not flags:
+        return ".".join([prefix, *loc]) if prefix else ".".join(loc)
+    if not loc:
+        return prefix
+    fi = _field_info(cls, loc[0])
+    same = (fi.json_schema_extra or {}).get("same_as") if fi is not None and isinstance(fi.json_schema_extra, dict) else None
+    return flag_name(loc[0]) + (f" ({same})" if same else "")
+
+
+def _missing(err: dict) -> bool:
+    return err["type"] in ("missing_argument", "missing")
+
+
+def format_validation_error(error: ValidationError, prefix: str, cls, *, flags: bool = False) -> str:
+    """One line: `prefix.key: what is valid, got VALUE` (flags: `--key: ...`), plus the other wrong keys.
+    A wrong value is named before a missing one (flags: `--window 2.5` is the news, not `--out`)."""
+    errors = sorted(error.errors(), key=_missing) if flags else error.errors()
     first = errors[0]
     loc = [str(p) for p in first["loc"] if not isinstance(p, int)]
     key = loc[0] if loc else ""
-    name = ".".join([prefix, *loc]) if prefix else ".".join(loc)
+    name = _key_name(prefix, loc, cls, flags)
     if first["type"] in ("unexpected_keyword_argument", "unexpected_positional_argument"):
         text = f"{name}: unknown key; valid keys: {_valid_keys(cls)}"
-    elif first["type"] == "missing_argument" or first["type"] == "missing":
-        text = f"{name}: required"
+    elif _missing(first):
+        fi = _field_info(cls, key)
+        text = f"{name}: required" + (f" ({fi.description})" if flags and fi is not None and fi.description else "")
     elif first["type"] == "value_error":  # a validator's own message; it names its field
         text = str((first.get("ctx") or {}).get("error", first["msg"]))
-        if not text.startswith(f"{prefix}."):
+        if not text.startswith(f"{prefix}.") and not (flags and text.startswith("--")):
             text = f"{name}: {text}"
     else:
-        text = f"{name}: {_message(first, _field_info(cls, key))}"
-    others = sorted({".".join([prefix, *[str(p) for p in e["loc"] if not isinstance(p, int)]]) for e in errors[1:]} - {name})
+        text = f"{name}: {_message(first, _field_info(cls, key), flags)}"
+    names = {_key_name(prefix, [str(p) for p in e["loc"] if not isinstance(p, int)], cls, flags) for e in errors[1:]}
+    others = sorted(names - {name})
     if others:
         text += f" (also invalid: {', '.join(others)})"
     return text
@@ -202,6 +276,9 @@ def type_text(fi) -> str:
     ann = _unwrap(ann)
     if get_origin(ann) is Literal:
         text = " | ".join(str(v) for v in get_args(ann))
+    elif get_origin(ann) in (list, tuple):  # list[int], tuple[str, ...]
+        item = _unwrap(get_args(ann)[0]) if get_args(ann) else str
+        text = f"list of {getattr(item, '__name__', str(item))}"
     else:
         text = getattr(ann, "__name__", str(ann))
         bound = _bound_text(fi)
@@ -211,25 +288,37 @@ def type_text(fi) -> str:
 
 
 def _default_text(fi) -> str:
-    if fi.default_factory is not None:
-        return "(section)"
+    if fi.default_factory is not None:  # a nested section, or an empty list
+        return "(section)" if dataclasses.is_dataclass(fi.default_factory) else repr(fi.default_factory())
     d = fi.default
     if d is None:
         return "null"
     if isinstance(d, bool):
         return "true" if d else "false"
     if isinstance(d, str):
-        return repr(d) if d == "" or d.strip() != d else d
+        return repr(d) if d == "" or d.strip() != d or not d.isprintable() else d
     return str(d)
 
 
-def field_rows(cls, prefix: str) -> list[tuple[str, str, str, str]]:
-    """(dotted key, type and valid values, default, description) for every field of a section."""
+def field_rows(cls, prefix: str | None) -> list[tuple[str, str, str, str]]:
+    """(dotted key, type and valid values, default, description) for every field of a section;
+    prefix None: the key is the field's flag (`--max-new-tokens`)."""
     rows = []
     for f in dataclasses.fields(cls):
         fi = _field_info(cls, f.name)
-        rows.append((f"{prefix}.{f.name}", type_text(fi), _default_text(fi), fi.description or ""))
+        key = flag_name(f.name) if prefix is None else f"{prefix}.{f.name}"
+        default = "required" if fi.is_required() else _default_text(fi)
+        rows.append((key, type_text(fi), default, fi.description or ""))
     return rows
+
+
+def format_rows(title: str, rows: list[tuple[str, str, str, str]]) -> list[str]:
+    """`title:` and one aligned line per row (key, type and valid values, default, description)."""
+    w_key = max(len(r[0]) for r in rows)
+    w_type = min(max(len(r[1]) for r in rows), 24)
+    w_def = min(max(len(r[2]) for r in rows), 12)
+    return [f"{title}:", *(f"  {k:<{w_key}}  {typ:<{w_type}}  {default:<{w_def}}  {desc}".rstrip()
+                           for k, typ, default, desc in rows)]
 
 
 def annotation_is_text(cls, key: str) -> bool:

@@ -4,7 +4,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Literal
 
-from common.schema import Field, Text, check_keys, section
+from common.schema import ConfigError, Field, Text, check_keys, section
 
 from .corpus import BUILTIN_TEXTS
 
@@ -66,9 +66,9 @@ class DataConfig:
     def validate(self) -> None:
         """Checks beyond each field's type and range (those are enforced on construction)."""
         if not self.source.strip():
-            raise ValueError("data.source: is empty; use 'builtin:pydoc_topics' or a directory of prepared shards")
+            raise ConfigError("data.source: is empty; use 'builtin:pydoc_topics' or a directory of prepared shards")
         if self.is_builtin and self.source[len("builtin:"):] not in BUILTIN_TEXTS:
-            raise ValueError(f"data.source: unknown builtin corpus {self.source!r}; valid: "
-                             + ", ".join("builtin:" + n for n in BUILTIN_TEXTS))
+            raise ConfigError(f"data.source: unknown builtin corpus {self.source!r}; valid: "
+                              + ", ".join("builtin:" + n for n in BUILTIN_TEXTS))
         if not self.tokenizer.strip():
-            raise ValueError("data.tokenizer: is empty; use 'gpt2', 'bert-base-uncased' or a tokenizer directory")
+            raise ConfigError("data.tokenizer: is empty; use 'gpt2', 'bert-base-uncased' or a tokenizer directory")

@@ -17,9 +17,17 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from common.errors import Error
+from common.schema import ConfigError
+
 from . import order
 from .config import DataConfig
 from .sources import BuiltinSource, ShardError, check_split
+
+
+class LoaderStateError(Error):
+    """A saved data-loader state (from a checkpoint) that this loader cannot continue from."""
+
 
 log = logging.getLogger("setdlm.data")
 STATE_VERSION = 2
@@ -180,9 +188,9 @@ class TokenLoader:
         if split == "val":
             n_eval = order.val_samples(self.num_samples, global_batch)
             if n_eval == 0:
-                raise ValueError(f"micro_batch: the val split of {source.description} has {self.num_samples} "
-                                 f"sequences, fewer than one global batch (micro_batch x dp_size x accumulation = "
-                                 f"{global_batch}); lower the batch or use a larger validation split")
+                raise ConfigError(f"micro_batch: the val split of {source.description} has {self.num_samples} "
+                                  f"sequences, fewer than one global batch (micro_batch x dp_size x accumulation = "
+                                  f"{global_batch}); lower the batch or use a larger validation split")
             n_batches = n_eval // global_batch * self.accum
             self.dropped_samples = self.num_samples - n_eval
         self._plan = _Plan(source, split, micro_batch, global_batch, dp_rank, dp_size, max(1, cfg.num_workers), seed,
@@ -251,13 +259,13 @@ class TokenLoader:
         global_batch) the state must be at an optimizer-step boundary (as the trainer saves it); the
         number of workers never matters."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ValueError(f"data loader state: not a version-{STATE_VERSION} TokenLoader state (saved by an "
-                             "older setdlm, whose order depended on the layout); start without it to restart "
-                             "the data order")
+            raise LoaderStateError(f"data loader state: not a version-{STATE_VERSION} TokenLoader state (saved by an "
+                                   "older setdlm, whose order depended on the layout); start without it to restart "
+                                   "the data order")
 
         def refuse(what, saved, now, hint=""):
-            raise ValueError(f"data loader state was saved with {what}={saved!r}, this loader has {what}={now!r}; "
-                             f"resuming would repeat or skip data{hint}")
+            raise LoaderStateError(f"data loader state was saved with {what}={saved!r}, this loader has {what}={now!r}; "
+                                   f"resuming would repeat or skip data{hint}")
 
         for key, now in (("split", self.split), ("source", self.source.fingerprint), ("seq_len", self.seq_len),
                          ("seed", self.seed), ("shuffle", self._plan.shuffle),
@@ -275,7 +283,7 @@ class TokenLoader:
             else:
                 start, batches = start + batches // saved_accum * layout[0], 0
         elif layout != (self.global_batch, self.micro_batch, self.dp_size):
-            raise ValueError(
+            raise LoaderStateError(
                 f"data loader state was saved in the middle of an optimizer step (micro-batch {batches} of "
                 f"{saved_accum} per step); it can only resume under the same global_batch, micro_batch and "
                 f"dp_size ({layout[0]}, {layout[1]}, {layout[2]}), not ({self.global_batch}, "
@@ -302,8 +310,8 @@ def build_loader(cfg: DataConfig, *, split: str, tokenizer, micro_batch: int, dp
         from .config import EXAMPLE_PACKINGS
 
         if cfg.packing in EXAMPLE_PACKINGS:
-            raise ValueError(f"data.packing: {cfg.packing!r} rows come from prompt/answer shards (setdlm data prepare "
-                             "--format prompt_answer); builtin corpora are packed 'wrapped' or 'wrapped_bos_eos'")
+            raise ConfigError(f"data.packing: {cfg.packing!r} rows come from prompt/answer shards (setdlm data prepare "
+                              "--format prompt_answer); builtin corpora are packed 'wrapped' or 'wrapped_bos_eos'")
         source = BuiltinSource(cfg.source[len("builtin:"):], tokenizer, cfg.seq_len, cfg.packing,
                                float(cfg.val_fraction))
     else:

@@ -17,7 +17,7 @@ import base64
 import numpy as np
 import torch
 
-from .runner import EvalError
+from .errors import EvalError
 
 
 def encode_features(v: np.ndarray) -> str:
@@ -26,6 +26,17 @@ def encode_features(v: np.ndarray) -> str:
 
 def decode_features(s: str) -> np.ndarray:
     return np.frombuffer(base64.b64decode(s), dtype=np.float32)
+
+
+def load_hf(name: str, auto_class, device, option: str, hint: str):
+    """(tokenizer, model in eval mode on `device`) of a transformers name or directory; EvalError naming
+    `option` when it cannot be loaded (offline, no such model)."""
+    from transformers import AutoTokenizer
+
+    try:
+        return AutoTokenizer.from_pretrained(name), auto_class.from_pretrained(name).to(device).eval()
+    except OSError as e:
+        raise EvalError(f"{option}: cannot load {name!r} ({e}); {hint}") from None
 
 
 class Featurizer:
@@ -68,12 +79,8 @@ class Featurizer:
             self._model = AutoModel.from_pretrained(str(d)).to(self.device).eval()
         elif self.spec.startswith("hf:"):
             name, _ = self._hf_name()
-            try:
-                self._tok = AutoTokenizer.from_pretrained(name)
-                self._model = AutoModel.from_pretrained(name).to(self.device).eval()
-            except OSError as e:
-                raise EvalError(f"--featurizer: cannot load {name!r} ({e}); offline, use minilm, self or a local "
-                                f"directory") from None
+            self._tok, self._model = load_hf(name, AutoModel, self.device, "--featurizer",
+                                             "offline, use minilm, self or a local directory")
         else:
             self._model = self.ckpt.model
 

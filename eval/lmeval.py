@@ -18,7 +18,9 @@ import json
 import logging
 from pathlib import Path
 
-from .runner import EvalError, RecordReader, Unit, atomic_write
+from .errors import EvalError
+from .records import RecordReader, atomic_write
+from .units import Unit
 
 TASK = "setdlm_gsm8k"
 
@@ -185,17 +187,15 @@ def _register():
         def __init__(self, checkpoint: str, family=None, window=None, threshold=0.9, block_size=None,
                      max_new_tokens=256, temperature=0.0, batch_size=1, device=None, ema=True, **_):
             super().__init__()
-            from types import SimpleNamespace
-
-            from .models import Checkpoint, ModelPredictor, pick_device, sampling_config
+            from .models import Checkpoint, ModelPredictor, pick_device
+            from .options import DecodingOptions, sampling_config
 
             self.ckpt = Checkpoint(checkpoint, ema=str(ema).lower() not in ("0", "false"), device=pick_device(0, device))
-            ns = SimpleNamespace(family=family, window=int(window) if window else None,
-                                 threshold=None if threshold in (None, "none") else float(threshold),
-                                 block_size=int(block_size) if block_size else None, steps=None, steps_per_block=None,
-                                 remasking="confidence", temperature=float(temperature), top_k=0, top_p=1.0,
-                                 repetition_penalty=1.0, max_new_tokens=int(max_new_tokens))
-            self.predictor = ModelPredictor(self.ckpt, sampling_config(self.ckpt, ns))
+            opts = DecodingOptions(family=family, window=int(window) if window else None,
+                                   threshold=None if threshold in (None, "none") else float(threshold),
+                                   block_size=int(block_size) if block_size else None, temperature=float(temperature),
+                                   max_new_tokens=int(max_new_tokens))
+            self.predictor = ModelPredictor(self.ckpt, sampling_config(self.ckpt.cfg.objective, opts))
             self.bs = int(batch_size)
 
         def generate_until(self, requests, disable_tqdm: bool = False):

@@ -27,11 +27,13 @@ import shlex
 import sys
 from pathlib import Path
 
-from common.cli import ArgumentParser as CLIParser
-
 import yaml
 
-from .runner import EvalError
+from common.cli import ArgumentParser as CLIParser
+
+from . import api
+from .errors import EvalError
+from .tasks import TASKS
 
 
 def _args(v, where: str) -> list[str]:
@@ -52,8 +54,6 @@ def load_matrix(path: str) -> list[dict]:
     unknown = sorted(set(m) - {"out", "checkpoints", "tasks", "args"})
     if unknown:
         raise EvalError(f"matrix: {p}: unknown key {unknown[0]!r}; valid: out, checkpoints, tasks, args")
-    from .tasks import TASKS
-
     ckpts = m.get("checkpoints")
     if isinstance(ckpts, list):
         ckpts = {Path(c).name: c for c in ckpts}
@@ -96,31 +96,26 @@ def main(argv: list[str]) -> int:
     g.add_argument("--index", type=int, help="cell to run (default: $SLURM_ARRAY_TASK_ID)")
     p.add_argument("--dry-run", action="store_true", help="print the cell's command instead of running it")
     args = p.parse_args(argv)
-    try:
-        cells = load_matrix(args.matrix)
-        if args.count:
-            print(len(cells))
-            return 0
-        if args.list:
-            for c in cells:
-                print(f"{c['index']}\t{c['checkpoint_name']}\t{c['task']}\t{c['setting']}\t{c['out']}")
-            return 0
-        idx = args.index
-        if idx is None:
-            env = os.environ.get("SLURM_ARRAY_TASK_ID")
-            if env is None:
-                raise EvalError("matrix: give --index (or run inside a Slurm array job)")
-            idx = int(env)
-        if not 0 <= idx < len(cells):
-            raise EvalError(f"matrix: --index {idx} outside [0, {len(cells)}) ({args.matrix} has {len(cells)} cells)")
-    except EvalError as e:
-        print(f"setdlm eval matrix: error: {e}", file=sys.stderr)
-        return 2
+    cells = load_matrix(args.matrix)
+    if args.count:
+        print(len(cells))
+        return 0
+    if args.list:
+        for c in cells:
+            print(f"{c['index']}\t{c['checkpoint_name']}\t{c['task']}\t{c['setting']}\t{c['out']}")
+        return 0
+    idx = args.index
+    if idx is None:
+        env = os.environ.get("SLURM_ARRAY_TASK_ID")
+        if env is None:
+            raise EvalError("matrix: give --index (or run inside a Slurm array job)")
+        idx = int(env)
+    if not 0 <= idx < len(cells):
+        raise EvalError(f"matrix: --index {idx} outside [0, {len(cells)}) ({args.matrix} has {len(cells)} cells)")
     argv = cell_argv(cells[idx])
     if args.dry_run:
         print("setdlm eval " + shlex.join(argv))
         return 0
-    from .cli import main as eval_main
-
     print(f"[setdlm eval matrix] cell {idx}/{len(cells)}: setdlm eval {shlex.join(argv)}", file=sys.stderr, flush=True)
-    return eval_main(argv)
+    api.run(argv[0], api.from_argv(argv[0], argv[1:]))
+    return 0

@@ -11,6 +11,8 @@ import re
 from collections import Counter
 from decimal import Decimal, InvalidOperation
 
+from .errors import EvalError
+
 # ------------------------------------------------------------------------------------------ GSM8K
 # Final-answer extraction, in this order (the first rule that finds a number wins):
 #   1. "#### <number>"   the GSM8K answer format (the first occurrence; a model fine-tuned on GSM8K
@@ -67,10 +69,10 @@ def extract_answer(text: str) -> tuple[str | None, str]:
 def gold_answer(answer_field: str) -> str:
     """The gold number of a GSM8K `answer` (the text after its "####")."""
     if "####" not in answer_field:
-        raise ValueError(f"GSM8K answer without '####': {answer_field[-80:]!r}")
+        raise EvalError(f"GSM8K answer without '####': {answer_field[-80:]!r}")
     got = normalize_number(answer_field.split("####")[-1].strip())
     if got is None:
-        raise ValueError(f"GSM8K answer whose '####' part is not a number: {answer_field[-80:]!r}")
+        raise EvalError(f"GSM8K answer whose '####' part is not a number: {answer_field[-80:]!r}")
     return got
 
 
@@ -90,7 +92,7 @@ def _rouge_scorer(types: tuple[str, ...], stemmer: bool):
         try:
             from rouge_score import rouge_scorer
         except ImportError:
-            raise ImportError("ROUGE needs the `rouge-score` package: pip install 'setdlm[eval]'") from None
+            raise EvalError("ROUGE needs the `rouge-score` package: pip install 'setdlm[eval]'") from None
         _scorers[key] = rouge_scorer.RougeScorer(list(types), use_stemmer=stemmer)
     return _scorers[key]
 
@@ -157,10 +159,10 @@ def mauve_score(p_features, q_features, *, num_buckets="auto", seed: int = 25, s
     try:
         import mauve
     except ImportError:
-        raise ImportError("MAUVE needs the `mauve-text` package: pip install 'setdlm[eval]'") from None
+        raise EvalError("MAUVE needs the `mauve-text` package: pip install 'setdlm[eval]'") from None
     p, q = np.asarray(p_features, dtype=np.float32), np.asarray(q_features, dtype=np.float32)
     if len(p) < 2 or len(q) < 2:
-        raise ValueError(f"MAUVE needs at least 2 texts per side, got {len(p)} and {len(q)}")
+        raise EvalError(f"MAUVE needs at least 2 texts per side, got {len(p)} and {len(q)}")
     if num_buckets == "auto":
         num_buckets = max(2, min(len(p), len(q)) // 10)
     out = mauve.compute_mauve(p_features=p, q_features=q, num_buckets=num_buckets, seed=seed,

@@ -4,18 +4,18 @@
 needs them, so a rank whose units are all done never loads the model). `ModelPredictor` wraps
 `model.sampling.generate` for prompts (completion) and masked spans (infilling) and returns plain
 dicts that go into the per-example records. Tests (and users scoring other systems) can pass any
-object with the same two methods.
+object with the same two methods. (The decoding options and their SamplingConfig: eval/options.py;
+the scorer: eval/scoring.py.)
 """
 
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 
 import torch
 
-from .runner import EvalError
+from .errors import EvalError
 
 
 def pick_device(local_rank: int = 0, device: str | None = None) -> torch.device:
@@ -30,20 +30,16 @@ class Checkpoint:
     """A saved run or checkpoint folder: recipe config, tokenizer, and (lazily) the model."""
 
     def __init__(self, path: str, *, ema: bool = True, device: torch.device | str = "cpu"):
-        from pretrain.checkpoint import resolve_checkpoint
+        from pretrain.checkpoint import rundir
 
         if not path:
             raise EvalError("--checkpoint: required (a run directory or one of its checkpoints/step_* folders)")
-        from pretrain.checkpoint import read_meta
-
         try:
-            self.path = resolve_checkpoint(path)
-            self.meta = read_meta(self.path)
-        except (FileNotFoundError, RuntimeError, ValueError) as e:  # CheckpointError: a damaged checkpoint
+            self.path = rundir.resolve_checkpoint(path)
+            self.meta = rundir.read_meta(self.path)
+            self.cfg = rundir.read_recipe(self.path, self.meta)
+        except ValueError as e:  # CheckpointError: a missing or damaged checkpoint
             raise EvalError(f"--checkpoint: {e}") from None
-        from pretrain.config import from_dict
-
-        self.cfg = from_dict(self.meta["config"])
         self.ema, self.device = ema, torch.device(device)
         self._model = None
         self._tokenizer = None
@@ -55,20 +51,18 @@ class Checkpoint:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from data_pipeline.tokenizers import load_tokenizer
+            from pretrain.checkpoint import rundir
 
-            tok_dir = self.path.parent.parent / "tokenizer"
-            self._tokenizer = load_tokenizer(str(tok_dir) if tok_dir.is_dir() else self.cfg.data.tokenizer)
-            want = self.meta.get("tokenizer_sha256")
-            if want and self._tokenizer.sha256 != want:
-                raise EvalError(f"--checkpoint: {self.path}: its tokenizer (sha256 {self._tokenizer.sha256[:12]}) is "
-                                f"not the one it was trained with ({want[:12]})")
+            try:
+                self._tokenizer = rundir.checkpoint_tokenizer(self.path, self.meta, self.cfg.data.tokenizer)
+            except ValueError as e:  # CheckpointError (another tokenizer) and TokenizerError
+                raise EvalError(f"--checkpoint: {e}") from None
         return self._tokenizer
 
     @property
     def model(self):
         if self._model is None:
-            from pretrain.checkpoint import load_model
+            from pretrain.checkpoint.inference import load_model
 
             try:
                 self._model, tok, cfg = load_model(self.path, ema=self.ema, device=self.device)
@@ -99,47 +93,6 @@ class Checkpoint:
 
 
 # ------------------------------------------------------------------------------------------ sampling
-SAMPLING_ARGS = ("family", "window", "threshold", "block_size", "steps", "temperature", "top_k", "top_p",
-                 "max_new_tokens", "remasking", "steps_per_block", "repetition_penalty")
-
-
-def add_sampling_args(p, *, threshold=None, max_new_tokens=128, temperature=0.0, window_default="D") -> None:
-    g = p.add_argument_group("decoding (defaults follow the checkpoint's objective)")
-    g.add_argument("--family", choices=["setdlm", "bd3lm", "mdlm", "ar"], help="sampler (default: the checkpoint's objective)")
-    g.add_argument("--window", type=int, help=f"SW-SetDLM window w (default: {window_default})")
-    g.add_argument("--threshold", type=float, default=threshold,
-                   help=f"confidence threshold for extra tokens per step; 1 or more: none (default: {threshold})")
-    g.add_argument("--block-size", type=int, help="BD3-LM block size (default: the objective's)")
-    g.add_argument("--steps", type=int, help="MDLM denoising steps (default: one token per step)")
-    g.add_argument("--steps-per-block", type=int, help="BD3-LM steps per block")
-    g.add_argument("--remasking", choices=["confidence", "random"], default="confidence")
-    g.add_argument("--temperature", type=float, default=temperature, help=f"0: greedy (default {temperature})")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--repetition-penalty", type=float, default=1.0)
-    g.add_argument("--max-new-tokens", type=int, default=max_new_tokens, help=f"default {max_new_tokens}")
-    g.add_argument("--batch-size", type=int, default=1, help="examples decoded together (default 1, as in the paper)")
-
-
-def sampling_config(ckpt: Checkpoint, args, *, window: int | None = None, **extra):
-    """SamplingConfig from the checkpoint's objective (w = D, its block size) and the CLI options."""
-    from model.sampling import SamplingConfig
-
-    o = ckpt.cfg.objective
-    kw = dict(family=args.family or o.name, window=args.window or window or int(getattr(o, "set_size", 4) or 4),
-              block_size=args.block_size or int(getattr(o, "block_size", 4) or 4), threshold=args.threshold,
-              steps=args.steps, steps_per_block=args.steps_per_block, remasking=args.remasking,
-              temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-              repetition_penalty=args.repetition_penalty, max_new_tokens=args.max_new_tokens)
-    kw.update(extra)
-    sc = SamplingConfig(**kw)
-    try:
-        sc.validate()
-    except ValueError as e:
-        raise EvalError(f"--{str(e).split(':')[0].split('.')[-1].replace('_', '-')}: {e}") from None
-    return sc
-
-
 def sampling_spec(sc) -> dict:
     d = dataclasses.asdict(sc)
     d.pop("check_every", None)
@@ -211,93 +164,3 @@ class ModelPredictor:
     def warmup(self, prompts, n: int, seed: int = 0) -> None:
         for i in range(n):
             self._generate([list(prompts[i % len(prompts)])], seed + i)
-
-
-# ------------------------------------------------------------------------------------------ scoring
-class Scorer:
-    """Per-text NLL under a scoring model (generative perplexity).
-
-    ``spec`` is a setdlm checkpoint (run dir or checkpoint folder) or ``hf:NAME_OR_DIR`` (a
-    transformers causal LM, e.g. ``hf:gpt2-large`` as in the papers, online or from a local copy).
-    Texts are re-tokenized with the scorer's tokenizer.
-
-    - setdlm checkpoint: the same number `eval likelihood --text` computes for a file holding that one
-      text -- the text framed as one training document (the recipe's packing: EOS after it, or
-      [CLS]/[SEP] around it), cut into rows of the training ``data.seq_len`` (the last one padded),
-      scored with the objective's bound (`prepare(bound=True)`: AR the exact NLL, SetDLM one sampled
-      order, MDLM/BD3-LM the NELBO). The framing tokens are scored too; the first token of each row is
-      context only for AR. A text scored alone has no neighbouring documents as context, so its NLL is
-      somewhat higher than that of the same tokens inside packed validation rows.
-    - ``hf:``: next-token NLL of the bare text (no framing; the first token is context only), in
-      consecutive non-overlapping windows of the model's context.
-    """
-
-    def __init__(self, spec: str, device: torch.device):
-        self.spec, self.device = spec, device
-        self._hf = spec.startswith("hf:")
-        self._loaded = False
-
-    def describe(self) -> dict:
-        if self._hf:
-            return {"scorer": self.spec, "estimator": "next-token NLL (exact)"}
-        c = Checkpoint(self.spec)
-        from .tasks.likelihood import ESTIMATORS
-
-        return {"scorer": str(c.path), "scorer_step": c.meta.get("step"), "scorer_objective": c.objective,
-                "exact": c.objective == "ar", "estimator": ESTIMATORS.get(c.objective, ""),
-                "framing": c.cfg.data.packing, "rows_of": c.cfg.data.seq_len, "ema": c.uses_ema}
-
-    def _load(self):
-        if self._loaded:
-            return
-        if self._hf:
-            from transformers import AutoModelForCausalLM, AutoTokenizer
-
-            name = self.spec[3:]
-            try:
-                self.tok = AutoTokenizer.from_pretrained(name)
-                self.lm = AutoModelForCausalLM.from_pretrained(name).to(self.device).eval()
-            except OSError as e:
-                raise EvalError(f"--scorer: cannot load {name!r} ({e}); offline, give a local directory or a setdlm "
-                                f"checkpoint") from None
-            self.max_len = int(getattr(self.lm.config, "n_positions", None) or getattr(self.lm.config, "max_position_embeddings", 1024))
-        else:
-            self.ckpt = Checkpoint(self.spec, device=self.device)
-            self.lm = self.ckpt.model
-            self.tok = self.ckpt.tokenizer
-            self.max_len = int(self.ckpt.cfg.data.seq_len)
-        self._loaded = True
-
-    def encode(self, text: str) -> list[int]:
-        self._load()
-        return self.tok.encode(text) if not self._hf else self.tok(text, add_special_tokens=False)["input_ids"]
-
-    @torch.no_grad()
-    def nll(self, text: str, seed: int = 0) -> tuple[float, int]:
-        """(summed NLL in nats, number of scored tokens) of `text`; `seed` drives the bound's draws."""
-        self._load()
-        ids = self.encode(text)
-        if not self._hf:
-            return self._setdlm_nll(ids, seed)
-        total, count = 0.0, 0
-        for s in range(0, len(ids), self.max_len):
-            win = ids[s:s + self.max_len]
-            if len(win) < 2:
-                continue
-            x = torch.tensor([win], device=self.device)
-            logits = self.lm(x).logits[0, :-1].float()
-            total += float(torch.nn.functional.cross_entropy(logits, x[0, 1:], reduction="sum"))
-            count += len(win) - 1
-        return total, count
-
-    def _setdlm_nll(self, ids: list[int], seed: int) -> tuple[float, int]:
-        """Through the code path of `eval likelihood --text` (eval.tasks.likelihood.score_rows)."""
-        from .tasks.likelihood import score_rows, text_rows
-
-        if not ids:
-            return 0.0, 0
-        cfg = self.ckpt.cfg
-        batch = text_rows([ids], self.tok, cfg.data.packing, cfg.data.seq_len)
-        gen = torch.Generator(device=self.device).manual_seed(int(seed))
-        nll, tokens = score_rows(self.lm, cfg, batch, gen)
-        return nll, tokens

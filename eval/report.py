@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from common.errors import InputFileError
+
 PERCENT = {"accuracy", "rouge1", "rouge2", "rougeL", "rougeLsum", "lm_eval/exact_match"}
 
 
@@ -122,7 +124,7 @@ def collect(dirs: list[str]) -> list[dict]:
     for d in dirs:
         p = Path(d) / "metrics.json"
         if not p.is_file():
-            raise FileNotFoundError(f"{d}: no metrics.json (run the evaluation or `setdlm eval merge {d}` first)")
+            raise InputFileError(f"{d}: no metrics.json (run the evaluation or `setdlm eval merge {d}` first)")
         doc = json.loads(p.read_text())
         out.append({"dir": str(d), "task": doc["task"], **doc["metrics"], "spec": doc["spec"]})
     return out

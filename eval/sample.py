@@ -5,7 +5,8 @@
     setdlm sample --checkpoint RUN --prompts-file in.jsonl --out out.jsonl [--batch-size 16]
 
 The sampler family and its defaults (window w = D, block size) come from the checkpoint's recipe;
-every SamplingConfig field can be overridden. Input JSONL lines hold {"prompt": TEXT} (plain) or
+the decoding flags override them (`setdlm sample --describe` lists every option with its type, range
+and default). Input JSONL lines hold {"prompt": TEXT} (plain) or
 {"prompt": PREFIX, "suffix": TEXT, "infill_length": N} (infilling), plus any other fields (an "id",
 a reference answer...), which are copied to the output line together with the generated "text",
 "tokens", "steps", "tokens_per_step", "seconds", "stopped_early", "stop_reason", "masks_dropped".
@@ -15,67 +16,79 @@ An existing --out file is resumed: its complete lines are kept and the remaining
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import os
 import sys
 from pathlib import Path
+from typing import Literal
 
-from common.cli import ArgumentParser as CLIParser
+from common.cli import ArgumentParser, run_command
+from common.errors import InputFileError
+from common.jsonl import read_jsonl
+from common.options import add_flags, describe_options, from_namespace
+from common.schema import Field, PathText, TextList, like
+
+from .errors import OptionError
+from .options import DecodingOptions, eval_options, infill_window, sampling_config
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = CLIParser(prog="setdlm sample", description="Decode from a checkpoint.")
-    p.add_argument("--checkpoint", required=True, help="run directory or checkpoint directory")
-    src = p.add_argument_group("prompts")
-    src.add_argument("--prompt", action="append", default=None, help="prompt text (repeatable); the prefix when infilling")
-    src.add_argument("--infill", type=int, default=None, metavar="N",
-                     help="fill N masked tokens between --prompt and --suffix instead of continuing the prompt")
-    src.add_argument("--suffix", default="", help="text after the masked span (with --infill)")
-    src.add_argument("--prompts-file", help="JSONL with one prompt per line (see the module help)")
-    src.add_argument("--out", help="JSONL to write outputs to (resumed if it exists)")
-    src.add_argument("--batch-size", type=int, default=16, help="prompts decoded together (default 16)")
-    s = p.add_argument_group("sampling (defaults from the checkpoint's recipe)")
-    s.add_argument("--family", choices=["setdlm", "bd3lm", "mdlm", "ar"], help="sampler (default: the objective)")
-    s.add_argument("--max-new-tokens", type=int, default=64)
-    s.add_argument("--window", type=int, help="SetDLM window w (default D; S_max when infilling)")
-    s.add_argument("--threshold", type=float, help="confidence threshold for extra tokens per step")
-    s.add_argument("--block-size", type=int, help="BD3-LM block size (default: the recipe's)")
-    s.add_argument("--steps-per-block", type=int, help="BD3-LM steps per block (default: block size)")
-    s.add_argument("--steps", type=int, help="MDLM steps (default: one token per step)")
-    s.add_argument("--remasking", choices=["confidence", "random"], default="confidence")
-    s.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    s.add_argument("--top-k", type=int, default=0)
-    s.add_argument("--top-p", type=float, default=1.0)
-    s.add_argument("--repetition-penalty", type=float, default=1.0)
-    s.add_argument("--seed", type=int, default=None)
-    s.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
-    s.add_argument("--stop-regex", help="stop at the end of the first match of this regular expression")
-    s.add_argument("--ignore-eos", action="store_true", help="do not stop at EOS")
-    m = p.add_argument_group("model")
-    m.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA")
-    m.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
-    m.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
-    p.add_argument("--json", action="store_true", help="print one JSON object per output instead of text")
+@eval_options("setdlm sample")
+class PromptOptions:
+    """Where the prompts come from and where the outputs go."""
+
+    option_group = "prompts and output"
+
+    checkpoint: PathText = Field(description="run directory or checkpoint directory")
+    prompt: TextList | None = Field(None, description="prompt text (repeatable); the prefix when infilling")
+    infill: int | None = Field(None, ge=0, json_schema_extra={"metavar": "N"}, description=(
+        "fill N masked tokens between --prompt and --suffix instead of continuing the prompt"))
+    suffix: str = Field("", description="text after the masked span (with --infill)")
+    prompts_file: PathText | None = Field(None, description="JSONL with one prompt per line (the format: setdlm sample --help)")
+    out: PathText | None = Field(None, description="JSONL to write outputs to (resumed if it exists)")
+    batch_size: int = Field(16, ge=1, description="prompts decoded together")
+    json: bool = Field(False, description="print one JSON object per output instead of text")
+
+
+@eval_options("setdlm sample")
+class SampleOptions(DecodingOptions, PromptOptions):
+    """`setdlm sample`'s options: prompts, the sampler (unset: from the checkpoint's recipe), the model."""
+
+    option_group = "stopping and model"
+
+    max_new_tokens: int = like(DecodingOptions, "max_new_tokens", 64)
+    window: int | None = like(DecodingOptions, "window", description=(
+        "SW-SetDLM window w (default: D; S_max when infilling)"))
+    seed: int | None = Field(None, description="seeds the sampler (temperature > 0)")
+    stop: TextList = Field((), description="stop string (repeatable)")
+    stop_regex: str | None = Field(None, description="stop at the end of the first match of this regular expression")
+    ignore_eos: bool = Field(False, description="do not stop at EOS")
+    no_ema: bool = Field(False, description="use the raw weights instead of the EMA")
+    device: str | None = Field(None, description="cpu, cuda, cuda:1 ... (default: cuda if available)")
+    dtype: Literal["fp32", "bf16", "fp16"] = Field("fp32", description="weights' dtype for decoding")
+
+    def __post_init__(self):
+        if not self.prompt and not self.prompts_file:
+            raise OptionError("--prompt / --prompts-file: give --prompt TEXT or --prompts-file FILE.jsonl")
+        if self.prompt and self.prompts_file:
+            raise OptionError("--prompt and --prompts-file are exclusive")
+        if self.suffix and self.infill is None:
+            raise OptionError("--suffix needs --infill N (the number of tokens to fill)")
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="setdlm sample", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--describe", action="store_true", help="print every option (type, valid values, default) and exit")
+    add_flags(p, SampleOptions)
     return p
 
 
-def read_jsonl(path: str) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise ValueError(f"{path}:{n}: not valid JSON ({e})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("prompt", None), str):
-                raise ValueError(f'{path}:{n}: each line must be an object with a "prompt" string')
-            if "infill_length" in row and (not isinstance(row["infill_length"], int) or row["infill_length"] < 0):
-                raise ValueError(f'{path}:{n}: "infill_length" must be a non-negative integer')
-            rows.append(row)
-    return rows
+def _prompt_row(row: dict) -> str | None:
+    """What is wrong with a --prompts-file row (None: nothing)."""
+    if not isinstance(row.get("prompt", None), str):
+        return 'each line must be an object with a "prompt" string'
+    if "infill_length" in row and (not isinstance(row["infill_length"], int) or row["infill_length"] < 0):
+        return '"infill_length" must be a non-negative integer'
+    return None
 
 
 def done_lines(path: Path) -> int:
@@ -98,66 +111,50 @@ def done_lines(path: Path) -> int:
     return good
 
 
-def sampling_config(args, recipe, infill: bool):
-    from model.sampling import SamplingConfig
+def prompt_rows(opts: SampleOptions) -> list[dict]:
+    if opts.prompts_file:
+        return read_jsonl(opts.prompts_file, "--prompts-file", check=_prompt_row, error=InputFileError)
+    infill = {"suffix": opts.suffix, "infill_length": opts.infill} if opts.infill is not None else {}
+    return [{"prompt": t} | infill for t in opts.prompt]
 
-    obj = recipe.objective
-    cfg = SamplingConfig.from_objective(obj)
-    if infill and args.window is None and cfg.family == "setdlm":  # the paper uses w = S_max for infilling
-        cfg.window = int(obj.s_max) if getattr(obj, "s_max", None) else 2 * int(obj.set_size)
-    fields = dict(family=args.family, max_new_tokens=args.max_new_tokens, window=args.window, threshold=args.threshold,
-                  block_size=args.block_size, steps_per_block=args.steps_per_block, steps=args.steps,
-                  remasking=args.remasking, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                  repetition_penalty=args.repetition_penalty, seed=args.seed, stop=list(args.stop),
-                  stop_regex=args.stop_regex, stop_on_eos=not args.ignore_eos)
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in fields.items() if v is not None})
-    cfg.validate()
-    return cfg
+
+def load_checkpoint(opts: SampleOptions):
+    """(model, tokenizer, recipe) of --checkpoint on --device in --dtype."""
+    import torch
+
+    from pretrain.checkpoint.inference import load_model
+
+    ckpt = Path(opts.checkpoint)
+    if not ckpt.exists():
+        raise InputFileError(f"--checkpoint {ckpt}: no such directory")
+    device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer, recipe = load_model(ckpt, ema=not opts.no_ema, device=device)
+    model = model.to(dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[opts.dtype])
+    return model, tokenizer, recipe
+
+
+def decoding(opts: SampleOptions, objective, infill: bool):
+    """The SamplingConfig: the options that are set, else the recipe's (w = D; S_max when infilling)."""
+    window = infill_window(objective) if infill and objective.name == "setdlm" else None
+    return sampling_config(objective, opts, window=window, seed=opts.seed, stop=list(opts.stop),
+                           stop_regex=opts.stop_regex, stop_on_eos=not opts.ignore_eos)
+
+
+def _main(argv: list[str]) -> int:
+    ns = build_parser().parse_args(argv)
+    if ns.describe:
+        print(describe_options(SampleOptions, "setdlm sample options"))
+        return 0
+    opts = from_namespace(SampleOptions, ns)
+    rows = prompt_rows(opts)
+    model, tokenizer, recipe = load_checkpoint(opts)
+    cfg = decoding(opts, recipe.objective, infill=any("infill_length" in r for r in rows))
+    return run(model, tokenizer, cfg, rows, opts)
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
-    err = lambda msg: (print(f"setdlm sample: error: {msg}", file=sys.stderr), 2)[1]  # noqa: E731
-    if not args.prompt and not args.prompts_file:
-        return err("give --prompt TEXT or --prompts-file FILE.jsonl")
-    if args.prompt and args.prompts_file:
-        return err("--prompt and --prompts-file are exclusive")
-    if args.infill is not None and args.infill < 0:
-        return err(f"--infill: span length must be >= 0, got {args.infill}")
-    if args.suffix and args.infill is None:
-        return err("--suffix needs --infill N (the number of tokens to fill)")
-    if args.batch_size < 1:
-        return err(f"--batch-size must be >= 1, got {args.batch_size}")
-    try:
-        if args.prompts_file:
-            rows = read_jsonl(args.prompts_file)
-        else:
-            rows = [{"prompt": t} | ({"suffix": args.suffix, "infill_length": args.infill} if args.infill is not None else {})
-                    for t in args.prompt]
-    except (OSError, ValueError) as e:
-        return err(str(e))
-    ckpt = Path(args.checkpoint)
-    if not ckpt.exists():
-        return err(f"--checkpoint {ckpt}: no such directory")
-
-    import torch
-
-    from pretrain.checkpoint import load_model
-
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        model, tokenizer, recipe = load_model(ckpt, ema=not args.no_ema, device=device)
-    except (OSError, ValueError) as e:  # CheckpointError: refused, damaged or incomplete checkpoint files
-        if os.environ.get("SETDLM_DEBUG"):
-            raise
-        return err(str(e))
-    model = model.to(dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[args.dtype])
-    infill = any("infill_length" in r for r in rows)
-    try:
-        cfg = sampling_config(args, recipe, infill)
-    except ValueError as e:
-        return err(str(e))
-    return run(model, tokenizer, cfg, rows, args)
+    """`setdlm sample`: a mistake is one line `setdlm sample: error: ...`, exit status 2 (common/cli.py)."""
+    return run_command("setdlm sample", _main, list(sys.argv[1:] if argv is None else argv))
 
 
 def run(model, tokenizer, cfg, rows: list[dict], args) -> int:

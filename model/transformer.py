@@ -323,22 +323,3 @@ def full_logits(model: Transformer, logits: torch.Tensor) -> torch.Tensor:
     """Gather vocab-parallel logits into the full (unpadded) vocabulary."""
     return model.tp.gather_vocab(logits)[..., : model.cfg.vocab_size]
 
-
-def parameter_count(cfg: ModelConfig, embeddings: bool = True) -> int:
-    """Parameters of the whole model (every stage, TP=1), exactly what `Transformer(cfg)` holds: the
-    linears (biases when `bias`), the norms (a LayerNorm with `bias` has a bias too; QK-norm adds one
-    head_dim weight each for queries and keys), the padded embedding and, when untied, the head (its
-    bias with `head_bias`). `embeddings=False` leaves out the embedding and the head."""
-    h, f, d = cfg.hidden, cfg.ffn_hidden, cfg.dim_head
-    qkv_out = (cfg.n_heads + 2 * cfg.kv_heads) * d
-    fc1_out = f * (2 if cfg.activation == "swiglu" else 1)
-    attn = h * qkv_out + cfg.n_heads * d * h + (2 * d if cfg.qk_norm else 0)
-    mlp = h * fc1_out + f * h
-    if cfg.bias:
-        attn, mlp = attn + qkv_out + h, mlp + fc1_out + h
-    norm = h * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
-    n = cfg.n_layers * (attn + mlp + 2 * norm) + norm
-    if embeddings:
-        V = cfg.padded_vocab_size
-        n += V * h if cfg.tie_embeddings else 2 * V * h + (V if cfg.head_bias else 0)
-    return n

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from common.schema import ConfigError, field_rows
+from common.schema import ConfigError, field_rows, format_rows
 
 from .config import _CLASSES, REQUIRED_SECTIONS, RecipeConfig
 
@@ -32,11 +32,7 @@ def describe(section: str | None = None) -> str:
             if not rows:
                 valid = ", ".join(r[0].split(".", 1)[1] for r in field_rows(_CLASSES[name], name))
                 raise ConfigError(f"--describe: {name}.{key}: unknown key; valid keys: {valid}")
-        w_key = max(len(r[0]) for r in rows)
-        w_type = min(max(len(r[1]) for r in rows), 24)
-        w_def = min(max(len(r[2]) for r in rows), 12)
-        out.append(f"\n{name}:")
-        out.extend(f"  {k:<{w_key}}  {typ:<{w_type}}  {default:<{w_def}}  {desc}".rstrip() for k, typ, default, desc in rows)
+        out += ["", *format_rows(name, rows)]
     return "\n".join(out).lstrip("\n")
 
 

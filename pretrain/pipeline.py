@@ -29,6 +29,8 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
+from common.schema import ConfigError
+
 from model.transformer import Transformer
 
 from .compat_cpu import megatron_compat, sequence_parallel_compat
@@ -79,8 +81,8 @@ class StepRunner:
             from megatron.core.pipeline_parallel import get_forward_backward_func
 
             if engine.zero_optimization_stage() > 1:
-                raise ValueError(f"parallel.zero_stage: ZeRO-{engine.zero_optimization_stage()} cannot be combined "
-                                 "with pipeline parallelism; use zero_stage 0 or 1")
+                raise ConfigError(f"parallel.zero_stage: ZeRO-{engine.zero_optimization_stage()} cannot be combined "
+                                  "with pipeline parallelism; use zero_stage 0 or 1")
             gradients_from_outside(engine)  # megatron's schedule runs the backward, not engine.backward()
             self.pp_group = parallel_state.get_pipeline_model_parallel_group()
             self.last_rank = parallel_state.get_pipeline_model_parallel_last_rank()
@@ -89,10 +91,12 @@ class StepRunner:
             self.tied = cfg.model.tie_embeddings and parallel_state.is_rank_in_embedding_group()
 
     # -- train ------------------------------------------------------------------------------------
-    def train_step(self, micro: list) -> tuple[dict, float | None]:
+    def train_step(self, micro: list) -> tuple[dict, torch.Tensor | float | None]:
         """One optimizer step over `micro` (this data-parallel rank's micro-batches, in order).
 
-        Returns (summed loss metrics of the micro-batches on the last stage, {} elsewhere; grad norm)."""
+        Returns (summed loss metrics of the micro-batches on the last stage, {} elsewhere; grad norm).
+        The metrics stay device tensors and the norm is returned as the engine holds it: nothing here
+        waits for the device (`reduce` brings the metrics to the host once per logged step)."""
         self.normalise(micro)
         if self.pp == 1:
             return self._train_step_engine(micro)
@@ -117,8 +121,8 @@ class StepRunner:
             dist.all_reduce(count, group=self.dp_group)
         n_micro = self.engine.gradient_accumulation_steps() if self.pp == 1 else len(micro)
         if self.pp == 1 and n_micro != len(micro):
-            raise ValueError(f"train_step: {len(micro)} micro-batches for DeepSpeed's gradient_accumulation_steps "
-                             f"= {n_micro}")
+            raise RuntimeError(f"train_step: {len(micro)} micro-batches for DeepSpeed's gradient_accumulation_steps "
+                               f"= {n_micro}")
         scale = (dp * n_micro / count.clamp(min=1.0)).float()
         for m in micro:
             m.loss_scale = scale
@@ -155,9 +159,9 @@ class StepRunner:
             add_metrics(acc, {"loss_sum": m["loss_sum"], "loss_count": m["loss_count"]})
         return acc, gnorm
 
-    def _engine_norm(self) -> float | None:
-        norm = self.engine.get_global_grad_norm()
-        return None if norm is None else float(norm)
+    def _engine_norm(self):
+        """DeepSpeed's norm of the step (ZeRO >= 1), as it holds it: not brought to the host here."""
+        return self.engine.get_global_grad_norm()
 
     def _sync_tied_embedding_grads(self) -> None:
         """Sum the gradients of the tied embedding's copies (first and last stage), as Megatron-LM does."""
@@ -224,20 +228,22 @@ class StepRunner:
             keys = sorted(values)
         if not keys:
             return {}
-        t = torch.tensor([float(values.get(k, 0.0)) if self.is_last else 0.0 for k in keys], dtype=torch.float64)
-        if torch.cuda.is_available():
-            t = t.cuda()
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        t = torch.stack([torch.as_tensor(values.get(k, 0.0) if self.is_last else 0.0, dtype=torch.float64,
+                                         device=device) for k in keys])
         if dist.get_world_size(group=self.dp_group) > 1:
             dist.all_reduce(t, group=self.dp_group)
         if self.pp > 1:
             dist.all_reduce(t, group=self.pp_group)
-        return dict(zip(keys, t.tolist()))
+        return dict(zip(keys, t.tolist()))  # the one host synchronisation of a logged step
 
 
 def add_metrics(acc: dict, metrics: dict) -> None:
-    """Accumulate summed metrics (floats) into `acc`."""
+    """Accumulate summed metrics into `acc` where they are: a tensor stays on its device (summed in
+    float64, as the host would), so accumulating a micro-batch never waits for the device."""
     for k, v in metrics.items():
-        acc[k] = acc.get(k, 0.0) + float(v)
+        v = v.detach().to(torch.float64) if torch.is_tensor(v) else v
+        acc[k] = acc[k] + v if k in acc else v
 
 
 __all__ = ["StepRunner", "schedule_config", "add_metrics"]

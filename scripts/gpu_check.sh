@@ -2,7 +2,9 @@
 # The one-shot GPU check (docs/gpu.md): on one H100/H200, install the carried wheels the machine lacks
 # (offline), record the environment, run the `gpu` tests, then the training and decoding benchmarks,
 # and write report.json + report.md (+ gpu_check.log, tests.xml) to $OUT (or ./gpu_report), within
-# about 7.5 minutes, each part under its own time limit.
+# about 7.5 minutes, each part under its own time limit. Exit status 0 only when CUDA was visible, every
+# part ended ok and every expected `gpu` test ran and passed (benchmarks/gpu_check/verdict.py): a CPU
+# run, --cpu-smoke included, exits 1.
 #
 #   bash scripts/gpu_check.sh                 # on the GPU machine (wheels/ built by scripts/build_gpu_wheels.sh)
 #   bash scripts/gpu_check.sh --cpu-smoke     # here: the same machinery with tiny shapes on the CPU

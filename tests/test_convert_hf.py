@@ -88,7 +88,7 @@ def _inputs(cfg, seed: int):
 def world(tmp_path_factory, model_parallel):
     """Checkpoints of all four families, their exports, re-imports and the plain-transformers results."""
     from model.sampling import Infill, SamplingConfig, generate
-    from pretrain.checkpoint import load_model
+    from pretrain.checkpoint.inference import load_model
     from pretrain.config import load_config
     from pretrain.hf_convert import export_checkpoint, import_hf, write_run
     from pretrain.trainer import Trainer
@@ -160,7 +160,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_agree_training_hf_reimported(world, family):
-    from pretrain.checkpoint import load_model
+    from pretrain.checkpoint.inference import load_model
 
     ref = world["ref"][family]
     assert ref.shape[-1] == 50258 and torch.isinf(ref[..., 50257]).all()

@@ -12,7 +12,7 @@ from helpers import REPO, write_recipe
 
 from eval import api
 from eval.cli import main as eval_main
-from eval.runner import EvalError
+from eval.errors import EvalError
 
 FIX = REPO / "tests" / "fixtures" / "eval"
 
@@ -63,8 +63,8 @@ def test_eval_does_not_import_launch():
     import subprocess
     import sys
 
-    code = ("import sys, eval.api, eval.cli, eval.tasks.likelihood, eval.tasks.uncond, eval.runner; "
-            "from eval.runner import detect_shard; detect_shard(); "
+    code = ("import sys, eval.api, eval.cli, eval.tasks.likelihood, eval.tasks.uncond, eval.shard, eval.units, eval.merge; "
+            "from eval.shard import detect_shard; detect_shard(); "
             "print(sorted(m for m in sys.modules if m == 'launch' or m.startswith('launch.')))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120,
                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
@@ -79,7 +79,7 @@ def test_scorer_is_the_likelihood_bound_of_the_text(runs, tmp_path):
     Monte-Carlo error with the likelihood task's mean over orders."""
     import torch
 
-    from eval.models import Scorer
+    from eval.scoring import Scorer
 
     text = ("The for statement iterates over the items of any sequence, in the order that they appear in the "
             "sequence. Each item is assigned to the target list in turn.")
@@ -173,7 +173,7 @@ def test_gsm8k_prefers_a_stated_answer_over_the_last_number():
 
 def test_infill_paper_preset(runs, tmp_path):
     from eval.tasks.infill import InfillTask
-    from eval.runner import Shard
+    from eval.shard import Shard
 
     opts = api.options("infill", checkpoint=str(runs["setdlm"]), out=str(tmp_path / "i"),
                        data=str(FIX / "rocstories_cloze.csv"), preset="paper")

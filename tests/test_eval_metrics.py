@@ -9,7 +9,9 @@ import pytest
 
 from eval.data import load_cnndm, load_gsm8k, load_rocstories
 from eval.metrics import extract_answer, gold_answer, gsm8k_correct, mauve_score, rouge, split_sentences, unigram_entropy
-from eval.runner import EvalError, RecordReader, RecordWriter, seed_for
+from eval.errors import EvalError
+from eval.records import RecordReader, RecordWriter
+from eval.units import seed_for
 
 REPO = Path(__file__).resolve().parent.parent
 FIX = REPO / "tests" / "fixtures" / "eval"

@@ -1,7 +1,5 @@
 """Cached decoding on CUDA equals the recomputing reference for every family (greedy: same tokens,
-same commit steps), eager and, where SamplingConfig has `compile`, with the compiled decode step."""
-
-import dataclasses
+same commit steps), eager and with the compiled decode step."""
 
 import pytest
 import torch
@@ -13,8 +11,7 @@ from model.sampling.testing import tiny_model
 CUDA = torch.cuda.is_available()
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none is visible)")]
 
-HAS_COMPILE = "compile" in {f.name for f in dataclasses.fields(SamplingConfig)}
-MODES = [False] + ([True] if HAS_COMPILE else [])
+MODES = [False, True]
 PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], [12, 13, 14, 15, 16]]
 INFILL = [Infill([1, 2, 3], 6, [7, 8, 9]), Infill([4], 9, [5, 6])]
 CASES = [("setdlm", dict(window=4)), ("setdlm", dict(window=4, threshold=0.6)), ("setdlm", dict(window=8, threshold=0.0)),
@@ -34,8 +31,7 @@ def _key(outs):
 
 
 def _cfg(family, kw, compiled, **more):
-    extra = {"compile": compiled} if HAS_COMPILE else {}
-    return SamplingConfig(family=family, stop_on_eos=False, **kw, **extra, **more)
+    return SamplingConfig(family=family, stop_on_eos=False, compile=compiled, **kw, **more)
 
 
 @pytest.mark.parametrize("compiled", MODES, ids=lambda c: "compiled" if c else "eager")

@@ -1,5 +1,6 @@
-"""The GPU check's machinery on the CPU: offline wheel installation, JUnit parsing, report writing and
-per-part time limits (scripts/gpu_check.sh --cpu-smoke). Nothing here needs or fakes a GPU."""
+"""The GPU check's machinery on the CPU: offline wheel installation, JUnit parsing, report writing,
+per-part time limits (scripts/gpu_check.sh --cpu-smoke) and the strict exit status (a run that saw no
+CUDA device, or ran fewer `gpu` tests than there are, fails). Nothing here needs or fakes a GPU."""
 
 import json
 import os
@@ -13,7 +14,7 @@ import pytest
 from helpers import REPO, cli_env
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-import gpu_report  # noqa: E402
+from gpu_check import orchestrate, report, verdict  # noqa: E402
 
 
 def _wheel(folder: Path, name: str, version: str, requires=(), tag="py3-none-any") -> Path:
@@ -78,13 +79,15 @@ JUNIT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="py
 def test_junit_summary(tmp_path):
     p = tmp_path / "t.xml"
     p.write_text(JUNIT)
-    s = gpu_report.junit_summary(p)
+    s = report.junit_summary(p)
     assert (s["passed"], s["failed"], s["errors"], s["skipped"]) == (1, 1, 1, 1)
     assert s["failures"][0]["test"] == "tests.test_gpu_flex::test_b" and "3.1e-02" in s["failures"][0]["message"]
     assert s["skips"] == {"needs Transformer Engine": 1}
-    assert gpu_report.junit_summary(tmp_path / "none.xml") == {"found": False}
+    assert s["cases"][2] == {"test": "tests.test_gpu_train::test_c", "outcome": "skipped",
+                             "reason": "needs Transformer Engine"}
+    assert report.junit_summary(tmp_path / "none.xml") == {"found": False}
     with pytest.raises(SystemExit, match="PART=SECONDS"):
-        gpu_report.parse_limits(["bogus=3"], gpu_report.GPU_LIMITS)
+        orchestrate.parse_limits(["bogus=3"], orchestrate.GPU_LIMITS)
 
 
 @pytest.mark.slow
@@ -112,7 +115,90 @@ def test_cpu_smoke_writes_the_report_and_enforces_time_limits(tmp_path):
     assert {(row["sampler"], row["batch"]) for row in decode} == {
         ("SetDLM w=4 thr=off", 1), ("SetDLM w=4 thr=off", 4), ("AR", 1), ("AR", 4)}
     assert all(row["tokens_per_s"] > 0 and row["tokens_per_step"] == 1.0 for row in decode)
+    assert rep["cuda"]["visible"] is False
+    assert rep["verdict"][:2] == ["part install: failed", "part env: timeout"], rep["verdict"]
+    assert rep["verdict"][2].startswith("CUDA is not visible"), rep["verdict"]
     md = (out / "report.md").read_text()
     assert "CPU SMOKE RUN" in md and "| env | timeout |" in md and "## Decoding throughput" in md
+    assert "## Verdict: FAILED" in md and "- part env: timeout" in md
     log = (out / "gpu_check.log").read_text()
     assert "time limit 2s reached" in log and os.path.getsize(out / "report.md") > 500
+
+
+def _junit(path: Path, skip: dict | None = None, fail: str | None = None) -> Path:
+    """A JUnit file with every expected gpu test (verdict.GPU_TESTS), passed unless `skip` (test id ->
+    reason) or `fail` (a test id) says otherwise."""
+    skip = skip or {}
+    cases = []
+    for file, n in verdict.GPU_TESTS.items():
+        module = file[:-len(".py")].replace("/", ".")
+        names = [f"test_{i}" for i in range(n)]
+        if file == "tests/test_gpu_train.py":
+            names[-1] = "test_fp8_forward_backward_tracks_bf16"
+        for name in names:
+            tid, body = f"{module}::{name}", ""
+            if tid in skip:
+                body = f'<skipped message="{skip[tid]}"/>'
+            elif tid == fail:
+                body = '<failure message="AssertionError: off by one">x</failure>'
+            cases.append(f'<testcase classname="{module}" name="{name}" time="1.0">{body}</testcase>')
+    path.write_text(f'<?xml version="1.0"?><testsuites><testsuite name="pytest">{"".join(cases)}</testsuite></testsuites>')
+    return path
+
+
+def _verdict(tmp_path, cuda=True, parts=("env", "tests"), smoke=False, **junit) -> list[str]:
+    rep = {"parts": {p: {"status": "ok"} for p in parts}, "cuda": {"visible": cuda}}
+    if "tests" in parts:
+        rep["tests"] = {**report.junit_summary(_junit(tmp_path / "t.xml", **junit)),
+                        "selection": orchestrate.selection(smoke)}
+    return verdict.verdict(rep)
+
+
+FP8 = "tests.test_gpu_train::test_fp8_forward_backward_tracks_bf16"
+
+
+def test_the_verdict_passes_only_when_cuda_was_seen_and_every_gpu_test_ran(tmp_path):
+    total = sum(verdict.GPU_TESTS.values())
+    assert _verdict(tmp_path) == []
+    assert _verdict(tmp_path, skip={FP8: "model.fp8=hybrid: Transformer Engine is not installed (...)"}) == []
+    assert _verdict(tmp_path, parts=("env", "train")) == []  # no tests part: nothing expected of it
+    assert _verdict(tmp_path, cuda=False) == ["CUDA is not visible (torch.cuda.is_available() is False)"]
+    assert _verdict(tmp_path, skip={"tests.test_gpu_flex::test_3": "needs a CUDA GPU (none is visible)"}) == [
+        f"only {total - 1} of {total} gpu tests ran; skipped: needs a CUDA GPU (none is visible)"]
+    # FP8 may skip for want of Transformer Engine only, not for any reason
+    assert _verdict(tmp_path, skip={FP8: "model.fp8=hybrid: H100 (compute capability 8.0) has no FP8 tensor cores"}) == [
+        f"only {total - 1} of {total} gpu tests ran; skipped: model.fp8=hybrid: H100 (compute capability 8.0) has no "
+        "FP8 tensor cores"]
+    assert _verdict(tmp_path, fail="tests.test_gpu_decode::test_0") == ["gpu tests: 1 failed, 0 errors"]
+    rep = {"parts": {"tests": {"status": "timeout"}}, "cuda": {"visible": True}, "tests": {"found": False}}
+    assert verdict.verdict(rep) == ["part tests: timeout", "the tests part wrote no JUnit file"]
+    assert verdict.expected_tests(orchestrate.selection(True)) == (
+        verdict.GPU_TESTS["tests/test_gpu_decode.py"] + verdict.GPU_TESTS["tests/test_gpu_train.py"])
+
+
+@pytest.mark.slow
+def test_the_gpu_tests_table_is_what_pytest_collects():
+    """verdict.GPU_TESTS names every file with `gpu` tests and how many `pytest -m gpu tests` (what the tests
+    part runs) collects there."""
+    r = subprocess.run([sys.executable, "-m", "pytest", "tests", "-m", "gpu", "--collect-only", "-q", "-p",
+                        "no:cacheprovider"], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    files = [line.split("::")[0] for line in r.stdout.splitlines() if "::" in line]
+    assert {f: files.count(f) for f in files} == verdict.GPU_TESTS
+
+
+@pytest.mark.slow
+def test_a_cpu_run_of_the_gpu_tests_exits_1_naming_why(tmp_path):
+    """The tests part on the CPU: every gpu test skips, pytest exits 0, and the check still fails."""
+    out = tmp_path / "out"
+    r = subprocess.run(["bash", str(REPO / "scripts" / "gpu_check.sh"), "--cpu-smoke", "--parts", "tests"],
+                       cwd=REPO, env={**cli_env(), "OUT": str(out), "PYTHON": sys.executable}, capture_output=True,
+                       text=True, timeout=900)
+    assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]
+    rep = json.loads((out / "report.json").read_text())
+    n = verdict.expected_tests(orchestrate.selection(True))
+    assert rep["parts"]["tests"]["status"] == "ok" and rep["tests"]["passed"] == 0 and rep["tests"]["skipped"] == n
+    assert rep["verdict"][0].startswith("CUDA is not visible"), rep["verdict"]
+    assert rep["verdict"][1].startswith(f"only 0 of {n} gpu tests ran; skipped: needs a CUDA GPU"), rep["verdict"]
+    assert "## Verdict: FAILED" in (out / "report.md").read_text()
+    assert "FAILED: only 0 of" in (out / "gpu_check.log").read_text()

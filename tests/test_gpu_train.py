@@ -83,13 +83,20 @@ def test_nccl_world1_trains_and_checkpoints(tmp_path, model_parallel):
     assert opt is not None and opt.defaults.get("fused") is True, "AdamW is not the fused CUDA kernel"
     assert m[8]["train/loss"] < m[1]["train/loss"] - 0.2, (m[1]["train/loss"], m[8]["train/loss"])
     assert math.isfinite(m[8]["val/nll"])
-    from pretrain.checkpoint import load_model
+    from pretrain.checkpoint.inference import load_model
 
     model, _, _ = load_model(tmp_path / "nccl" / "tiny" / "checkpoints" / "step_00000008")
-    name = "layers.0.mlp.fc1.weight"
-    saved = model.state_dict()[name].float().cpu()
-    live = trainer.model.state_dict()[name].float().cpu()
-    assert torch.allclose(saved, live, atol=1e-2), "the checkpoint does not hold the trained weights"
+    saved_and_live_weights_are_equal(model, trainer.model)
+
+
+def saved_and_live_weights_are_equal(saved_model, live_model) -> None:
+    """Every parameter the checkpoint gives back is bit for bit the trained one (the bf16 weights,
+    widened to the fp32 of the loaded model)."""
+    saved = {n: p.detach().float().cpu() for n, p in saved_model.named_parameters()}
+    live = {n: p.detach().float().cpu() for n, p in live_model.named_parameters()}
+    assert set(saved) == set(live), set(saved) ^ set(live)
+    differ = [n for n in live if not torch.equal(saved[n], live[n])]
+    assert not differ, f"the checkpoint does not hold the trained weights: {differ[:4]}"
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=ON_GPU)])

@@ -6,17 +6,21 @@ and bad sources fail before any work with a message naming the problem."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import REPO, cli_env, setdlm
+from distributed_run import run_distributed
+from helpers import REPO, setdlm
 from hf_fixtures import hf_logits, make_hf_model
-from hf_import_worker import ids_for_test
 
 N_REAL = 50257  # GPT-2 tokens; our vocabulary adds MASK (logit -inf), HF pads its embedding to 50304
+SEQ = 12
+
+
+def ids_for_test() -> torch.Tensor:
+    return torch.randint(0, 50257, (2, SEQ), generator=torch.Generator().manual_seed(5))
 
 
 @pytest.fixture(scope="module")
@@ -25,12 +29,74 @@ def hf_dirs(tmp_path_factory):
     return {"qwen3": make_hf_model(root / "qwen3", "qwen3"), "llama": make_hf_model(root / "llama", "llama")}
 
 
+def import_rank(hf_dir: Path, target: Path, tp: int = 1, pp: int = 1) -> None:
+    """One rank: import a Hugging Face directory under a TP x PP layout through the trainer's code
+    (`init_from.prepare`, `build_stage`, `build_engine`, `init_from.load`), run the AR forward, save.
+    Writes, on rank 0, RUN/logits.pt (the gathered full-vocabulary AR logits of fixed token ids, last
+    stage) and, from every rank, a step-0 checkpoint RUN/checkpoints/step_00000000 of this layout (with
+    config and tokenizer), which `setdlm convert to-hf` consolidates and exports."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state
+
+    from data_pipeline.tokenizers import load_tokenizer
+    from model.objectives import build_objective
+    from pretrain.parallel import ensure_model_parallel, ensure_process_group
+    from model.transformer import full_logits
+    from pretrain import init_from
+    from pretrain.checkpoint.rng import rng_state
+    from pretrain.checkpoint.save import save
+    from pretrain.config import from_dict, save_config
+    from pretrain.engine import _skip_cpu_shm_op, build_engine
+    from pretrain.parallelize import build_stage
+
+    ensure_process_group()
+    _skip_cpu_shm_op()
+    run = Path(target)
+    cfg = from_dict({"run": {"out_dir": str(run.parent), "name": run.name, "seed": 3},
+                     "objective": {"name": "ar"}, "data": {"seq_len": SEQ},
+                     "train": {"init_from": str(hf_dir), "micro_batch": 1, "global_batch": 1 * (dist.get_world_size()
+                                                                                             // (tp * pp))},
+                     "parallel": {"tp": tp, "pp": pp}, "logging": {"wandb": "disabled"}})
+    source = init_from.prepare(cfg)
+    tok = load_tokenizer(cfg.data.tokenizer, add_mask=cfg.data.add_mask_token)
+    cfg.resolve_vocab(tok)
+    cfg.validate(dist.get_world_size())
+    ensure_model_parallel(tp, pp)
+    torch.manual_seed(cfg.run.seed)
+    model = build_stage(cfg.model, tp, pp)
+    engine, _, _ = build_engine(model, cfg, dist.get_world_size(), "fp32")
+    notes = init_from.load(engine, source, cfg.model)
+    assert notes, "init_from.load did not load anything"
+    objective = build_objective(cfg.objective, cfg.model, SEQ)
+    inputs = objective.prepare({"input_ids": ids_for_test()})
+    engine.module.eval()
+    last = parallel_state.is_pipeline_last_stage()
+    from pretrain.compat_cpu import megatron_compat
+
+    with torch.no_grad(), megatron_compat():
+        if pp == 1:
+            logits = engine.module(inputs.input_ids, inputs.position_ids, attn_mask=inputs.attn_mask)
+            full = full_logits(engine.module, logits)
+        else:
+            full = None  # parity under PP is the consolidation + export below
+    mp_rank = parallel_state.get_model_parallel_group().rank()
+    if dist.get_rank() == 0:
+        run.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run / "config.yaml")
+        tok.save(run / "tokenizer")
+        if full is not None and last:
+            torch.save(full, run / "logits.pt")
+    dist.barrier()
+    meta = {"step": 0, "tokens_seen": 0, "wandb_id": None, "tokenizer": tok.name, "tokenizer_sha256": tok.sha256,
+            "objective": "ar", "config": cfg.to_dict(),
+            "layout": {"world": dist.get_world_size(), "tp": tp, "pp": pp,
+                       "dp": parallel_state.get_data_parallel_world_size(), "zero_stage": 0}}
+    save(engine, run / "checkpoints", 0, meta=meta, extra={"rng": rng_state()}, ema_state=None,
+         keep_last=1, mp_rank=mp_rank, dp_rank=parallel_state.get_data_parallel_rank(), rank=dist.get_rank())
+
+
 def _worker(model, run, tp: int):
-    worker = [str(REPO / "tests" / "hf_import_worker.py"), "--model", str(model), "--target", str(run), "--tp", str(tp)]
-    cmd = [sys.executable, *worker] if tp == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={tp}", *worker]
-    r = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-5000:]
+    run_distributed(import_rank, tp, model, run, tp, timeout=600)
 
 
 @pytest.mark.parametrize("arch", ["qwen3", "llama"])

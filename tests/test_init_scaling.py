@@ -3,32 +3,58 @@ memory a rank needs to build its shard halves with TP=2 (no rank draws a full we
 
 from __future__ import annotations
 
-import subprocess
-import sys
+import resource
 
 import pytest
 import torch
 
-from helpers import REPO, cli_env
+from common.procmem import peak_rss_mib, reset_peak_rss, rss_mib
+from distributed_run import run_distributed
 
 pytestmark = pytest.mark.slow
 
+MID = dict(n_layers=4, hidden=512, n_heads=8, n_kv_heads=4, ffn_hidden=2048, norm="rmsnorm", activation="swiglu",
+           qk_norm=True, bias=False, tie_embeddings=False, vocab_size=32000, mask_id=31999, dropout=0.0)
 
-def build(out, nproc: int) -> list[dict]:
-    worker = [str(REPO / "tests" / "init_worker.py"), "--out", str(out)]
-    cmd = [sys.executable, *worker] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc-per-node={nproc}", *worker]
+
+def build_rank() -> dict:
+    """One rank (TP = the world size, gloo) builds the mid-size model: its parameters, their
+    tensor-parallel split dims, and the peak RSS increase of the process while the model was built (MiB)."""
+    import torch.distributed as dist
+
+    from model.config import ModelConfig
+    from pretrain.parallel import ensure_model_parallel, ensure_process_group
+    from pretrain.parallelize import build_stage
+
+    ensure_process_group()
+    tp = dist.get_world_size()
+    ensure_model_parallel(tp, 1)
+    cfg = ModelConfig(**MID)
+    torch.manual_seed(5)
+    before = rss_mib()
+    reset = reset_peak_rss()  # the import-time high-water mark must not count as the build's
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    model = build_stage(cfg, tp, 1, device="cpu")
+    if reset:
+        peak = peak_rss_mib() - before
+    else:
+        peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, peak_before) - before
+    state = {n: p.detach().clone() for n, p in model.named_parameters()}
+    dims = {n: (p.partition_dim if getattr(p, "tensor_model_parallel", False) else None) for n, p in model.named_parameters()}
+    params_mib = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    dist.barrier()
+    return {"state": state, "dims": dims, "peak_mib": peak, "params_mib": params_mib}
+
+
+def build(nproc: int) -> list[dict]:
     # a fixed mmap threshold: glibc's default one grows after the first large free, after which freed
     # init units may stay resident in the heap and count in the peak RSS (about one in three runs at TP=2)
-    env = {**cli_env(), "MALLOC_MMAP_THRESHOLD_": "65536"}
-    r = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-4000:]
-    return [torch.load(out / f"tp{nproc}_rank{r}.pt", weights_only=False) for r in range(nproc)]
+    return run_distributed(build_rank, nproc, env={"MALLOC_MMAP_THRESHOLD_": "65536"}, timeout=600).results
 
 
-def test_tp2_shards_equal_tp1_weights_and_host_memory_halves(tmp_path):
-    (one,) = build(tmp_path, 1)
-    two = build(tmp_path, 2)
+def test_tp2_shards_equal_tp1_weights_and_host_memory_halves():
+    (one,) = build(1)
+    two = build(2)
     for name, full in one["state"].items():
         dim = two[0]["dims"][name]
         got = torch.cat([two[0]["state"][name], two[1]["state"][name]], dim=dim) if dim is not None else two[0]["state"][name]

@@ -15,19 +15,15 @@ A run saved under DP=2 continues under DP=1 (after consolidation), and a run con
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import REPO, cli_env, read_metrics, write_recipe
-from pretrain import checkpoint
+from distributed_run import run_distributed
+from helpers import read_metrics, run_as_of, write_recipe
 from pretrain.config import load_config
-from pretrain.consolidate import main as consolidate_main
+from pretrain.checkpoint.consolidate import main as consolidate_main
 from pretrain.trainer import Trainer
 
 pytestmark = pytest.mark.slow
@@ -44,11 +40,22 @@ def _recipe(tmp: Path) -> Path:
                                "ema": 0.5, "grad_clip": 0.5})
 
 
+def train_runs(recipe: Path, out: Path, runs: list[str]) -> None:
+    """One rank: trains tiny runs through the real Trainer, one after another. Each NAME:OVERRIDES trains
+    the recipe with `run.name=NAME run.out_dir=OUT` and the comma-separated overrides."""
+    from pretrain.parallel import ensure_process_group
+    from pretrain.config import load_config
+    from pretrain.trainer import Trainer
+
+    ensure_process_group()
+    for run in runs:
+        name, _, overrides = run.partition(":")
+        cfg = load_config(Path(recipe), [f"run.name={name}", f"run.out_dir={out}", *filter(None, overrides.split(","))])
+        Trainer(cfg).train()
+
+
 def _launch(recipe: Path, out: Path, runs: list[str]) -> None:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=2",
-           str(REPO / "tests" / "layout_worker.py"), str(recipe), str(out), *runs]
-    r = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=900)
-    assert r.returncode == 0, (r.stdout + r.stderr)[-6000:]
+    run_distributed(train_runs, 2, recipe, out, runs, timeout=900)
 
 
 def _train(recipe: Path, out: Path, name: str, *overrides: str) -> None:
@@ -115,13 +122,7 @@ def test_zero3_ema_matches_one_process(runs):
 
 
 def _from_step_2(run: Path, dest: Path, consolidate: bool) -> Path:
-    shutil.copytree(run, dest)
-    metrics = dest / "metrics.jsonl"
-    metrics.write_text("".join(line for line in metrics.read_text().splitlines(keepends=True)
-                               if json.loads(line)["step"] <= 2))
-    root = dest / "checkpoints"
-    shutil.rmtree(root / "step_00000003")
-    (root / checkpoint.LATEST).write_text("step_00000002")
+    run_as_of(run, dest, 2)
     if consolidate:
         assert consolidate_main(["--checkpoint", str(dest)]) == 0
     return dest

@@ -8,7 +8,8 @@ import torch
 from helpers import write_recipe
 from launch.cli import main as cli_main
 from pretrain.config import load_config
-from pretrain.plan import bytes_per_param, estimate_memory, plan, rank_groups, stage_params
+from pretrain.memory import bytes_per_param, estimate_memory, stage_params
+from pretrain.plan import plan, rank_groups
 
 
 def test_dry_run_of_a_64_gpu_layout(tmp_path, capsys):
@@ -129,7 +130,7 @@ def test_checkpointing_and_sequence_parallel_shrink_activations(tmp_path):
 
 
 def test_micro_batch_fit_answers_for_qwen3_on_80gb(tmp_path):
-    from pretrain.plan import micro_batch_fit
+    from pretrain.memory import micro_batch_fit
 
     for seq_len, none_fits in ((1024, 16), (4096, 4)):
         cfg = load_config("configs/qwen3-1.7b-setdlm.yaml", ["model.vocab_size=151936", "model.mask_id=151935",
@@ -166,7 +167,7 @@ def _model(tmp_path, **model):
     (SWIGLU_RMS, "none", 700, 524), (SWIGLU_RMS, "selective", 596, 420),
 ])
 def test_saved_bytes_per_token_match_a_hand_count(tmp_path, block, mode, eager, compiled):
-    from pretrain.plan import activation_bytes_per_token_layer
+    from pretrain.memory import activation_bytes_per_token_layer
 
     m = _model(tmp_path, **block)
     assert activation_bytes_per_token_layer(m, 1, 64, 4, "cpu", mode) == eager
@@ -174,7 +175,7 @@ def test_saved_bytes_per_token_match_a_hand_count(tmp_path, block, mode, eager, 
 
 
 def test_compiled_backward_working_set_matches_a_hand_count(tmp_path):
-    from pretrain.plan import backward_working_set
+    from pretrain.memory import backward_working_set
 
     m = _model(tmp_path, **GELU_LN)
     # eager: output gradient h + fc1-output gradient f = 24 elements; compiled: + fc2-input gradient f = 40;
@@ -194,7 +195,7 @@ def test_compiled_backward_working_set_matches_a_hand_count(tmp_path):
 def test_compiled_estimate_differs_from_eager_as_modelled(tmp_path, mode):
     """estimate_memory(train.compile) = eager + layers x tokens x (saved difference) + tokens x (working-set
     difference), and the CPU float mask moves into the working set where the compiled backward rebuilds it."""
-    from pretrain.plan import activation_bytes_per_token_layer, backward_working_set
+    from pretrain.memory import activation_bytes_per_token_layer, backward_working_set
 
     cfg = load_config(write_recipe(tmp_path / "r.yaml", model={"n_layers": 3, **GELU_LN}),
                       ["model.vocab_size=300", "model.mask_id=299", f"train.activation_checkpointing={mode}"])
@@ -219,7 +220,7 @@ def test_eager_saved_bytes_are_what_autograd_saves(tmp_path, block):
     """The eager per-layer count against the tensors autograd really saves in a tiny model on CPU: the
     saved storages (parameters excluded) of a 2-layer model minus those of a 1-layer model."""
     from model.transformer import Transformer
-    from pretrain.plan import activation_bytes_per_token_layer
+    from pretrain.memory import activation_bytes_per_token_layer
 
     B, T = 2, 16
 

@@ -1,10 +1,8 @@
 """Activation checkpointing, per-block compile and sequence parallelism under TP=2, PP=2 and ZeRO-3
-train exactly like the plain one-process model (CPU, gloo, fp32; tests/parallel_worker.py)."""
+train exactly like the plain one-process model (CPU, gloo, fp32; the runs of tests/test_parallel_parity.py)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 import torch

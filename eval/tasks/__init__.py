@@ -1,8 +1,10 @@
-"""Evaluation tasks: name -> class (each defines options, units of examples, records and metrics)."""
+"""Evaluation tasks: name -> class (each defines its typed options, units of examples, records and metrics)."""
 
 from __future__ import annotations
 
 import importlib
+
+from ..errors import EvalError
 
 TASKS = {
     "likelihood": ("eval.tasks.likelihood", "LikelihoodTask"),
@@ -16,8 +18,6 @@ TASKS = {
 
 def get_task(name: str):
     if name not in TASKS:
-        from ..runner import EvalError
-
         raise EvalError(f"unknown task {name!r}; valid: {', '.join(TASKS)}")
     module, cls = TASKS[name]
     return getattr(importlib.import_module(module), cls)

@@ -1,26 +1,22 @@
-"""What every task shares: common options, the checkpoint, units of examples, speed metrics."""
+"""What every task shares: its typed options, the checkpoint, units of examples, speed metrics."""
 
 from __future__ import annotations
 
-import argparse
-
 from ..metrics import mean, percentile
-from ..models import (Checkpoint, ModelPredictor, add_sampling_args, pick_device, prompt_budget, sampling_config,
-                      sampling_spec)
-from ..runner import EvalError, EvalRun, Shard, Unit, seed_for
+from ..models import Checkpoint, ModelPredictor, pick_device, prompt_budget, sampling_spec
+from ..options import GenerationOptions, RunOptions, sampling_config
+from ..shard import Shard
+from ..units import EvalRun, Unit, seed_for
 
 
 class Task:
     name = "task"
     help = ""
     generation = False  # decodes text (speed metrics, sampling options)
-
-    @classmethod
-    def add_args(cls, p: argparse.ArgumentParser) -> None:
-        pass
+    options: type = RunOptions  # the typed options (eval/options.py): flags, --describe and eval.api
 
     def __init__(self, args, shard: Shard, predictor=None):
-        self.args, self.shard = args, shard  # args: the task's frozen typed options (eval.api)
+        self.args, self.shard = args, shard  # args: the task's frozen typed options (`options`)
         self.seed = args.seed
         self.predictor = predictor
         self.ckpt = None
@@ -67,9 +63,7 @@ UNIT_BATCHES = 8
 
 
 def chunk_units(examples: list[dict], batch_size: int, key=lambda e: e["id"]) -> list[Unit]:
-    """Consecutive examples in groups of `batch_size` (the last group may be smaller)."""
-    if batch_size < 1:
-        raise EvalError(f"--batch-size: must be >= 1, got {batch_size}")
+    """Consecutive examples in groups of `batch_size` >= 1 (the last group may be smaller)."""
     units = []
     for i in range(0, len(examples), batch_size):
         group = examples[i:i + batch_size]
@@ -81,21 +75,14 @@ class GenerationTask(Task):
     """A task that decodes: sampling options, a predictor, speed metrics in every result."""
 
     generation = True
-    default_threshold: float | None = None
-    default_max_new_tokens = 128
-    default_temperature = 0.0
-    window_default = "D (the objective's set size)"
-
-    @classmethod
-    def add_args(cls, p):
-        add_sampling_args(p, threshold=cls.default_threshold, max_new_tokens=cls.default_max_new_tokens,
-                          temperature=cls.default_temperature, window_default=cls.window_default)
+    options = GenerationOptions
 
     def __init__(self, args, shard, predictor=None):
         super().__init__(args, shard, predictor)
         self.sampling = None
         if self.predictor is None:
-            self.sampling = sampling_config(self.ckpt, args, window=self.default_window(), **self.sampling_extra())
+            self.sampling = sampling_config(self.ckpt.cfg.objective, args, window=self.default_window(),
+                                            **self.sampling_extra())
             self.predictor = ModelPredictor(self.ckpt, self.sampling)
 
     def prompt_room(self) -> int:
@@ -104,7 +91,7 @@ class GenerationTask(Task):
 
     def check_fits(self) -> None:
         """Refuse, before the model loads, decoding that cannot fit the model's max_seq_len (called by
-        eval.cli.execute once the task is set up)."""
+        eval.execute.execute once the task is set up)."""
         if self.sampling is None or self.ckpt is None:
             return
         need = self.prompt_room()
@@ -156,5 +143,4 @@ def speed_metrics(records: list[dict]) -> dict:
             "speed/steps": mean([r.get("steps", 0) for r in recs]), "speed/new_tokens": mean([r["n_tokens"] for r in recs])}
 
 
-__all__ = ["UNIT_BATCHES", "Task", "GenerationTask", "chunk_units", "speed_metrics", "truncation_metrics", "seed_for", "Unit",
-           "EvalError"]
+__all__ = ["UNIT_BATCHES", "Task", "GenerationTask", "chunk_units", "speed_metrics", "truncation_metrics", "seed_for", "Unit"]

@@ -18,10 +18,15 @@ Two backends give the same prompts and scoring for zero-shot:
 from __future__ import annotations
 
 import random
+from typing import Literal
+
+from common.schema import Field, PathText, like
 
 from ..data import load_gsm8k
+from ..errors import EvalError
 from ..metrics import extract_answer, gold_answer, mean
-from ..runner import EvalError, Unit
+from ..options import GenerationOptions, eval_options
+from ..units import Unit
 from .base import GenerationTask, chunk_units, speed_metrics, truncation_metrics
 
 TEMPLATE = "Question: {question}\nAnswer:"
@@ -36,24 +41,27 @@ def lmeval_available() -> bool:
     return True
 
 
+@eval_options("setdlm eval gsm8k")
+class GSM8KOptions(GenerationOptions):
+    option_group = "gsm8k"
+
+    data: PathText = Field(description="GSM8K JSONL (question, answer) or 'hub' (openai/gsm8k main, online)")
+    fewshot: int = Field(0, ge=0, description="solved examples in the prompt")
+    fewshot_data: PathText | None = Field(None, description=(
+        "JSONL to draw few-shot examples from (with --data hub: its train split)"))
+    backend: Literal["auto", "lm-eval", "direct"] = Field("auto", description="auto: lm-eval when installed, else direct")
+    prompt_format: Literal["plain", "chatml"] = Field("plain", description=(
+        "plain: the Question/Answer template; chatml: the question as a user turn in the ChatML template of "
+        "`setdlm data prepare --template chatml` (direct backend; docs/finetune.md)"))
+    threshold: float | None = like(GenerationOptions, "threshold", 0.9)  # the paper's decoding
+    max_new_tokens: int = like(GenerationOptions, "max_new_tokens", 256)
+
+
 class GSM8KTask(GenerationTask):
     name = "gsm8k"
     help = "GSM8K final-answer accuracy (zero/few-shot; lm-evaluation-harness or direct)"
-    default_threshold = 0.9
-    default_max_new_tokens = 256
     headline = ("accuracy", "n", "speed/tokens_per_s", "speed/tokens_per_step")
-
-    @classmethod
-    def add_args(cls, p):
-        p.add_argument("--data", required=True, help="GSM8K JSONL (question, answer) or 'hub' (openai/gsm8k main, online)")
-        p.add_argument("--fewshot", type=int, default=0, help="solved examples in the prompt (default 0)")
-        p.add_argument("--fewshot-data", help="JSONL to draw few-shot examples from (with --data hub: its train split)")
-        p.add_argument("--backend", choices=["auto", "lm-eval", "direct"], default="auto",
-                       help="auto: lm-eval when installed, else direct")
-        p.add_argument("--prompt-format", choices=["plain", "chatml"], default="plain",
-                       help="plain: the Question/Answer template; chatml: the question as a user turn in the "
-                            "ChatML template of `setdlm data prepare --template chatml` (direct backend; docs/finetune.md)")
-        super().add_args(p)
+    options = GSM8KOptions
 
     def __init__(self, args, shard, predictor=None):
         super().__init__(args, shard, predictor)
@@ -65,8 +73,6 @@ class GSM8KTask(GenerationTask):
         if self.backend == "lm-eval" and not lmeval_available():
             raise EvalError("--backend lm-eval: lm-evaluation-harness is not installed (pip install 'setdlm[lm-eval]'), "
                             "or use --backend direct")
-        if args.fewshot < 0:
-            raise EvalError(f"--fewshot: must be >= 0, got {args.fewshot}")
         self.examples = load_gsm8k(args.data)
         if args.limit:
             self.examples = self.examples[: args.limit]

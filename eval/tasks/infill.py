@@ -17,9 +17,15 @@ model never saw).
 
 from __future__ import annotations
 
+from typing import Literal
+
+from common.schema import Field, PathText, like
+
 from ..data import load_rocstories
+from ..errors import EvalError
 from ..metrics import mean, rouge
-from ..runner import EvalError, Unit
+from ..options import GenerationOptions, eval_options, infill_window
+from ..units import Unit
 from .base import GenerationTask, chunk_units, speed_metrics
 
 SPANS = {"3": (2, 3), "2-4": (1, 4)}
@@ -33,19 +39,23 @@ def split_story(sentences: list[str], span: str) -> tuple[str, str, str]:
     return " ".join(sentences[:a]), " " + " ".join(sentences[a:b]), " " + " ".join(sentences[b:])
 
 
+@eval_options("setdlm eval infill")
+class InfillOptions(GenerationOptions):
+    option_group = "infill"
+
+    data: PathText = Field(description="ROCStories CSV (Story Cloze columns, or storyid/sentence1..5)")
+    span: Literal[tuple(sorted(SPANS))] = Field("3", description="sentences to fill")
+    preset: Literal[tuple(sorted(PRESETS))] = Field("default", description=(
+        "paper: BOS/EOS framing and repetition penalty 1.2, as in the paper's Table 2 (default: neither)"))
+    window: int | None = like(GenerationOptions, "window", description=(
+        "SW-SetDLM window w (default: S_max, 2D unless the objective sets s_max)"))
+
+
 class InfillTask(GenerationTask):
     name = "infill"
     help = "ROCStories infilling (sentence 3, or 2-4), ROUGE-1/2/L"
-    window_default = "S_max (2D unless the objective sets s_max)"
     headline = ("rouge1", "rouge2", "rougeL", "n", "speed/tokens_per_s")
-
-    @classmethod
-    def add_args(cls, p):
-        p.add_argument("--data", required=True, help="ROCStories CSV (Story Cloze columns, or storyid/sentence1..5)")
-        p.add_argument("--span", choices=sorted(SPANS), default="3", help="sentences to fill (default 3)")
-        p.add_argument("--preset", choices=sorted(PRESETS), default="default",
-                       help="paper: BOS/EOS framing and repetition penalty 1.2, as in the paper's Table 2 (default: neither)")
-        super().add_args(p)
+    options = InfillOptions
 
     def __init__(self, args, shard, predictor=None):
         self.preset = PRESETS[args.preset]
@@ -83,8 +93,7 @@ class InfillTask(GenerationTask):
         return (a, len(tok.encode(mid)), b), (pre, mid.strip(), suf.strip())
 
     def default_window(self):
-        o = self.ckpt.cfg.objective
-        return int(o.s_max if o.s_max is not None else 2 * o.set_size)
+        return infill_window(self.ckpt.cfg.objective)
 
     def spec(self) -> dict:
         s = super().spec()

@@ -17,83 +17,52 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from contextlib import nullcontext
+from typing import Literal
 
 import torch
 
-from ..runner import EvalError, Unit, seed_for
+from common.schema import Field, PathText
+
+from ..errors import EvalError, OptionError
+from ..options import RunOptions, eval_options
+from ..scoring import ESTIMATORS, autocast, text_rows
+from ..units import Unit, seed_for
 from .base import Task
 
 
-def _autocast(precision: str, device: torch.device):
-    """The trainer's autocast rule (pretrain.trainer.autocast_context)."""
-    p = precision
-    if p == "auto":
-        p = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
-    if p == "bf16":
-        return torch.autocast(device_type=device.type, dtype=torch.bfloat16)
-    return nullcontext()
+@eval_options("setdlm eval likelihood")
+class LikelihoodOptions(RunOptions):
+    option_group = "likelihood"
 
+    seed: int | None = Field(None, description="base seed (default: the recipe's run.seed, as training validation)")
+    data: str | None = Field(None, description=("held-out data: a prepared shard directory or builtin:NAME (default: the "
+                                                "checkpoint's data.source); its val split is used"))
+    text: PathText | None = Field(None, description=("held-out text instead: .txt (documents separated by blank lines) "
+                                                     "or .jsonl (field 'text'), tokenized and packed as in training"))
+    batch_size: int | None = Field(None, ge=1, description="sequences per batch (default: the recipe's train.micro_batch)")
+    max_batches: int = Field(0, ge=0, description=(
+        "batches per virtual rank (0: all; the recipe's train.eval_batches reproduces training)"))
+    orders: int = Field(1, ge=1, description="orders (SetDLM) / noise draws (MDLM, BD3-LM) per sequence")
+    dp: int = Field(1, ge=1, description="reproduce the validation of a run with this many data-parallel ranks")
+    precision: Literal["auto", "fp32", "bf16"] | None = Field(None, description="default: the recipe's train.precision")
+    match_training: bool = Field(False, description=(
+        "exactly the run's validation: its micro-batch, train.eval_batches and data-parallel size"))
 
-# what each family's number estimates (the records of an older estimator are not resumed into a new one)
-ESTIMATORS = {"ar": "exact NLL", "setdlm": "order-sampled upper bound (one order per sequence and draw)",
-              "mdlm": "NELBO, exact discrete form (k ~ U{1..n} masked, weight n/k)",
-              "bd3lm": "NELBO per block, exact discrete form (k ~ U{1..B} masked, weight B/k)"}
-
-
-def text_rows(docs_ids, tok, packing: str, seq_len: int) -> dict:
-    """Token documents framed as in training (`packing`), concatenated and cut into rows of `seq_len`,
-    the last row padded: {"input_ids", "valid_mask", "sample_id"} (CPU tensors)."""
-    import numpy as np
-
-    from data_pipeline.packing import frame_documents, token_dtype
-
-    flat, _ = frame_documents(docs_ids, packing, tok.bos_id, tok.eos_id, token_dtype(tok.vocab_size))
-    n = math.ceil(len(flat) / seq_len)
-    rows = np.zeros((n, seq_len), dtype=np.int64)
-    valid = np.zeros((n, seq_len), dtype=bool)
-    rows.flat[: len(flat)] = flat
-    valid.flat[: len(flat)] = True
-    return {"input_ids": torch.from_numpy(rows), "valid_mask": torch.from_numpy(valid), "sample_id": torch.arange(n)}
-
-
-@torch.no_grad()
-def score_rows(model, cfg, batch: dict, gen: torch.Generator, precision: str | None = None) -> tuple[float, int]:
-    """(summed NLL bound in nats, scored tokens) of a batch of rows under `model` with recipe `cfg`:
-    the objective's bound draw (`prepare(bound=True)`), as Trainer.validate and this task compute it."""
-    from model.objectives import build_objective
-
-    device = next(model.parameters()).device
-    batch = {k: v.to(device) if torch.is_tensor(v) else v for k, v in batch.items()}
-    if "valid_mask" in batch and bool(batch["valid_mask"].all()):
-        batch.pop("valid_mask")
-    obj = build_objective(cfg.objective, cfg.model, batch["input_ids"].shape[1])
-    inputs = obj.prepare(batch, gen, bound=True)
-    with _autocast(precision or cfg.train.precision, device):
-        logits = model(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
-    _, m = obj.loss(logits, inputs)
-    return float(m["nll_sum"]), int(round(float(m["nll_tokens"])))
+    def __post_init__(self):
+        if self.match_training and (self.text or self.data or self.batch_size or self.max_batches or self.dp != 1):
+            raise OptionError("--match-training: sets the data, --batch-size, --max-batches and --dp from the run; "
+                              "do not give them too")
+        if self.text and self.data:
+            raise OptionError("--data and --text: give one")
+        if self.text and self.dp != 1:
+            raise OptionError("--dp: only with shard/builtin data (--text has no training layout to reproduce)")
 
 
 class LikelihoodTask(Task):
     name = "likelihood"
     help = "NLL / bits per token / perplexity bound on held-out shards or text"
     headline = ("nll", "bpt", "ppl", "tokens")
-
-    @classmethod
-    def add_args(cls, p):
-        p.add_argument("--data", help="held-out data: a prepared shard directory or builtin:NAME "
-                                      "(default: the checkpoint's data.source); its val split is used")
-        p.add_argument("--text", help="held-out text instead: .txt (documents separated by blank lines) or .jsonl "
-                                      "(field 'text'), tokenized and packed as in training")
-        p.add_argument("--batch-size", type=int, help="sequences per batch (default: the recipe's train.micro_batch)")
-        p.add_argument("--max-batches", type=int, default=0,
-                       help="batches per virtual rank (0: all; the recipe's train.eval_batches reproduces training)")
-        p.add_argument("--orders", type=int, default=1, help="orders (SetDLM) / noise draws (MDLM, BD3-LM) per sequence")
-        p.add_argument("--dp", type=int, default=1, help="reproduce the validation of a run with this many data-parallel ranks")
-        p.add_argument("--precision", choices=["auto", "fp32", "bf16"], help="default: the recipe's train.precision")
-        p.add_argument("--match-training", action="store_true",
-                       help="exactly the run's validation: its micro-batch, train.eval_batches and data-parallel size")
+    options = LikelihoodOptions
 
     def __init__(self, args, shard, predictor=None):
         super().__init__(args, shard, predictor)
@@ -102,23 +71,11 @@ class LikelihoodTask(Task):
         self.seed = cfg.run.seed if args.seed is None else args.seed
         self.batch_size, self.max_batches, self.dp = args.batch_size or cfg.train.micro_batch, args.max_batches, args.dp
         if args.match_training:
-            if args.text or args.data or args.batch_size or args.max_batches or args.dp != 1:
-                raise EvalError("--match-training: sets the data, --batch-size, --max-batches and --dp from the run; "
-                                "do not give them too")
             self.batch_size = cfg.train.micro_batch
             self.dp = int((self.ckpt.meta.get("layout") or {}).get("dp", 1))
             # train.eval_batches counts global batches; the run's validation set does not depend on its layout
             self.max_batches = cfg.train.eval_batches * cfg.train.global_batch // (self.batch_size * self.dp)
         self.global_batch = cfg.train.global_batch if args.match_training else None
-        for opt, v in (("--batch-size", self.batch_size), ("--orders", args.orders), ("--dp", self.dp)):
-            if v < 1:
-                raise EvalError(f"{opt}: must be >= 1, got {v}")
-        if self.max_batches < 0:
-            raise EvalError(f"--max-batches: must be >= 0, got {args.max_batches}")
-        if args.text and args.data:
-            raise EvalError("--data and --text: give one")
-        if args.text and self.dp != 1:
-            raise EvalError("--dp: only with shard/builtin data (--text has no training layout to reproduce)")
         self.precision = args.precision or cfg.train.precision
         self.data_cfg = self._data_cfg()
         self._stream = None
@@ -249,7 +206,7 @@ class LikelihoodTask(Task):
         for o in range(self.args.orders):
             gen = gen0 if o == 0 else torch.Generator(device=device).manual_seed(seed_for(self.seed, "order", k, j, o))
             inputs = obj.prepare(batch, gen, bound=True)
-            with _autocast(self.precision, device):
+            with autocast(self.precision, device):
                 logits = model(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
             # per-sequence CE first, on a copy: megatron's vocab-parallel CE works in place on its input
             ce = vocab_cross_entropy(logits.float().clone(), inputs.targets)

@@ -7,31 +7,39 @@ article was cut are counted. Decoding stops at EOS or a blank line.
 
 from __future__ import annotations
 
+from common.schema import Field, PathText, TextList
+
 from ..data import load_cnndm
+from ..errors import EvalError, OptionError
 from ..metrics import ROUGE_TYPES, mean, rouge
-from ..runner import EvalError, Unit
+from ..options import GenerationOptions, eval_options
+from ..units import Unit
 from .base import GenerationTask, chunk_units, speed_metrics, truncation_metrics
 
 TEMPLATE = "{article}\n\nTL;DR:"
 
 
+@eval_options("setdlm eval summarize")
+class SummarizeOptions(GenerationOptions):
+    option_group = "summarize"
+
+    data: PathText = Field(description="CSV or JSONL with article, highlights, id")
+    template: str = Field(TEMPLATE, description="prompt with {article}")
+    stop: TextList | None = Field(None, description="stop string (repeatable; default: a blank line)")
+
+    def __post_init__(self):
+        if "{article}" not in self.template:
+            raise OptionError(f"--template: must contain {{article}}, got {self.template!r}")
+
+
 class SummarizeTask(GenerationTask):
     name = "summarize"
     help = "CNN/DailyMail-style summarisation, ROUGE-1/2/L"
-    default_max_new_tokens = 128
     headline = ("rouge1", "rouge2", "rougeL", "rougeLsum", "n")
-
-    @classmethod
-    def add_args(cls, p):
-        p.add_argument("--data", required=True, help="CSV or JSONL with article, highlights, id")
-        p.add_argument("--template", default=TEMPLATE, help="prompt with {article} (default: %(default)r)")
-        p.add_argument("--stop", action="append", default=None, help="stop string (repeatable; default: a blank line)")
-        super().add_args(p)
+    options = SummarizeOptions
 
     def __init__(self, args, shard, predictor=None):
         super().__init__(args, shard, predictor)
-        if "{article}" not in args.template:
-            raise EvalError(f"--template: must contain {{article}}, got {args.template!r}")
         if self.tokenizer is not None and self.ckpt is not None:
             self.prompt("")  # a --max-new-tokens that leaves no room for an article fails before the model loads
         self.docs = load_cnndm(args.data)

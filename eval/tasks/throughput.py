@@ -21,9 +21,14 @@ from __future__ import annotations
 
 import dataclasses
 
+from common.schema import ConfigError, Field, PathText, TextList, like
+
+from ..errors import EvalError
 from ..metrics import mean, percentile, unigram_entropy
-from ..models import ModelPredictor, Scorer
-from ..runner import EvalError, Unit
+from ..models import ModelPredictor
+from ..options import GenerationOptions, eval_options
+from ..scoring import Scorer
+from ..units import Unit
 from .base import GenerationTask, truncation_metrics
 
 
@@ -40,28 +45,30 @@ def parse_value(v: str):
     return v
 
 
+@eval_options("setdlm eval throughput")
+class ThroughputOptions(GenerationOptions):
+    option_group = "throughput"
+
+    prompts: PathText | None = Field(None, description=("prompts (.txt one per line, or .jsonl prompt/question/text); "
+                                                        "default: the first --prompt-tokens tokens of val sequences"))
+    prompt_tokens: int = Field(0, ge=0, description="prompt length taken from val sequences (0: unconditional)")
+    num_examples: int = Field(16, ge=1, description="prompts per setting and batch size")
+    warmup: int = Field(2, ge=0, description="untimed decodes before timing")
+    batch_sizes: str = Field("1", description="comma-separated batch sizes")
+    sweep: TextList = Field((), json_schema_extra={"metavar": "NAME=V1,V2,.."}, description=(
+        "also run these values of one sampling option (repeatable), e.g. threshold=0.5,0.7,0.9,1.0"))
+    scorer: str | None = Field(None, description="quality: generative perplexity under this model (setdlm checkpoint or hf:NAME)")
+    no_eos_stop: bool = Field(False, description="always decode --max-new-tokens (ignore EOS)")
+    compile: bool = Field(False, description=("compiled decode step (SamplingConfig.compile: torch.compile, CUDA graphs on "
+                                              "a GPU); --sweep compile=false,true compares it with eager"))
+    max_new_tokens: int = like(GenerationOptions, "max_new_tokens", 256)
+
+
 class ThroughputTask(GenerationTask):
     name = "throughput"
     help = "tokens/s at batch 1 (prefill included, after warm-up), latency, tokens/step; sweeps and frontier plot"
-    default_max_new_tokens = 256
     headline = ("tokens_per_s", "latency_s", "tokens_per_step")
-
-    @classmethod
-    def add_args(cls, p):
-        p.add_argument("--prompts", help="prompts (.txt one per line, or .jsonl prompt/question/text); "
-                                         "default: the first --prompt-tokens tokens of val sequences")
-        p.add_argument("--prompt-tokens", type=int, default=0, help="prompt length taken from val sequences (default 0: unconditional)")
-        p.add_argument("--num-examples", type=int, default=16, help="prompts per setting and batch size (default 16)")
-        p.add_argument("--warmup", type=int, default=2, help="untimed decodes before timing (default 2)")
-        p.add_argument("--batch-sizes", default="1", help="comma-separated batch sizes (default 1)")
-        p.add_argument("--sweep", action="append", default=[], metavar="NAME=V1,V2,..",
-                       help="also run these values of one sampling option (repeatable), e.g. threshold=0.5,0.7,0.9,1.0")
-        p.add_argument("--scorer", help="quality: generative perplexity under this model (setdlm checkpoint or hf:NAME)")
-        p.add_argument("--no-eos-stop", action="store_true", help="always decode --max-new-tokens (ignore EOS)")
-        p.add_argument("--compile", action="store_true",
-                       help="compiled decode step (SamplingConfig.compile: torch.compile, CUDA graphs on a GPU); "
-                            "--sweep compile=false,true compares it with eager")
-        super().add_args(p)
+    options = ThroughputOptions
 
     def __init__(self, args, shard, predictor=None):
         super().__init__(args, shard, predictor)
@@ -71,8 +78,6 @@ class ThroughputTask(GenerationTask):
             raise EvalError(f"--batch-sizes: comma-separated integers, got {args.batch_sizes!r}") from None
         if not self.batch_sizes or min(self.batch_sizes) < 1:
             raise EvalError(f"--batch-sizes: need integers >= 1, got {args.batch_sizes!r}")
-        if args.num_examples < 1:
-            raise EvalError(f"--num-examples: must be >= 1, got {args.num_examples}")
         self.settings = [("base", {})]
         self.base_values: dict = {}
         fields = {f.name for f in dataclasses.fields(self.sampling)} if self.sampling else set()
@@ -91,10 +96,9 @@ class ThroughputTask(GenerationTask):
         self._predictors: dict = {}
         for label, ov in self.settings:
             if self.sampling is not None:
-                sc = dataclasses.replace(self.sampling, **ov)
                 try:
-                    sc.validate()
-                except ValueError as e:
+                    sc = dataclasses.replace(self.sampling, **ov)
+                except ConfigError as e:  # name the sweep setting too
                     raise EvalError(f"--sweep {label}: {e}") from None
                 self._predictors[label] = ModelPredictor(self.ckpt, sc)
             else:
@@ -103,7 +107,7 @@ class ThroughputTask(GenerationTask):
         self._warm: set = set()
 
     def sampling_extra(self) -> dict:
-        return {"stop_on_eos": not self.args.no_eos_stop, "compile": bool(getattr(self.args, "compile", False))}
+        return {"stop_on_eos": not self.args.no_eos_stop, "compile": self.args.compile}
 
     def prompt_room(self) -> int:
         return 0 if not self.args.prompts and self.args.prompt_tokens == 0 else max(1, self.args.prompt_tokens)

@@ -12,37 +12,40 @@ entropy of the samples (nats) and of the references.
 
 from __future__ import annotations
 
+from common.schema import Field, PathText, like
+
+from ..errors import EvalError
 from ..featurize import Featurizer, decode_features, encode_features
 from ..metrics import mauve_report, mean, unigram_entropy
-from ..models import Scorer
-from ..runner import EvalError, Unit
+from ..options import GenerationOptions, eval_options
+from ..scoring import Scorer
+from ..units import Unit
 from .base import GenerationTask, chunk_units, speed_metrics
+
+
+@eval_options("setdlm eval uncond")
+class UncondOptions(GenerationOptions):
+    option_group = "uncond"
+
+    num_samples: int = Field(256, ge=2, description="samples (and reference texts); MAUVE is reported only from 100")
+    length: int | None = Field(None, ge=1, description="tokens per sample (default: the checkpoint's data.seq_len)")
+    reference: PathText | None = Field(None, description=(
+        "held-out text (.txt / .jsonl 'text'); default: the checkpoint's val split"))
+    featurizer: str = Field("minilm", description="MAUVE features: minilm, self, hf:NAME_OR_DIR[:mean]")
+    scorer: str | None = Field(None, description=("generative perplexity model: a setdlm checkpoint (AR: exact) or "
+                                                  "hf:NAME_OR_DIR (e.g. hf:gpt2-large); default: not computed"))
+    mauve_buckets: str = Field("auto", pattern=r"^(auto|[1-9][0-9]*)$", description="k-means buckets (auto: n/10)")
+    stop_on_eos: bool = Field(False, description="end a sample at EOS (default: full length)")
+    temperature: float = like(GenerationOptions, "temperature", 1.0)  # samples of the model's distribution
 
 
 class UncondTask(GenerationTask):
     name = "uncond"
     help = "unconditional samples: MAUVE, generative perplexity, unigram entropy"
-    default_temperature = 1.0
     headline = ("mauve", "gen_ppl", "ref_gen_ppl", "entropy", "ref_entropy", "n")
-
-    @classmethod
-    def add_args(cls, p):
-        p.add_argument("--num-samples", type=int, default=256, help="samples (and reference texts); default 256 "
-                                                                       "(MAUVE is reported only from 100)")
-        p.add_argument("--length", type=int, help="tokens per sample (default: the checkpoint's data.seq_len)")
-        p.add_argument("--reference", help="held-out text (.txt / .jsonl 'text'); default: the checkpoint's val split")
-        p.add_argument("--featurizer", default="minilm", help="MAUVE features: minilm (default), self, hf:NAME_OR_DIR[:mean]")
-        p.add_argument("--scorer", help="generative perplexity model: a setdlm checkpoint (AR: exact) or hf:NAME_OR_DIR "
-                                        "(e.g. hf:gpt2-large); default: not computed")
-        p.add_argument("--mauve-buckets", default="auto", help="k-means buckets (auto: n/10)")
-        p.add_argument("--stop-on-eos", action="store_true", help="end a sample at EOS (default: full length)")
-        super().add_args(p)
+    options = UncondOptions
 
     def __init__(self, args, shard, predictor=None):
-        if args.num_samples < 2:
-            raise EvalError(f"--num-samples: MAUVE needs at least 2, got {args.num_samples}")
-        if args.length is not None and args.length < 1:
-            raise EvalError(f"--length: must be >= 1, got {args.length}")
         super().__init__(args, shard, predictor)
         self.length = args.length or (self.ckpt.cfg.data.seq_len if self.ckpt else args.max_new_tokens)
         if self.sampling is not None:

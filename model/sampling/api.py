@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from .config import SampleOutput, SamplingConfig
+from .config import SampleOutput, SamplingConfig, SamplingError
 from .engine import to_requests
 
 
@@ -18,7 +18,7 @@ def decoder_class(family: str):
     elif family == "ar":
         from .ar import ARDecoder as cls
     else:
-        raise ValueError(f"sampling.family: unknown family {family!r}; valid: setdlm, bd3lm, mdlm, ar")
+        raise SamplingError(f"sampling.family: unknown family {family!r}; valid: setdlm, bd3lm, mdlm, ar")
     return cls
 
 
@@ -45,11 +45,11 @@ def generate(model, prompts, config: SamplingConfig | None = None, *, max_batch:
         cfg = dataclasses.replace(cfg, **overrides)
     cfg.validate()
     if not (getattr(model, "pre_process", True) and getattr(model, "post_process", True)):
-        raise ValueError("generate: the model must hold every layer (pipeline-parallel sampling is not supported)")
+        raise SamplingError("generate: the model must hold every layer (pipeline-parallel sampling is not supported)")
     if mask_id is None:
         mask_id = tokenizer.mask_id if tokenizer is not None else model.cfg.mask_id
     if mask_id is None or mask_id < 0:
-        raise ValueError("generate: unknown MASK id (set model.cfg.mask_id or pass mask_id=)")
+        raise SamplingError("generate: unknown MASK id (set model.cfg.mask_id or pass mask_id=)")
     if eos_id is None and tokenizer is not None:
         eos_id = getattr(tokenizer, "eos_id", None)
     device = next(model.parameters()).device
@@ -59,7 +59,7 @@ def generate(model, prompts, config: SamplingConfig | None = None, *, max_batch:
     limit = getattr(model.cfg, "max_seq_len", None)
     for i, r in enumerate(reqs):  # positions past max_seq_len were never trained: refuse, do not extrapolate
         if limit and len(r.prefix) + r.span + len(r.suffix) > limit:
-            raise ValueError(f"generate: prompts[{i}]: {len(r.prefix) + len(r.suffix)} prompt tokens + {r.span} new tokens "
+            raise SamplingError(f"generate: prompts[{i}]: {len(r.prefix) + len(r.suffix)} prompt tokens + {r.span} new tokens "
                              f"exceed the model's max_seq_len {limit}; shorten the prompt or lower max_new_tokens")
     cls = decoder_class(cfg.family)
     was_training = model.training

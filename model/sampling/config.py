@@ -1,11 +1,21 @@
-"""Sampling configuration, prompts with a masked span (infilling) and per-sequence outputs."""
+"""Sampling configuration (a typed section), prompts with a masked span (infilling), per-sequence
+outputs, and `SamplingError` for a request `generate` cannot decode."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
+from typing import Literal
+
+from common.errors import Error
+from common.schema import ConfigError, Field, section
 
 FAMILIES = ("setdlm", "bd3lm", "mdlm", "ar")
 REMASKING = ("confidence", "random")
+
+
+class SamplingError(Error):
+    """Prompts, ids or a model that `generate` cannot decode (the message names the argument)."""
 
 
 @dataclass
@@ -22,53 +32,49 @@ class Infill:
     suffix: list[int] = field(default_factory=list)
 
 
-@dataclass
+@section("sampling")
 class SamplingConfig:
-    family: str = "setdlm"  # setdlm | bd3lm | mdlm | ar
-    max_new_tokens: int = 128  # plain prompts: positions generated after the prompt
-    # SW-SetDLM: window of masked positions from the leftmost one; None: 4 (set it to the model's D,
-    # or use from_objective()). The paper uses w = S_max for infilling.
-    window: int | None = None
-    # SetDLM / BD3-LM / MDLM: besides the step's required tokens, accept every position whose
-    # confidence (probability of its chosen token) is >= threshold. None or >= 1.0: no extra tokens
-    # (SetDLM then commits exactly one token per step); 0.0 accepts every active position.
-    threshold: float | None = None
-    # BD3-LM: block size and denoising steps per block (None: block_size, one token per step).
-    block_size: int = 4
-    steps_per_block: int | None = None
-    # MDLM: denoising steps over the whole span (None: span length, one token per step) and how
-    # positions are chosen (most confident, or uniformly at random as in ancestral sampling).
-    steps: int | None = None
-    remasking: str = "confidence"
-    # Token choice. temperature 0: greedy (argmax); otherwise sampled from the processed distribution.
-    temperature: float = 0.0
-    top_k: int = 0  # 0: off
-    top_p: float = 1.0  # 1.0: off
-    repetition_penalty: float = 1.0  # 1.0: off (CTRL-style: positive logits / p, negative * p)
-    seed: int | None = None  # seeds a generator on the model's device when none is passed
-    # Stopping (plain prompts only; infilling always fills the span).
-    stop_on_eos: bool = True  # stop at the first EOS (eos_id argument or tokenizer.eos_id)
-    stop_token_ids: list[int] = field(default_factory=list)  # more token ids that end a sequence
-    stop: list[str] = field(default_factory=list)  # stop strings (need a tokenizer)
-    stop_regex: str | None = None  # a regular expression searched in the generated text
-    # Engine knobs.
-    check_every: int = 1  # host synchronisation (finished rows, stop strings) every N steps
-    compact: bool = True  # drop finished rows from the batch once no prompt is waiting
-    # Continuous batching: rows decoded at once (slots). A finished row's slot is refilled with the
-    # next waiting prompt, so any number of prompts decode with at most max_batch rows (and KV cache
-    # rows) in flight. None: every prompt at once.
-    max_batch: int | None = None
-    # SW-SetDLM adaptive window: each row's window starts at `window` and after each step becomes
-    # clamp(2 * accepted, window_min, window_max) (grows while the threshold accepts more than half
-    # of it, shrinks when it does not). window_max None: 2 * window (S_max = 2D when window = D).
-    adaptive_window: bool = False
-    window_min: int = 1
-    window_max: int | None = None
-    # Compiled decode step (SetDLM, BD3-LM, AR): fixed shapes per (batch bucket, window), the whole
-    # preallocated cache attended (masked), the step run through torch.compile; on CUDA with greedy
-    # decoding it is also captured in a CUDA graph (`cuda_graphs`). Same greedy tokens as eager.
-    compile: bool = False
-    cuda_graphs: bool = True  # with compile on CUDA: replay the step as a CUDA graph (greedy only)
+    """How `generate` decodes: a typed section (common/schema.py), so a bad value fails on construction
+    (or assignment) with one line naming it (`sampling.window: must be an integer >= 1, got 2.5`)."""
+
+    family: Literal[FAMILIES] = Field("setdlm", description="sampler family")
+    max_new_tokens: int = Field(128, ge=0, description="plain prompts: positions generated after the prompt")
+    window: int | None = Field(None, ge=1, description=(
+        "SW-SetDLM window of masked positions from the leftmost one (null: 4; use the model's D, as "
+        "from_objective does; the paper uses S_max for infilling)"))
+    threshold: float | None = Field(None, ge=0.0, description=(
+        "SetDLM / BD3-LM / MDLM: also accept every position whose confidence is >= this; null or >= 1: no "
+        "extra tokens (SetDLM: one token per step), 0: every active position"))
+    block_size: int = Field(4, ge=1, description="BD3-LM block size")
+    steps_per_block: int | None = Field(None, ge=1, description="BD3-LM denoising steps per block (null: block_size)")
+    steps: int | None = Field(None, ge=1, description="MDLM denoising steps over the span (null: its length)")
+    remasking: Literal[REMASKING] = Field("confidence", description=(
+        "MDLM: unmask the most confident positions, or uniformly random ones (ancestral order)"))
+    temperature: float = Field(0.0, ge=0.0, description="0: greedy (argmax); otherwise sampled")
+    top_k: int = Field(0, ge=0, description="keep the k most likely tokens (0: off)")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus: smallest set with this probability (1: off)")
+    repetition_penalty: float = Field(1.0, gt=0.0, description=(
+        "CTRL-style penalty on tokens present (positive logits / p, negative * p; 1: off)"))
+    seed: int | None = Field(None, description="seeds a generator on the model's device when none is passed")
+    stop_on_eos: bool = Field(True, description="plain prompts: stop at the first EOS (infilling fills the span)")
+    stop_token_ids: list[int] = Field(default_factory=list, description="more token ids that end a sequence")
+    stop: list[str] = Field(default_factory=list, description="stop strings (need a tokenizer)")
+    stop_regex: str | None = Field(None, description="a regular expression searched in the generated text")
+    check_every: int = Field(1, ge=1, description="host synchronisation (finished rows, stop strings) every N steps")
+    compact: bool = Field(True, description="drop finished rows from the batch once no prompt is waiting")
+    max_batch: int | None = Field(None, ge=1, description=(
+        "continuous batching: rows decoded at once; a finished row's slot takes the next prompt (null: all)"))
+    adaptive_window: bool = Field(False, description=(
+        "SW-SetDLM: each row's window becomes clamp(2 * accepted, window_min, window_max) after each step"))
+    window_min: int = Field(1, ge=1, description="adaptive window: lower bound")
+    window_max: int | None = Field(None, ge=1, description="adaptive window: upper bound (null: 2 * window)")
+    compile: bool = Field(False, description=(
+        "compiled decode step (SetDLM, BD3-LM, AR): fixed shapes per batch bucket and window, torch.compile; "
+        "same greedy tokens as eager"))
+    cuda_graphs: bool = Field(True, description="with compile on CUDA and greedy decoding: replay the step as a CUDA graph")
+
+    def __post_init__(self):
+        self.validate()
 
     @classmethod
     def from_objective(cls, objective, **overrides) -> "SamplingConfig":
@@ -102,54 +108,20 @@ class SamplingConfig:
         return min(max(self.window_size, self.window_min), self.max_window)
 
     def validate(self) -> None:
-        def bad(name, msg):
-            raise ValueError(f"sampling.{name}: {msg}")
-
-        if self.family not in FAMILIES:
-            bad("family", f"unknown family {self.family!r}; valid: {', '.join(FAMILIES)}")
-        if self.max_new_tokens < 0:
-            bad("max_new_tokens", f"must be >= 0, got {self.max_new_tokens}")
-        if self.window is not None and self.window < 1:
-            bad("window", f"must be >= 1, got {self.window}")
-        if self.threshold is not None and not 0.0 <= self.threshold:
-            bad("threshold", f"must be >= 0 (or None for no threshold), got {self.threshold}")
-        if self.block_size < 1:
-            bad("block_size", f"must be >= 1, got {self.block_size}")
-        if self.steps_per_block is not None and not 1 <= self.steps_per_block:
-            bad("steps_per_block", f"must be >= 1, got {self.steps_per_block}")
-        if self.steps is not None and self.steps < 1:
-            bad("steps", f"must be >= 1, got {self.steps}")
-        if self.remasking not in REMASKING:
-            bad("remasking", f"unknown strategy {self.remasking!r}; valid: {', '.join(REMASKING)}")
-        if self.temperature < 0:
-            bad("temperature", f"must be >= 0 (0 = greedy), got {self.temperature}")
-        if self.top_k < 0:
-            bad("top_k", f"must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            bad("top_p", f"must be in (0, 1], got {self.top_p}")
-        if self.repetition_penalty <= 0:
-            bad("repetition_penalty", f"must be > 0 (1 = off), got {self.repetition_penalty}")
-        if self.check_every < 1:
-            bad("check_every", f"must be >= 1, got {self.check_every}")
-        if self.max_batch is not None and self.max_batch < 1:
-            bad("max_batch", f"must be >= 1 (or None: every prompt at once), got {self.max_batch}")
-        if self.window_min < 1:
-            bad("window_min", f"must be >= 1, got {self.window_min}")
+        """The checks across fields (each field's own type and range is checked on construction and
+        assignment); runs on construction, and again in `generate` after assignments."""
         if self.adaptive_window and self.max_window < self.window_min:
-            bad("window_max", f"must be >= window_min={self.window_min}, got {self.max_window}")
+            raise ConfigError(f"sampling.window_max: must be >= window_min={self.window_min}, got {self.max_window}")
         if self.compile and self.family == "mdlm":
-            bad("compile", "the compiled step exists for setdlm, bd3lm and ar (MDLM decodes eagerly); set compile: false")
-        if isinstance(self.stop, str):
-            bad("stop", "must be a list of strings, not a string")
+            raise ConfigError("sampling.compile: the compiled step exists for setdlm, bd3lm and ar (MDLM decodes "
+                              "eagerly); set compile: false")
         if any(not s for s in self.stop):
-            bad("stop", "stop strings must be non-empty")
+            raise ConfigError("sampling.stop: stop strings must be non-empty")
         if self.stop_regex is not None:
-            import re
-
             try:
                 re.compile(self.stop_regex)
             except re.error as e:
-                bad("stop_regex", f"invalid regular expression {self.stop_regex!r}: {e}")
+                raise ConfigError(f"sampling.stop_regex: invalid regular expression {self.stop_regex!r}: {e}") from None
 
 
 @dataclass

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from ..transformer import full_logits
-from .config import Infill, SampleOutput, SamplingConfig
+from .config import Infill, SampleOutput, SamplingConfig, SamplingError
 from .processors import choose, presence
 from .stopping import StopChecker
 
@@ -57,7 +57,7 @@ def to_requests(prompts, cfg: SamplingConfig, mask_id: int, vocab: int, eos_id: 
     for i, p in enumerate(prompts):
         if isinstance(p, Infill):
             if p.length < 0:
-                raise ValueError(f"prompts[{i}]: Infill.length must be >= 0, got {p.length}")
+                raise SamplingError(f"prompts[{i}]: Infill.length must be >= 0, got {p.length}")
             r = Request(list(map(int, p.prefix)), int(p.length), list(map(int, p.suffix)), True)
             if cfg.family == "ar":
                 r = Request(r.prefix, r.span, [], True)  # AR conditions on the prefix only
@@ -69,12 +69,12 @@ def to_requests(prompts, cfg: SamplingConfig, mask_id: int, vocab: int, eos_id: 
             r = Request(list(map(int, p)), int(cfg.max_new_tokens), [], False)
         for t in r.visible:
             if not 0 <= t < vocab or t == mask_id:
-                raise ValueError(f"prompts[{i}]: token id {t} is not a visible token id (vocabulary {vocab}, "
+                raise SamplingError(f"prompts[{i}]: token id {t} is not a visible token id (vocabulary {vocab}, "
                                  f"MASK {mask_id})")
         if cfg.family == "ar" and not r.prefix and eos_id is not None:
             r = Request([int(eos_id)], r.span, r.suffix, r.infill)  # GPT-2 convention: start from EOS
         if cfg.family == "ar" and not r.prefix:
-            raise ValueError(f"prompts[{i}]: AR decoding needs at least one prompt token (start with BOS, or pass eos_id)")
+            raise SamplingError(f"prompts[{i}]: AR decoding needs at least one prompt token (start with BOS, or pass eos_id)")
         reqs.append(r)
     return reqs
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import re
 
+from .config import SamplingError
+
 
 class StopChecker:
     def __init__(self, tokenizer, stop: list[str], stop_regex: str | None):
         if (stop or stop_regex) and tokenizer is None:
-            raise ValueError("sampling.stop / sampling.stop_regex: stop strings need a tokenizer (pass tokenizer=...)")
+            raise SamplingError("sampling.stop / sampling.stop_regex: stop strings need a tokenizer (pass tokenizer=...)")
         self.tokenizer = tokenizer
         self.stop = list(stop)
         self.regex = re.compile(stop_regex) if stop_regex else None

@@ -1,0 +1,87 @@
+"""The decode part: tokens/s, forwards/s and tokens/step of every sampler, eager and compiled."""
+
+from __future__ import annotations
+
+import time
+
+from .rows import Deadline, emit
+
+
+def _decode_rows(smoke: bool) -> list[tuple[str, dict]]:
+    rows = [("SetDLM w=4 thr=off", dict(family="setdlm", window=4)),
+            ("SetDLM w=4 thr=0.9", dict(family="setdlm", window=4, threshold=0.9)),
+            ("SetDLM w=4 thr=0", dict(family="setdlm", window=4, threshold=0.0)),
+            ("BD3-LM B=4", dict(family="bd3lm", block_size=4)),
+            ("AR", dict(family="ar"))]
+    if smoke:
+        rows = rows[:1] + rows[4:]
+    return rows
+
+
+def part_decode(args) -> int:
+    import torch
+
+    from model.config import ModelConfig, apply_preset
+    from model.sampling import SamplingConfig, generate
+    from model.transformer import Transformer
+
+    deadline = Deadline(float(args.deadline))
+    cuda = torch.cuda.is_available()
+    dev = "cuda" if cuda else "cpu"
+    torch.manual_seed(0)
+    if args.smoke:
+        shape = dict(n_layers=1, hidden=64, n_heads=4, ffn_hidden=128, vocab_size=512, mask_id=511)
+        prompt_len, new, batch = 8, 8, 4
+    else:
+        shape = {**apply_preset({"preset": "paper-12x768"}), "vocab_size": 50258, "mask_id": 50257}
+        prompt_len, new, batch = 64, 128, 16
+    shape.update(dropout=0.0, max_seq_len=2 * (prompt_len * 3 // 2 + new), init_std=0.5)
+    shape.pop("preset", None)
+    model = Transformer(ModelConfig(**shape)).eval().to(dev)
+    if cuda:
+        model = model.to(torch.bfloat16)
+    V = shape["vocab_size"] - 1
+    g = torch.Generator().manual_seed(1)
+    one = [torch.randint(0, V, (prompt_len,), generator=g).tolist()]
+    lens = torch.randint(prompt_len // 2, prompt_len * 3 // 2 + 1, (batch,), generator=g).tolist()
+    many = [torch.randint(0, V, (n,), generator=g).tolist() for n in lens]
+    print(f"decode: {shape['n_layers']} x {shape['hidden']}, vocab {shape['vocab_size']}, "
+          f"{'bf16' if cuda else 'fp32'} on {dev}, prompt {prompt_len} (batch {batch}: {min(lens)}-{max(lens)}), "
+          f"{new} new tokens", flush=True)
+
+    def timed(prompts, cfg):
+        if cuda:
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        outs = generate(model, prompts, cfg)
+        if cuda:
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0, outs
+
+    failures = 0
+    for name, kw in _decode_rows(args.smoke):
+        for compiled in (False, True):
+            mode = "compiled" if compiled else "eager"
+            cfg = SamplingConfig(max_new_tokens=new, stop_on_eos=False, compile=compiled, **kw)
+            for b, prompts in ((1, one), (batch, many)):
+                row = {"sampler": name, "mode": mode, "batch": b}
+                if deadline.left() < (3 if args.smoke else 12):
+                    emit({**row, "note": "skipped: part time limit"})
+                    continue
+                try:
+                    warm, _ = timed(prompts, cfg)  # compile / first-shape costs stay out of the numbers
+                    best, outs = min((timed(prompts, cfg) for _ in range(2 if b == 1 else 1)), key=lambda r: r[0])
+                    toks = sum(len(o.tokens) for o in outs)
+                    steps = sum(o.steps for o in outs)
+                    forwards = max(o.steps for o in outs)
+                    row.update(tokens_per_s=round(toks / best, 1), forwards_per_s=round(forwards / best, 1),
+                               tokens_per_step=round(toks / max(steps, 1), 2), seconds=round(best, 3),
+                               warmup_s=round(warm, 2), tokens=toks)
+                except Exception as e:  # noqa: BLE001
+                    row["note"] = f"{type(e).__name__}: {(str(e).splitlines() or [''])[0][:200]}"
+                    failures += 1
+                    import traceback
+
+                    traceback.print_exc()
+                emit(row)
+    return 1 if failures else 0

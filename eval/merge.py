@@ -1,0 +1,54 @@
+"""The merge: final metrics of an output directory from its records alone (no model), written to
+examples.jsonl, metrics.json and summary.md; on rank 0 at the end of a run, or `setdlm eval merge`."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+from pathlib import Path
+
+from .errors import EvalError, IncompleteError
+from .records import RecordReader, atomic_write, json_default, read_json, write_json
+from .report import summary_markdown
+from .tasks import get_task
+
+
+def load_records(out: Path) -> tuple[dict, list[list[str]], dict[str, dict]]:
+    out = Path(out)
+    if not (out / "run.json").is_file():
+        raise EvalError(f"merge: {out} is not an evaluation output directory (no run.json)")
+    run = read_json(out / "run.json")
+    if not (out / "units.json").is_file():
+        raise IncompleteError(f"merge: {out} has no units.json yet (no rank has started)")
+    keys = read_json(out / "units.json")["keys"]
+    return run, keys, RecordReader(out).refresh()
+
+
+def merge(out: str | os.PathLike, *, allow_partial: bool = False, log=None) -> dict:
+    """Compute the final metrics of an output directory from its records; writes examples.jsonl,
+    metrics.json and summary.md. Raises IncompleteError when examples are missing (unless allowed)."""
+    out = Path(out)
+    run, unit_keys, recs = load_records(out)
+    task = get_task(run["task"])
+    expected = [k for ks in unit_keys for k in ks]
+    missing = [k for k in expected if k not in recs]
+    if missing and not allow_partial:
+        raise IncompleteError(f"merge: {len(missing)} of {len(expected)} examples have no records yet in {out} "
+                              f"(first missing: {missing[:3]}); finish them by rerunning the evaluation command, "
+                              f"or merge anyway with --allow-partial")
+    ordered = [recs[k] for k in expected if k in recs]
+    metrics = task.aggregate(ordered, run["spec"], out=out)
+    metrics.setdefault("examples", len(ordered))
+    if missing:
+        metrics["partial"] = True
+        metrics["missing_examples"] = len(missing)
+    atomic_write(out / "examples.jsonl", "".join(json.dumps(r, default=json_default) + "\n" for r in ordered))
+    created = run.get("created", {})
+    doc = {"task": run["task"], "metrics": metrics, "spec": run["spec"], "created": created,
+           "merged": datetime.datetime.now().isoformat(timespec="seconds")}
+    write_json(out / "metrics.json", doc)
+    atomic_write(out / "summary.md", summary_markdown(run["task"], metrics, run["spec"], created, task))
+    if log:
+        log(f"merged {len(ordered)} examples -> {out / 'metrics.json'}")
+    return metrics
