@@ -74,7 +74,7 @@ def worker(d: str, tp: int, out: str) -> None:
     from pretrain import init_from
     from pretrain.config import from_dict
     from pretrain.engine import _skip_cpu_shm_op, build_engine
-    from pretrain.pipeline import build_stage
+    from pretrain.parallelize import build_stage
 
     ensure_process_group()
     _skip_cpu_shm_op()

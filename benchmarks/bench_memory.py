@@ -75,8 +75,9 @@ def worker(mode: str, compile: bool, steps: int, block: str = "small-cpu", seq: 
     from pretrain.parallel import ensure_model_parallel
     from pretrain.config import from_dict
     from pretrain.engine import build_engine
-    from pretrain.pipeline import StepRunner, build_stage, prepare_model
     from pretrain.memory import GIB, estimate_memory
+    from pretrain.parallelize import build_stage, prepare_model
+    from pretrain.pipeline import StepRunner
 
     torch.set_num_threads(1)
     cfg = from_dict(recipe_for(mode, compile, block, seq))
@@ -87,7 +88,7 @@ def worker(mode: str, compile: bool, steps: int, block: str = "small-cpu", seq: 
     batches = [objective.prepare({"input_ids": torch.randint(0, VOCAB - 1, (MICRO, seq), generator=g)}, g)
                for _ in range(2)]
     if compile:  # inductor's import and first compile: the library's fixed cost, outside the baseline
-        from model.recompute import compile_unavailable
+        from pretrain.block_compile import compile_unavailable
 
         compile_unavailable(torch.device("cpu"))
     base = rss_mib()

@@ -87,10 +87,8 @@ def sync(device):
 
 def build_model(shape: str, L: int, device, dtype):
     from model.config import ModelConfig
-    from pretrain.parallel import ensure_model_parallel
     from model.transformer import Transformer
 
-    ensure_model_parallel(1, 1)
     torch.manual_seed(0)
     cfg = ModelConfig(**SHAPES[shape], vocab_size=VOCAB, mask_id=VOCAB - 1, dropout=0.0, max_seq_len=max(L, 2048),
                       init_std=0.5 if shape == "tiny" else 0.2)

@@ -120,8 +120,9 @@ def worker(args) -> None:
     from pretrain.parallel import ensure_model_parallel, ensure_process_group
     from pretrain.config import from_dict
     from pretrain.engine import _skip_cpu_shm_op, build_engine
-    from pretrain.pipeline import StepRunner, build_stage
     from pretrain.memory import estimate_memory
+    from pretrain.parallelize import build_stage
+    from pretrain.pipeline import StepRunner
 
     torch.set_num_threads(args.threads)
     ensure_process_group()
@@ -142,7 +143,7 @@ def worker(args) -> None:
     torch.manual_seed(cfg.run.seed)
     model = build_stage(cfg.model, args.tp, args.pp)
     engine, _, _ = build_engine(model, cfg, world, "fp32")
-    objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len)
+    objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len, cross_entropy=model.tp.cross_entropy)
     stepper = StepRunner(engine, objective, cfg)
     accum = cfg.grad_accum(world)
     g = torch.Generator().manual_seed(100 + dp_rank)

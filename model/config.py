@@ -56,7 +56,7 @@ class ModelConfig:
     attention_backend: Literal["auto", "sdpa", "flex"] = Field("auto", description=(
         "attention kernel: auto (flex on CUDA, sdpa elsewhere), sdpa (dense mask) or flex (block mask)"))
     fp8: Literal["none", "hybrid", "e4m3"] = Field("none", description=(
-        "Transformer Engine FP8 block linears (H100/H200; model/fp8.py); none: bf16/fp32"))
+        "Transformer Engine FP8 block linears (H100/H200; pretrain/fp8.py); none: bf16/fp32"))
     vocab_size: int = Field(0, ge=0, description="vocabulary size with MASK (0: taken from the tokenizer)")
     mask_id: int = Field(-1, ge=-1, description="MASK token id (-1: taken from the tokenizer)")
     vocab_pad_multiple: int = Field(128, ge=1, description="embedding rows padded to a multiple of this (independent of TP)")

@@ -30,10 +30,11 @@ class ParamShape:
 
 def block_params(cfg) -> dict[str, ParamShape]:
     """Name (inside a block: `attn.qkv.weight`, ...) -> shape of one block's parameters at TP=1."""
-    from .transformer import Block, megatron_config
+    from .layers import TensorParallel
+    from .transformer import Block
 
     with torch.device("meta"):
-        block = Block(cfg, megatron_config(), 0)
+        block = Block(cfg, TensorParallel(), 0)
     return {n: ParamShape(tuple(p.shape), bool(getattr(p, "tensor_model_parallel", False)))
             for n, p in block.named_parameters()}
 

@@ -92,7 +92,7 @@ def forward_flops(model_cfg, tokens_in: int, tokens_out: int, pairs: int | None 
 
 
 def recompute_flops(model_cfg, mode: str, tokens_in: int, pairs: int) -> float:
-    """Forward FLOPs activation checkpointing adds per sequence (model/recompute.py)."""
+    """Forward FLOPs activation checkpointing adds per sequence (pretrain/recompute.py)."""
     c = model_cfg
     if mode == "full":
         return c.n_layers * (linear_flops_per_token(c) * tokens_in + attention_flops(c, pairs))

@@ -28,7 +28,7 @@ class StageParams:
 def stage_params(m, pp: int) -> list[StageParams]:
     """Per pipeline stage, its parameters at TP=1 (model/shapes.py: read from the module), split into
     TP-sharded, replicated and the last stage's copy of a tied embedding."""
-    from .pipeline import stage_layers  # imports megatron (no process group)
+    from .parallelize import stage_layers  # imports megatron (no process group)
 
     out = []
     for s in range(pp):

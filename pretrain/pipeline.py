@@ -31,61 +31,16 @@ from megatron.core import parallel_state
 
 from common.schema import ConfigError
 
-from model.transformer import Transformer, megatron_config
+from model.transformer import Transformer
 
 from .compat_cpu import megatron_compat, sequence_parallel_compat
 
-from .engine import clip_gradients
-
-
-# -- stages -----------------------------------------------------------------------------------------
-def stage_layers(n_layers: int, pp: int, stage: int) -> range:
-    """Global layer indices of pipeline stage `stage`: contiguous, sizes differing by at most one, the
-    extra layers on the first stages (the last stage also carries the output head and the loss)."""
-    if not 1 <= pp <= n_layers:
-        raise ValueError(f"parallel.pp: {pp} stages for {n_layers} layers")
-    base, extra = divmod(n_layers, pp)
-    start = stage * base + min(stage, extra)
-    return range(start, start + base + (1 if stage < extra else 0))
-
-
-def build_stage(model_cfg, tp: int, pp: int, *, device=None, sequence_parallel: bool = False,
-                zero_init=None) -> Transformer:
-    """This rank's part of the model: its pipeline stage's layers, tensor-parallel over `tp` ranks
-    (megatron's parallel state must be initialised for (tp, pp)). With `device`, the shards are
-    allocated and initialised there directly (model/init.py): the host never holds the stage. With
-    `zero_init` (ZeRO-3: pretrain.engine.zero3_init), the stage is built inside that
-    `deepspeed.zero.Init` context, in its dtype: each parameter is partitioned over the data-parallel
-    group as its module is constructed and each rank initialises only its partition."""
-    stage = parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else 0
-    dtype = zero_init.dtype if zero_init is not None else torch.float32
-    with torch.device(device) if device is not None else contextlib.nullcontext(), \
-            zero_init if zero_init is not None else contextlib.nullcontext():
-        return Transformer(model_cfg, megatron_config(tp, pp, params_dtype=dtype, sequence_parallel=sequence_parallel),
-                           pre_process=stage == 0, post_process=stage == pp - 1,
-                           layers=stage_layers(model_cfg.n_layers, pp, stage))
-
-
-def prepare_model(model: Transformer, cfg) -> list[str]:
-    """After `build_stage`: seed megatron's tensor-parallel RNG for dropout under sequence parallelism,
-    then activation checkpointing and per-block torch.compile (model/recompute.py). Returns log lines."""
-    from model.recompute import apply_training_features
-
-    if cfg.parallel.sequence_parallel and cfg.model.dropout > 0:
-        if torch.cuda.is_available():
-            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
-            model_parallel_cuda_manual_seed(cfg.run.seed)
-        else:
-            from .compat_cpu import install_cpu_rng_tracker
-
-            install_cpu_rng_tracker(cfg.run.seed, parallel_state.get_tensor_model_parallel_rank())
-    return apply_training_features(model, cfg.train.activation_checkpointing, cfg.train.compile)
+from .engine import clip_gradients, gradients_from_outside
 
 
 def schedule_config(cfg, dtype: torch.dtype):
     """The megatron `TransformerConfig` its schedules read (shapes, dtypes, p2p options); the model's
-    layers use their own `ModelParallelConfig` (model.transformer.megatron_config)."""
+    layers use their own `ModelParallelConfig` (pretrain/tensor_parallel.py)."""
     from megatron.core.transformer import TransformerConfig
 
     m = cfg.model
@@ -128,9 +83,7 @@ class StepRunner:
             if engine.zero_optimization_stage() > 1:
                 raise ConfigError(f"parallel.zero_stage: ZeRO-{engine.zero_optimization_stage()} cannot be combined "
                                   "with pipeline parallelism; use zero_stage 0 or 1")
-            # Gradients are produced by megatron's schedule, outside engine.backward(): DeepSpeed's
-            # ZeRO-1 must build its reduction buckets itself, as under its own pipeline engine.
-            engine.pipeline_parallelism = True
+            gradients_from_outside(engine)  # megatron's schedule runs the backward, not engine.backward()
             self.pp_group = parallel_state.get_pipeline_model_parallel_group()
             self.last_rank = parallel_state.get_pipeline_model_parallel_last_rank()
             self.fb = get_forward_backward_func()
@@ -293,4 +246,4 @@ def add_metrics(acc: dict, metrics: dict) -> None:
         acc[k] = acc[k] + v if k in acc else v
 
 
-__all__ = ["StepRunner", "build_stage", "prepare_model", "stage_layers", "schedule_config", "add_metrics"]
+__all__ = ["StepRunner", "schedule_config", "add_metrics"]

@@ -12,12 +12,11 @@ from megatron.core import parallel_state
 
 from data_pipeline.loader import build_loader
 from data_pipeline.tokenizers import load_tokenizer
-from model import fp8 as fp8_layers
 from model.noise import TRAIN, VAL, SampleNoise
 from model.objectives import build_objective, summarize
 from model.shapes import parameter_count
 
-from . import init_from
+from . import fp8, init_from
 from .checkpoint import resume, rng, rundir
 from .checkpoint.save import clean_partial, save as save_checkpoint
 from .config import RecipeConfig, save_config
@@ -26,7 +25,8 @@ from .engine import build_engine, resolve_precision, zero3_init, zero3_notes
 from .flops import device_peak_tflops, step_flops
 from .logger import MetricsLogger
 from .parallel import ensure_model_parallel, ensure_process_group
-from .pipeline import StepRunner, add_metrics, build_stage, prepare_model
+from .parallelize import build_stage, prepare_model
+from .pipeline import StepRunner, add_metrics
 from .preemption import active_handler, release_handler
 
 
@@ -42,7 +42,7 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.data.tokenizer, add_mask=cfg.data.add_mask_token)
         cfg.resolve_vocab(self.tokenizer)
         cfg.validate(self.world)
-        fp8_layers.check_available(cfg.model.fp8)  # Transformer Engine + an FP8 GPU, or a clear error now
+        fp8.check_available(cfg.model.fp8)  # Transformer Engine + an FP8 GPU, or a clear error now
         p = cfg.parallel
         ensure_model_parallel(p.tp, p.pp)
         self.dp_rank = parallel_state.get_data_parallel_rank()
@@ -57,14 +57,13 @@ class Trainer:
         self.precision = resolve_precision(cfg, self.device)
         # ZeRO-3: built inside deepspeed.zero.Init, each rank holding only its partition (pretrain/engine.py)
         zero_init = zero3_init(cfg, self.world, self.precision) if cfg.model.fp8 == "none" else None
-        # this rank's TP shard of its PP stage, allocated and initialised on the device (model/init.py)
+        # this rank's TP shard of its PP stage, allocated and initialised on the device, then FP8,
+        # activation checkpointing and torch.compile (pretrain/parallelize.py)
         model = build_stage(cfg.model, p.tp, p.pp, device=self.device, sequence_parallel=p.sequence_parallel,
                             zero_init=zero_init)
-        if cfg.model.fp8 != "none":
-            fp8_layers.convert_block_linears(model)
-        self.notes = prepare_model(model, cfg)  # sequence-parallel RNG, activation checkpointing, torch.compile
+        self.notes = prepare_model(model, cfg)
         self.notes += zero3_notes(model, cfg)
-        self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len)
+        self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len, cross_entropy=model.tp.cross_entropy)
         if self.precision == "bf16" and p.zero_stage == 0:
             # DeepSpeed's bf16 path without ZeRO (its unfused FP16 wrapper) drifts from fp32 after the
             # first step; its ZeRO-1 bf16 optimizer tracks fp32 (docs/architecture.md). ZeRO-1 is the

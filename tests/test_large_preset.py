@@ -82,7 +82,7 @@ def test_hf_qwen3_8b_config_derives_the_preset(layout):
 
 def test_one_rank_of_qwen3_8b_at_tp8_pp2_holds_what_the_plan_says():
     """Two of the 16 ranks of a TP=8 x PP=2 qwen3-8b (stage 0 TP rank 0, stage 1 TP rank 7), each built
-    on `meta` by pretrain.pipeline.build_stage in a fake 16-rank process group: their parameters are
+    on `meta` by pretrain.parallelize.build_stage in a fake 16-rank process group: their parameters are
     pretrain/plan.py's per-rank counts, the two stages cover the whole model once, nothing is allocated,
     and the host holds about one initialisation unit (1/8 of the embedding) at a time, not the model."""
     pytest.importorskip("torch.testing._internal.distributed.fake_pg")

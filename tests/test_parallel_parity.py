@@ -107,7 +107,8 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
     from pretrain.checkpoint.save import save, shard_info
     from pretrain.config import from_dict
     from pretrain.engine import build_engine, zero3_init
-    from pretrain.pipeline import StepRunner, build_stage, prepare_model
+    from pretrain.parallelize import build_stage, prepare_model
+    from pretrain.pipeline import StepRunner
 
     tp, pp, zero = parse(layout)
     world = dist.get_world_size()
@@ -120,7 +121,7 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
                         zero_init=zero3_init(cfg, world, cfg.train.precision))  # ZeRO-3: as the trainer builds it
     prepare_model(model, cfg)  # activation checkpointing / compile, as the trainer does
     engine, _, _ = build_engine(model, cfg, world, cfg.train.precision)
-    objective = build_objective(cfg.objective, cfg.model, SEQ)
+    objective = build_objective(cfg.objective, cfg.model, SEQ, cross_entropy=model.tp.cross_entropy)
     stepper = StepRunner(engine, objective, cfg)
     per_rank = GLOBAL // dp
     mine = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)

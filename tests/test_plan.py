@@ -43,15 +43,15 @@ def test_groups_partition_the_world():
     dict(tie_embeddings=True, norm="rmsnorm", activation="swiglu", qk_norm=True, bias=False, n_kv_heads=2),
     dict(tie_embeddings=False, norm="layernorm", activation="gelu", bias=True, head_bias=True),
 ])
-def test_parameter_counts_match_the_built_stages(tmp_path, model_parallel, variant):
-    from model.transformer import Transformer, megatron_config
-    from pretrain.pipeline import stage_layers
+def test_parameter_counts_match_the_built_stages(tmp_path, variant):
+    from model.transformer import Transformer
+    from pretrain.parallelize import stage_layers
 
     cfg = load_config(write_recipe(tmp_path / "r.yaml", model={"n_layers": 5, "n_heads": 4, **variant}),
                       ["model.vocab_size=300", "model.mask_id=299"])
     pp = 3
     for sp in stage_params(cfg.model, pp):
-        stage = Transformer(cfg.model, megatron_config(), pre_process=sp.stage == 0, post_process=sp.stage == pp - 1,
+        stage = Transformer(cfg.model, pre_process=sp.stage == 0, post_process=sp.stage == pp - 1,
                             layers=stage_layers(cfg.model.n_layers, pp, sp.stage))
         sharded = sum(p.numel() for p in stage.parameters() if getattr(p, "tensor_model_parallel", False))
         replicated = sum(p.numel() for p in stage.parameters() if not getattr(p, "tensor_model_parallel", False))
@@ -216,7 +216,7 @@ def test_compiled_estimate_differs_from_eager_as_modelled(tmp_path, mode):
 
 
 @pytest.mark.parametrize("block", [GELU_LN, SWIGLU_RMS, QWEN3_GQA, dict(QWEN3_GQA, n_kv_heads=None)])
-def test_eager_saved_bytes_are_what_autograd_saves(tmp_path, model_parallel, block):
+def test_eager_saved_bytes_are_what_autograd_saves(tmp_path, block):
     """The eager per-layer count against the tensors autograd really saves in a tiny model on CPU: the
     saved storages (parameters excluded) of a 2-layer model minus those of a 1-layer model."""
     from model.transformer import Transformer

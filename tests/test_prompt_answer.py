@@ -32,7 +32,7 @@ def _position_logits(inputs):
 
 
 @pytest.mark.parametrize("name", ["ar", "mdlm", "bd3lm", "setdlm"])
-def test_prompt_and_padding_tokens_never_reach_the_loss_or_the_bound(model_parallel, name):
+def test_prompt_and_padding_tokens_never_reach_the_loss_or_the_bound(name):
     from model.config import ModelConfig, ObjectiveConfig
     from model.objectives import build_objective
 

@@ -90,7 +90,7 @@ def build(recipe: Path, out: Path) -> None:
     import torch.distributed as dist
 
     from pretrain.engine import zero3_init
-    from pretrain.pipeline import build_stage
+    from pretrain.parallelize import build_stage
 
     world, rank = dist.get_world_size(), dist.get_rank()
     report: dict = {}

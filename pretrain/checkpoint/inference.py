@@ -56,10 +56,10 @@ def checkpoint_weights(ckpt: Path, meta: dict, *, ema: bool = True) -> tuple[dic
 def build_model(model_cfg) -> torch.nn.Module:
     """The one place inference builds a model: a TP=1 Transformer of `model_cfg` (its initial values
     are overwritten by the caller; the caller's RNG is left alone)."""
-    from model.transformer import Transformer, megatron_config
+    from model.transformer import Transformer
 
     with torch.random.fork_rng(devices=[]):
-        return Transformer(model_cfg, megatron_config())
+        return Transformer(model_cfg)
 
 
 def model_with_weights(model_cfg, weights: dict, where) -> torch.nn.Module:
