@@ -22,7 +22,7 @@ An explicit ``MASTER_ADDR`` / ``MASTER_PORT`` in the environment always wins ove
 (the Slurm and mpirun templates export them).
 
 :func:`common.dist.init_process_group` turns the result into a ``torch.distributed`` process group
-(also for a single process: megatron-core needs one). This module imports nothing heavy (no torch),
+(also for a single process: DeepSpeed and megatron-core need one to train). This module imports nothing heavy (no torch),
 so every package can ask "which rank am I" before a group exists (`env_rank`).
 """
 from __future__ import annotations
