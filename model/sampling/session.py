@@ -42,7 +42,7 @@ class Session:
         self.mask_id, self.eos_id, self.tokenizer = int(mask_id), eos_id, tokenizer
         if generator is None and cfg.seed is not None and not cfg.greedy:
             generator = torch.Generator(device=next(model.parameters()).device).manual_seed(int(cfg.seed))
-        shape = [Request([], self.max_len, [], False)] * self.slots  # sizes the canvas and the cache
+        shape = [Request([], self.max_len, [], False)]  # sizes the canvas and the cache; one row to start
         dec = decoder_class(cfg.family)(model, shape, cfg, mask_id=mask_id, eos_id=eos_id, tokenizer=tokenizer,
                                         generator=generator)
         dec.reqs, dec.outputs, dec.checked, dec.t_admit, dec.stop_reason, dec.stop_text = {}, {}, {}, {}, {}, {}
@@ -54,6 +54,7 @@ class Session:
         dec.observer = StepObserver(dec, self.events.append, rows=self.watched)
         self.open: set[int] = set()  # submitted, not yet returned by step()
         self.next_row = 0
+        self.forwards = 0  # decoding steps run (each one batched forward)
 
     # -- requests ---------------------------------------------------------------------------------
     def submit(self, prompt, *, max_new_tokens: int | None = None, stop: list[str] | None = None,
@@ -117,6 +118,7 @@ class Session:
         if self.live:
             dec.observer.before_step()
             dec.runner()
+            self.forwards += 1
             dec.after_step()
             dec.check(time.perf_counter())
             self._shrink()
