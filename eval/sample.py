@@ -57,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     m.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
     p.add_argument("--json", action="store_true", help="print one JSON object per output instead of text")
+    p.add_argument("--trace", metavar="OUT.html", help="also write a page showing how each output was decoded (docs/sampling.md)")
     return p
 
 
@@ -171,6 +172,7 @@ def run(model, tokenizer, cfg, rows: list[dict], args) -> int:
         if start:
             print(f"setdlm sample: {out_path} has {start} outputs; resuming", file=sys.stderr)
     sink = open(out_path, "a", encoding="utf-8") if out_path is not None else None
+    trace = [] if getattr(args, "trace", None) else None  # rows of the --trace page (eval/trace.py)
     try:
         for i in range(start, len(rows), args.batch_size):
             batch = rows[i : i + args.batch_size]
@@ -181,7 +183,12 @@ def run(model, tokenizer, cfg, rows: list[dict], args) -> int:
                     prompts.append(Infill(ids, int(r["infill_length"]), tokenizer.encode(r.get("suffix", ""))))
                 else:
                     prompts.append(ids)
-            outs = generate(model, prompts, cfg, tokenizer=tokenizer)
+            events = []
+            outs = generate(model, prompts, cfg, tokenizer=tokenizer, on_step=events.append if trace is not None else None)
+            if trace is not None:
+                from .trace import sample_rows
+
+                trace += sample_rows(batch, outs, events, tokenizer)
             for r, o in zip(batch, outs):
                 line = {**r, **o.to_dict()}
                 if sink is not None:
@@ -201,6 +208,11 @@ def run(model, tokenizer, cfg, rows: list[dict], args) -> int:
             sink.close()
     if out_path is not None:
         print(f"setdlm sample: wrote {len(rows) - start} outputs to {out_path}", file=sys.stderr)
+    if trace is not None:
+        from .trace import write_sample
+
+        print(f"setdlm sample: wrote the decoding trace to {write_sample(args.trace, args.checkpoint, cfg, trace)}",
+              file=sys.stderr)
     return 0
 
 
