@@ -21,14 +21,15 @@ class Served:
 def load_served(checkpoint: str | Path, *, name: str | None = None, device: str | None = None,
                 dtype: str = "fp32", ema: bool = True) -> Served:
     """Load a run or checkpoint directory for serving (the loader and tokenizer `setdlm sample` uses)."""
-    import torch
-
     from common.errors import UsageError
-    from pretrain.checkpoint import load_model
 
     path = Path(checkpoint)
     if not path.exists():
         raise UsageError(f"--checkpoint {path}: no such directory")
+    import torch
+
+    from pretrain.checkpoint import load_model
+
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer, recipe = load_model(path, ema=ema, device=device)
     model = model.to(dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]).eval()

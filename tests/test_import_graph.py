@@ -1,4 +1,4 @@
-"""The package layering of README.md: data_pipeline -> model -> pretrain -> eval -> launch.
+"""The package layering of README.md: data_pipeline -> model -> pretrain -> eval -> serve -> launch.
 
 A package imports only itself and packages to its left, at module level or inside functions
 (a static scan of every import statement, relative imports resolved)."""
@@ -11,7 +11,7 @@ from pathlib import Path
 
 from helpers import REPO
 
-ORDER = ("data_pipeline", "model", "pretrain", "eval", "launch")
+ORDER = ("data_pipeline", "model", "pretrain", "eval", "serve", "launch")
 
 
 def imported_packages(path: Path, root: Path) -> set[tuple[str, int]]:
