@@ -67,7 +67,8 @@ async def errors(request: web.Request, handler):
 
 async def health(request: web.Request) -> web.Response:
     srv = request.app[SERVER]
-    return web.json_response({"status": "draining" if srv.draining else "ok"}, status=503 if srv.draining else 200)
+    status = "draining" if srv.draining else "ok" if srv.scheduler.alive else "decode loop stopped"
+    return web.json_response({"status": status}, status=200 if status == "ok" else 503)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -93,8 +94,9 @@ async def chat_completions(request: web.Request):
 
 async def _generate(request: web.Request, kind):
     srv: Server = request.app[SERVER]
-    if srv.draining:
-        raise RequestError(None, "the server is shutting down; retry on another replica", 503, "unavailable")
+    if srv.draining or not srv.scheduler.alive:
+        raise RequestError(None, "the server is shutting down; retry on another replica" if srv.draining else
+                           "the decode loop stopped (see the server's log)", 503, "unavailable")
     try:
         body = await request.json(loads=json.loads)
     except (ValueError, UnicodeDecodeError):

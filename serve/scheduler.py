@@ -73,7 +73,21 @@ class Scheduler:
         self.thread.join(timeout)
 
     # -- the decode thread ------------------------------------------------------------------------
+    @property
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
     def _run(self) -> None:
+        try:
+            self._loop()
+        except Exception as e:  # noqa: BLE001 - a bug in the loop: fail what is in flight, /health says so
+            log.exception("setdlm serve: the decode loop stopped")
+            jobs = [j for j, _ in self.waiting] + [j for lane in self.lanes.values() for j, _ in lane.rows.values()]
+            for job in {id(j): j for j in jobs}.values():
+                if not job.cancelled:
+                    job.post(("error", f"the decode loop stopped ({type(e).__name__}: {e})"))
+
+    def _loop(self) -> None:
         import torch
 
         with torch.inference_mode():
