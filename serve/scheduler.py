@@ -149,6 +149,8 @@ class Scheduler:
                 if lane is None:
                     lane = self.lanes[key] = Lane(Session(s.model, job.cfg, slots=self.max_batch, max_len=s.max_len,
                                                           mask_id=s.mask_id, eos_id=s.eos_id, tokenizer=s.tokenizer))
+                elif not lane.session.busy:
+                    lane.session.reseed()  # a seeded request alone samples the same each time
                 row = lane.session.submit(choice.prompt, max_new_tokens=choice.max_new_tokens, stop=choice.stop,
                                           stop_regex=choice.stop_regex, watch=job.watch)
             except Exception as e:  # noqa: BLE001 - a request the engine refuses fails alone

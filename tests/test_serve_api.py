@@ -147,8 +147,11 @@ def test_list_prompts_and_n(server):
     texts = [c["text"] for c in resp["choices"]]
     assert [c["index"] for c in resp["choices"]] == [0, 1, 2, 3] and texts[0] == texts[1] and texts[2] == texts[3]
     assert texts[0] != texts[2] and resp["usage"]["completion_tokens"] == 20 and resp["usage"]["prompt_tokens"] == 4
-    sampled = post(server, {"prompt": "A class", "n": 3, "max_tokens": 8, "temperature": 1.0, "seed": 5}).json()
-    assert len({c["text"] for c in sampled["choices"]}) > 1  # n samples, not one repeated
+    body = {"prompt": "A class", "n": 3, "max_tokens": 8, "temperature": 1.0, "seed": 5}
+    sampled = [c["text"] for c in post(server, body).json()["choices"]]
+    assert len(set(sampled)) > 1  # n samples, not one repeated
+    assert [c["text"] for c in post(server, body).json()["choices"]] == sampled  # the seed, alone: the same again
+    assert [c["text"] for c in post(server, {**body, "seed": 6}).json()["choices"]] != sampled
 
 
 BAD = [  # (body, HTTP status, the field the error names)

@@ -170,11 +170,13 @@ def test_disconnects_free_their_slots(server):
                     await r.read()
 
             tasks = [asyncio.create_task(stream()) for _ in range(3)] + [asyncio.create_task(plain())]
-            while True:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
                 async with session.get(server.url + "/metrics") as r:
                     if re.search(r"^setdlm_slots_busy 4$", await r.text(), re.M):
                         break
                 await asyncio.sleep(0.002)
+            assert time.monotonic() < deadline, "the 4 rows never decoded together"
             full.set()
             tasks[-1].cancel()  # the plain request's connection is closed before its answer
             await asyncio.gather(*tasks, return_exceptions=True)

@@ -56,6 +56,12 @@ class Session:
         self.next_row = 0
         self.forwards = 0  # decoding steps run (each one batched forward)
 
+    def reseed(self) -> None:
+        """Restart the seeded generator (config.seed): an idle session reused for a new request
+        samples as a fresh one would."""
+        if self.cfg.seed is not None and self.dec.generator is not None:
+            self.dec.generator.manual_seed(int(self.cfg.seed))
+
     # -- requests ---------------------------------------------------------------------------------
     def submit(self, prompt, *, max_new_tokens: int | None = None, stop: list[str] | None = None,
                stop_regex: str | None = None, watch: bool = False) -> int:
