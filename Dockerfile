@@ -61,9 +61,10 @@ COPY model ./model
 COPY pretrain ./pretrain
 COPY data_pipeline ./data_pipeline
 COPY eval ./eval
+COPY serve ./serve
 COPY launch ./launch
 COPY configs ./configs
-RUN pip install --no-build-isolation -c /etc/pip/setdlm-pins.txt ".[eval,mpi]" \
+RUN pip install --no-build-isolation -c /etc/pip/setdlm-pins.txt ".[eval,mpi,serve]" \
  && chmod +x launch/templates/*.sh launch/templates/*.sbatch
 
 # Check: the GPU stack is untouched, TE and NVIDIA's apex (not PyPI's unrelated `apex`) are there.

@@ -47,6 +47,8 @@ class PromptOptions:
     out: PathText | None = Field(None, description="JSONL to write outputs to (resumed if it exists)")
     batch_size: int = Field(16, ge=1, description="prompts decoded together")
     json: bool = Field(False, description="print one JSON object per output instead of text")
+    trace: PathText | None = Field(None, json_schema_extra={"metavar": "OUT.html"}, description=(
+        "also write a page showing how each output was decoded (docs/sampling.md)"))
 
 
 @eval_options("setdlm sample")
@@ -168,6 +170,7 @@ def run(model, tokenizer, cfg, rows: list[dict], args) -> int:
         if start:
             print(f"setdlm sample: {out_path} has {start} outputs; resuming", file=sys.stderr)
     sink = open(out_path, "a", encoding="utf-8") if out_path is not None else None
+    trace = [] if args.trace else None  # rows of the --trace page (eval/trace.py)
     try:
         for i in range(start, len(rows), args.batch_size):
             batch = rows[i : i + args.batch_size]
@@ -178,7 +181,12 @@ def run(model, tokenizer, cfg, rows: list[dict], args) -> int:
                     prompts.append(Infill(ids, int(r["infill_length"]), tokenizer.encode(r.get("suffix", ""))))
                 else:
                     prompts.append(ids)
-            outs = generate(model, prompts, cfg, tokenizer=tokenizer)
+            events = []
+            outs = generate(model, prompts, cfg, tokenizer=tokenizer, on_step=events.append if trace is not None else None)
+            if trace is not None:
+                from .trace import sample_rows
+
+                trace += sample_rows(batch, outs, events, tokenizer)
             for r, o in zip(batch, outs):
                 line = {**r, **o.to_dict()}
                 if sink is not None:
@@ -198,6 +206,11 @@ def run(model, tokenizer, cfg, rows: list[dict], args) -> int:
             sink.close()
     if out_path is not None:
         print(f"setdlm sample: wrote {len(rows) - start} outputs to {out_path}", file=sys.stderr)
+    if trace is not None:
+        from .trace import write_sample
+
+        print(f"setdlm sample: wrote the decoding trace to {write_sample(args.trace, args.checkpoint, cfg, trace)}",
+              file=sys.stderr)
     return 0
 
 

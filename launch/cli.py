@@ -3,6 +3,7 @@
     setdlm pretrain --config FILE [--out DIR] [--name NAME] [section.key=value ...]
     setdlm pretrain --describe [SECTION]     every recipe key: type, valid values, default, description
     setdlm sample   --checkpoint RUN_OR_CKPT --prompt TEXT ...
+    setdlm serve    --checkpoint RUN [--host 127.0.0.1] [--port 8000] [--max-batch 8] [--api-key KEY]
     setdlm data     prepare ...
     setdlm eval     TASK --checkpoint ...
     setdlm convert  to-hf | from-hf | consolidate ...
@@ -23,6 +24,7 @@ import sys
 # subcommand -> (module, function taking argv, one-line help)
 SUBCOMMANDS = {
     "sample": ("eval.sample", "main", "decode from a checkpoint (SetDLM, BD3-LM, MDLM, AR samplers)"),
+    "serve": ("serve.cli", "main", "OpenAI-compatible HTTP server for a checkpoint (continuous batching, streaming)"),
     "data": ("data_pipeline.cli", "main", "prepare and inspect tokenized webdataset shards"),
     "eval": ("eval.cli", "main", "likelihood and sampling benchmarks from checkpoints"),
     "convert": ("pretrain.hf_convert", "main", "checkpoint conversion (Hugging Face, reference checkpoints, consolidation)"),

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Create .venv and install the project (CPU build of torch, pinned). Idempotent and fast when done.
 #   bash scripts/install.sh          # runtime: what `setdlm pretrain` needs (add extras with pip: .[eval])
-#   bash scripts/install.sh --test   # plus test tools, MPI (mpi4py + Open MPI) and, as root, Slurm
+#   bash scripts/install.sh --test   # plus test tools, the server (.[serve]), MPI (mpi4py + Open MPI) and, as root,
+#                                    # Slurm and Chromium (the trace page's browser check)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 want_test=0
@@ -9,22 +10,23 @@ want_test=0
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 extras=""
-[ $want_test = 1 ] && extras="eval,lm-eval,test,mpi"
+[ $want_test = 1 ] && extras="eval,lm-eval,test,serve,mpi"
 if [ $want_test = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=""
   command -v mpirun >/dev/null || need="$need libopenmpi-dev openmpi-bin"
   command -v slurmctld >/dev/null || need="$need slurm-wlm munge"
+  command -v chromium >/dev/null || need="$need chromium"
   if [ -n "$need" ]; then
     echo "[install] apt-get install$need"
     (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $need) >/tmp/setdlm-apt.log 2>&1 \
-      || echo "[install] apt-get failed (see /tmp/setdlm-apt.log); MPI/Slurm tests will skip"
+      || echo "[install] apt-get failed (see /tmp/setdlm-apt.log); MPI/Slurm/Chromium tests will skip"
   fi
 fi
 stamp=".venv/.setdlm-$(cat pyproject.toml constraints/cpu.txt | sha256sum | cut -c1-16)-$extras"
 if [ ! -f "$stamp" ]; then
   pipq() { .venv/bin/pip install -q --disable-pip-version-check -c constraints/cpu.txt "$@" 2>&1 | { grep -v "is ignored: it is neither" || true; }; }
   pipq torch==2.13.0
-  if ! command -v mpicc >/dev/null && [ $want_test = 1 ]; then extras="eval,lm-eval,test"; fi
+  if ! command -v mpicc >/dev/null && [ $want_test = 1 ]; then extras="eval,lm-eval,test,serve"; fi
   pipq -e ".${extras:+[$extras]}"
   rm -f .venv/.setdlm-*; touch "$stamp"
 fi

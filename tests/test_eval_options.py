@@ -54,7 +54,8 @@ BEFORE = {
                "--suffix": ("str", ""), "--prompts-file": ("str", None), "--out": ("str", None),
                "--seed": ("int", None), "--stop": ("append", ()), "--stop-regex": ("str", None),
                "--ignore-eos": ("switch", False), "--no-ema": ("switch", False), "--device": ("str", None),
-               "--dtype": ("str", "fp32", ("fp32", "bf16", "fp16")), "--json": ("switch", False)},
+               "--dtype": ("str", "fp32", ("fp32", "bf16", "fp16")), "--json": ("switch", False),
+               "--trace": ("str", None)},  # added with the trace page (issue 21)
 }
 
 

@@ -1,4 +1,4 @@
-"""The package layering of README.md (common -> data_pipeline -> model -> pretrain -> eval -> launch)
+"""The package layering of README.md (common -> data_pipeline -> model -> pretrain -> eval -> serve -> launch)
 and no import circle inside a package.
 
 Layering: a package imports only itself and packages to its left, at module level or inside
@@ -11,7 +11,7 @@ module is imported: the module body, its `if`/`try` blocks and class bodies; not
 implicitly are not edges (a package `__init__` importing its own submodules is the usual pattern).
 Nor does the graph with the imports inside functions too: a circle hidden behind a deferred import
 (eval's api -> cli -> matrix -> cli, runner <-> tasks, models <-> likelihood were) is still two
-modules that cannot be understood apart; the known ones are listed below until they are gone."""
+modules that cannot be understood apart."""
 
 from __future__ import annotations
 
@@ -21,13 +21,7 @@ from pathlib import Path
 
 from helpers import REPO
 
-ORDER = ("common", "data_pipeline", "model", "pretrain", "eval", "launch")
-
-# Circles through imports inside functions, in packages other helpers of issue 19 are reworking; the
-# integrator removes this list after merging their branches (a circle not listed here, or a listed one
-# that is gone, fails the test). None is at module level.
-KNOWN_DEFERRED_CYCLES: set[frozenset[str]] = set()
-
+ORDER = ("common", "data_pipeline", "model", "pretrain", "eval", "serve", "launch")
 
 def imported_packages(path: Path, root: Path) -> set[tuple[str, int]]:
     """(first-party package, line) of every import statement in `path` (a file under `root`)."""
@@ -160,10 +154,7 @@ def test_no_module_level_import_circle_inside_a_package():
 
 def test_no_import_circle_through_imports_inside_functions_either():
     found = {c for package in ORDER for c in cycles(import_graph(package, deferred=True))}
-    new = _names(found - KNOWN_DEFERRED_CYCLES)
-    assert new == [], "import circles (counting imports inside functions): " + "; ".join(new)
-    gone = _names(KNOWN_DEFERRED_CYCLES - found)
-    assert gone == [], f"known circles no longer present, drop them from KNOWN_DEFERRED_CYCLES: {gone}"
+    assert _names(found) == [], "import circles (counting imports inside functions): " + "; ".join(_names(found))
 
 
 def test_the_scan_sees_imports_inside_functions_and_relative_ones(tmp_path):

@@ -25,7 +25,7 @@ def decoder_class(family: str):
 def generate(model, prompts, config: SamplingConfig | None = None, *, max_batch: int | None = None,
              mask_id: int | None = None,
              eos_id: int | None = None, tokenizer=None, generator: torch.Generator | None = None,
-             **overrides) -> list[SampleOutput]:
+             on_step=None, **overrides) -> list[SampleOutput]:
     """Decode a batch of prompts with the family in `config` (see SamplingConfig).
 
     prompts: list of token-id lists (generate `max_new_tokens` after each) and/or `Infill`s (fill a
@@ -35,6 +35,8 @@ def generate(model, prompts, config: SamplingConfig | None = None, *, max_batch:
     temperature > 0. Keyword overrides replace config fields: generate(m, p, window=8, threshold=0.9).
     max_batch: continuous batching with this many slots (config.max_batch; None: all prompts at once);
     outputs are in input order and, greedy, identical to decoding each prompt alone.
+    on_step: called with a `StepEvent` (observe.py) for every prompt and step, `row` being the prompt's
+    index: what the step committed where, and its window (the decoded tokens are the same without it).
     """
     cfg = SamplingConfig() if config is None else config
     if max_batch is not None:
@@ -66,6 +68,11 @@ def generate(model, prompts, config: SamplingConfig | None = None, *, max_batch:
     model.eval()
     try:
         with torch.inference_mode():
-            return cls(model, reqs, cfg, mask_id=mask_id, eos_id=eos_id, tokenizer=tokenizer, generator=generator).run()
+            dec = cls(model, reqs, cfg, mask_id=mask_id, eos_id=eos_id, tokenizer=tokenizer, generator=generator)
+            if on_step is not None:
+                from .observe import StepObserver
+
+                dec.observer = StepObserver(dec, on_step)
+            return dec.run()
     finally:
         model.train(was_training)

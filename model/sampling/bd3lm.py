@@ -55,6 +55,11 @@ class BD3LMDecoder(SetDLMDecoder):
         self._posc, self._in_block = posc, in_block
         return self.canvas.gather(1, posc), posc, pos, active, in_block
 
+    def window_bounds(self):
+        Bs = self.cfg.block_size
+        blk = self.todo.int().argmax(1) // Bs
+        return torch.maximum(blk * Bs, self.span_start), torch.minimum(blk * Bs + Bs, self.span_end)
+
     def accept(self, conf: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         left = (self.steps_per_block - self.block_steps).clamp(min=1)
         n = active.sum(1)

@@ -97,6 +97,8 @@ class Decoder:
         self.device = p.device
         self.vocab = model.cfg.vocab_size
         self.stopper = StopChecker(tokenizer, cfg.stop, cfg.stop_regex)
+        self.row_stoppers: dict[int, StopChecker] = {}  # a request's own stop strings (session.py)
+        self.observer = None  # reports each step's commits (observe.py); None: nothing is read back for it
         ids = list(cfg.stop_token_ids)
         if cfg.stop_on_eos and eos_id is not None:
             ids.append(int(eos_id))
@@ -235,6 +237,16 @@ class Decoder:
     def after_step(self) -> None:
         """Host-side bookkeeping after each step (outside any compiled region)."""
 
+    def window_bounds(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """[start, end) [S] of the positions the next step may commit in each slot (for observers;
+        the step itself does not use it). Default: the leftmost masked position alone."""
+        start = self.todo.int().argmax(1)
+        return start, torch.minimum(start + 1, self.span_end)
+
+    def stopper_for(self, row: int) -> StopChecker:
+        """The stop strings of request `row`: its own (a session's request) or the config's."""
+        return self.row_stoppers.get(row, self.stopper)
+
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keep only the given slots (device index tensor). Subclasses extend for their state."""
         for name in ("canvas", "todo", "span_start", "span_end", "row_len", "can_stop", "commit_step", "steps"):
@@ -266,6 +278,8 @@ class Decoder:
             step += 1
             if step > limit:
                 raise RuntimeError(f"sampling: no progress after {step} steps (a bug in the {cfg.family} sampler)")
+            if self.observer is not None:
+                self.observer.before_step()
             self.runner()
             self.after_step()
             if step % cfg.check_every == 0 or step >= limit - cfg.check_every:
@@ -274,8 +288,10 @@ class Decoder:
 
     def check(self, now: float) -> None:
         """Host synchronisation: stop strings, retire finished rows, admit waiting prompts, compact."""
-        if self.stopper.enabled and bool(self.can_stop.any()):
+        if (self.stopper.enabled or self.row_stoppers) and bool(self.can_stop.any()):
             self._check_stop_strings()
+        if self.observer is not None:
+            self.observer.after_step()  # before finished rows are retired and their slots refilled
         done = (~self.todo.any(1)).cpu().tolist()
         fresh = [b for b, r in enumerate(self.rows) if r >= 0 and done[b]]
         if fresh:
@@ -337,7 +353,7 @@ class Decoder:
             masked = torch.nonzero(todo[b, a:e]).flatten()
             upto = a + (int(masked[0]) if len(masked) else e - a)
             toks = canvas[b, a:upto].tolist()
-            hit = self.stopper.check(toks, self.checked[row])
+            hit = self.stopper_for(row).check(toks, self.checked[row])
             self.checked[row] = len(toks)
             if hit is not None:
                 n, text, reason = hit

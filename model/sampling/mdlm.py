@@ -60,6 +60,9 @@ class MDLMDecoder(Decoder):
         self.steps += active.any(1)
         self.write(self.out_pos, tok, accept)
 
+    def window_bounds(self):
+        return self.span_start.clone(), self.span_end.clone()
+
     def select_rows(self, keep: torch.Tensor) -> None:
         super().select_rows(keep)
         self.total_steps = self.total_steps[keep]

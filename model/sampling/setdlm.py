@@ -114,6 +114,11 @@ class SetDLMDecoder(Decoder):
         self.write(pos, tok, accept)
         self.after_write(tok, pos, accept, active)
 
+    def window_bounds(self):
+        start = self.todo.int().argmax(1)
+        width = self.win if self.cfg.adaptive_window else self.w
+        return start, torch.minimum(start + width, self.span_end)
+
     def after_step(self) -> None:
         self.grow_bound(self.p)  # at most p entries were appended per row
 

@@ -1,0 +1,165 @@
+"""`setdlm serve` under offered load: throughput and latency percentiles per arrival rate.
+
+    .venv/bin/python benchmarks/bench_serve.py [--checkpoint RUN] [--rates 1,2,4,8] [--duration 20]
+        [--max-batch 8] [--max-tokens 32] [--threshold none|0.5|0] [--stream 0.5]
+
+Starts `setdlm serve` in its own process on loopback (the client does not share its interpreter),
+then for each rate sends requests with Poisson arrivals (open loop: a slow server does not slow the
+arrivals) for `--duration` seconds and waits for the last answer. Requests are greedy, one of a few
+prompts each, `--max-tokens` new tokens with EOS ignored (so every request costs the same whatever
+the weights), a fraction `--stream` of them streamed. Per rate it prints the achieved request and
+token rates, latency p50/p95/p99 (send to last byte), the streams' time to first text, and from
+/metrics the batched forwards and tokens per step. Without --checkpoint it trains the quickstart
+shape for 2 steps into a temporary directory (decoding costs the same on trained weights).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import json
+import os
+import platform
+import random
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+PROMPTS = ["The for statement", "A class definition", "Lists implement all of the common", "The import system",
+           "Exceptions are raised", "A function definition defines"]
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--checkpoint", help="run directory to serve (default: a 2-step quickstart-shape model)")
+    p.add_argument("--rates", default="1,2,4,8", help="offered loads, requests per second")
+    p.add_argument("--duration", type=float, default=20.0, help="seconds of arrivals per rate")
+    p.add_argument("--max-batch", type=int, default=8)
+    p.add_argument("--max-tokens", type=int, default=32)
+    p.add_argument("--threshold", default="none", help="setdlm threshold (none: one token per step)")
+    p.add_argument("--stream", type=float, default=0.5, help="fraction of requests streamed")
+    p.add_argument("--seed", type=int, default=0)
+    return p.parse_args(argv)
+
+
+def env() -> dict:
+    e = dict(os.environ, PYTHONPATH=str(REPO), WANDB_MODE="disabled", HF_HUB_OFFLINE="1")
+    for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        e.pop(k, None)
+    return e
+
+
+def default_checkpoint(tmp: Path) -> Path:
+    cmd = [sys.executable, "-m", "launch.cli", "pretrain", "--config", str(REPO / "configs/quickstart.yaml"),
+           "--out", str(tmp), "train.max_steps=2", "train.save_every=2", "train.eval_every=2", "train.eval_batches=1",
+           "train.sample_at_end=false", "train.log_every=1"]
+    subprocess.run(cmd, cwd=REPO, env=env(), check=True, stdout=subprocess.DEVNULL)
+    return tmp / "quickstart"
+
+
+def start_server(checkpoint: Path, max_batch: int, log: Path):
+    out = open(log, "w")
+    proc = subprocess.Popen([sys.executable, "-m", "launch.cli", "serve", "--checkpoint", str(checkpoint), "--port", "0",
+                             "--max-batch", str(max_batch), "--device", "cpu"], cwd=REPO, env=env(), stdout=out,
+                            stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        m = re.search(r"listening on (http://\S+)", log.read_text())
+        if m:
+            return proc, m.group(1)
+        time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("bench_serve: the server did not start")
+
+
+async def metrics(session, url) -> dict:
+    async with session.get(url + "/metrics") as r:
+        text = await r.text()
+    return {m[0]: float(m[1]) for m in re.findall(r"^(setdlm_\w+) (\S+)$", text, re.M)}
+
+
+async def one(session, url, body, stream: bool):
+    t0 = time.perf_counter()
+    first = None
+    async with session.post(url + "/v1/completions", json={**body, "stream": stream}) as r:
+        if r.status != 200:
+            return None
+        if not stream:
+            data = await r.json()
+            return time.perf_counter() - t0, None, data["usage"]["completion_tokens"]
+        tokens = 0
+        async for raw in r.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: {"):
+                continue
+            ch = json.loads(line[6:])["choices"][0]
+            if ch["text"] and first is None:
+                first = time.perf_counter() - t0
+            if ch["finish_reason"] is not None:
+                tokens = len(ch["setdlm"]["tokens"])
+    return time.perf_counter() - t0, first, tokens
+
+
+async def run_rate(url, rate: float, args, rng: random.Random) -> dict:
+    import aiohttp
+
+    ext = {"ignore_eos": True} | ({} if args.threshold == "none" else {"threshold": float(args.threshold)})
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        before = await metrics(session, url)
+        tasks, t0, t = [], time.perf_counter(), 0.0
+        while True:
+            t += rng.expovariate(rate)
+            if t > args.duration:
+                break
+            await asyncio.sleep(max(0.0, t0 + t - time.perf_counter()))
+            body = {"prompt": rng.choice(PROMPTS), "max_tokens": args.max_tokens, "temperature": 0, "setdlm": ext}
+            tasks.append(asyncio.create_task(one(session, url, body, rng.random() < args.stream)))
+        results = await asyncio.gather(*tasks)
+        wall = time.perf_counter() - t0
+        after = await metrics(session, url)
+    ok = [r for r in results if r is not None]
+    lat = sorted(r[0] for r in ok)
+    ttft = [r[1] for r in ok if r[1] is not None]
+    q = lambda p: lat[min(len(lat) - 1, int(p * len(lat)))] if lat else float("nan")  # noqa: E731
+    gen = after["setdlm_generated_tokens_total"] - before["setdlm_generated_tokens_total"]
+    fwd = after["setdlm_forwards_total"] - before["setdlm_forwards_total"]
+    return {"rate": rate, "sent": len(results), "ok": len(ok), "req_s": len(ok) / wall, "tok_s": sum(r[2] for r in ok) / wall,
+            "p50": q(0.5), "p95": q(0.95), "p99": q(0.99), "ttft": sum(ttft) / len(ttft) if ttft else float("nan"),
+            "forwards": fwd, "rows_per_forward": gen / fwd if fwd else 0.0}
+
+
+def main(argv=None) -> int:
+    args = parse(argv)
+    rng = random.Random(args.seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        ckpt = Path(args.checkpoint) if args.checkpoint else default_checkpoint(tmp)
+        proc, url = start_server(ckpt, args.max_batch, tmp / "serve.log")
+        try:
+            asyncio.run(run_rate(url, 2.0, argparse.Namespace(**{**vars(args), "duration": 2.0}), rng))  # warm-up
+            rows = [asyncio.run(run_rate(url, float(r), args, rng)) for r in args.rates.split(",")]
+        finally:
+            proc.terminate()
+            proc.wait(120)
+    import torch
+
+    print(f"{datetime.date.today()}, {platform.machine()} ({os.cpu_count()} cores), torch {torch.__version__}, "
+          f"checkpoint {ckpt.name if args.checkpoint else 'quickstart shape (2 steps)'}, --max-batch {args.max_batch}, "
+          f"{args.max_tokens} new tokens per request (EOS ignored), threshold {args.threshold}, "
+          f"{args.stream:.0%} streamed, {args.duration:g} s of Poisson arrivals per rate\n")
+    print("| offered (req/s) | sent | answered | req/s | tokens/s | p50 (s) | p95 (s) | p99 (s) | stream TTFT (s) | "
+          "forwards | tokens per forward |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['rate']:g} | {r['sent']} | {r['ok']} | {r['req_s']:.2f} | {r['tok_s']:.0f} | {r['p50']:.2f} | "
+              f"{r['p95']:.2f} | {r['p99']:.2f} | {r['ttft']:.2f} | {r['forwards']:.0f} | {r['rows_per_forward']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

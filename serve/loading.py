@@ -1,0 +1,45 @@
+"""The model being served: loaded once from a checkpoint, with what requests are checked against."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class Served:
+    model: object
+    tokenizer: object
+    recipe: object
+    name: str  # the id clients pass as `model`
+    max_len: int  # positions the model was trained on: prompt + new tokens must fit
+    s_max: int | None  # SW-SetDLM: the widest set it was trained on (the window's upper limit)
+    mask_id: int
+    eos_id: int | None
+
+
+def load_served(checkpoint: str | Path, *, name: str | None = None, device: str | None = None,
+                dtype: str = "fp32", ema: bool = True) -> Served:
+    """Load a run or checkpoint directory for serving (the loader and tokenizer `setdlm sample` uses)."""
+    from common.errors import UsageError
+
+    path = Path(checkpoint)
+    if not path.exists():
+        raise UsageError(f"--checkpoint {path}: no such directory")
+    import torch
+
+    from pretrain.checkpoint.inference import load_model
+
+    device = device or ("cuda" if torch.cuda.is_available() else "cpu")
+    model, tokenizer, recipe = load_model(path, ema=ema, device=device)
+    model = model.to(dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]).eval()
+    obj = recipe.objective
+    s_max = None
+    if obj.name == "setdlm":
+        s_max = int(obj.s_max) if getattr(obj, "s_max", None) else 2 * int(obj.set_size)
+    run = path.resolve()
+    if run.parent.name == "checkpoints":  # a checkpoint directory: name the run it belongs to
+        run = run.parent.parent
+    return Served(model=model, tokenizer=tokenizer, recipe=recipe, name=name or run.name,
+                  max_len=int(model.cfg.max_seq_len), s_max=s_max, mask_id=int(tokenizer.mask_id),
+                  eos_id=getattr(tokenizer, "eos_id", None))

@@ -1,0 +1,154 @@
+"""A validated request -> what the decode loop runs: a SamplingConfig and one Choice per output.
+
+`sampling_config` is the one place request fields become a SamplingConfig; it starts from the
+checkpoint's recipe exactly as `setdlm sample` does (family, window w = D, block size; w = S_max for
+infilling), so the same fields decode the same tokens. The budget checks name the field at fault: a
+prompt that leaves no room in the model's positions (`prompt`), `max_tokens` past them, a window
+above the model's S_max (`setdlm.window`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from dataclasses import dataclass
+
+from model.sampling import Infill, SamplingConfig
+
+from .schema import ChatRequest, CompletionRequest, RequestError
+
+DEFAULT_MAX_TOKENS = 16  # OpenAI's default for completions; chat defaults to the room left
+MAX_CHOICES = 64  # prompts x n in one request
+PLAIN_CHAT = ("User", "Assistant")  # the chat template of a tokenizer without chat tokens
+
+
+@dataclass
+class Choice:
+    index: int
+    prompt: list[int] | Infill
+    prompt_tokens: int
+    max_new_tokens: int
+    stop: list[str]
+    stop_regex: str | None
+
+
+@dataclass
+class Plan:
+    chat: bool
+    cfg: SamplingConfig  # shared by every choice (per-choice fields are in Choice)
+    choices: list[Choice]
+    stream: bool
+    include_usage: bool
+    n: int  # choices per prompt
+    texts: list[tuple[str, str]]  # per choice: the prompt text and the infill suffix (for traces)
+
+
+def sampling_config(req, recipe, s_max: int | None, *, infill: bool, stop_token_ids=()) -> SamplingConfig:
+    """Request fields over the recipe's defaults (those of `setdlm sample`); stop strings are per choice."""
+    ext, obj = req.setdlm, recipe.objective
+    cfg = SamplingConfig.from_objective(obj)
+    if infill and ext.window is None and cfg.family == "setdlm" and s_max:  # the paper uses w = S_max to infill
+        cfg = dataclasses.replace(cfg, window=s_max)
+    fields = {k: getattr(ext, k) for k in ("family", "window", "threshold", "adaptive_window", "window_min",
+                                           "window_max", "block_size", "steps_per_block", "steps", "remasking",
+                                           "top_k", "repetition_penalty")}
+    fields.update(temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop_on_eos=not ext.ignore_eos,
+                  stop_token_ids=sorted(set(stop_token_ids)))
+    cfg = dataclasses.replace(cfg, **{k: v for k, v in fields.items() if v is not None})
+    if cfg.greedy:  # greedy ignores these: requests differing only there share a batch
+        cfg = dataclasses.replace(cfg, top_p=1.0, top_k=0, seed=None)
+    try:
+        cfg.validate()
+    except ValueError as e:  # "sampling.window: ..." -> the request's name of that field
+        name, _, msg = str(e).partition(": ")
+        field = name.removeprefix("sampling.")
+        raise RequestError(field if field in ("temperature", "top_p", "seed") else f"setdlm.{field}", msg) from None
+    if cfg.family == "setdlm" and s_max:
+        for name, w in (("window", cfg.window), ("window_max", cfg.window_max)):
+            if w is not None and w > s_max:
+                raise RequestError(f"setdlm.{name}", f"{w} is above the model's S_max={s_max} (it was never "
+                                                     f"trained on wider sets); use at most {s_max}")
+    return cfg
+
+
+def chat_prompt(tokenizer, messages) -> tuple[list[int], list[int], list[str]]:
+    """(prompt ids, stop token ids, stop strings): ChatML when the tokenizer has its tokens (the
+    template `setdlm data prepare --template chatml` trains on), else 'User: ...\\nAssistant:'."""
+    from data_pipeline.prompt_answer import IM_END, IM_START, chatml_prompt
+
+    msgs = [{"role": m.role, "content": m.content} for m in messages]
+    if tokenizer.token_to_id(IM_START) is not None and tokenizer.token_to_id(IM_END) is not None:
+        return chatml_prompt(tokenizer, msgs), [tokenizer.token_to_id(IM_END)], []
+    user, bot = PLAIN_CHAT
+    names = {"system": "System", "user": user, "assistant": bot}
+    text = "".join(f"{names[m['role']]}: {m['content']}\n" for m in msgs) + f"{bot}:"
+    return tokenizer.encode(text), [], [f"\n{user}:"]
+
+
+def _check_ids(ids: list[int], served, i: int) -> None:
+    vocab = served.model.cfg.vocab_size
+    for t in ids:
+        if not 0 <= t < vocab or t == served.mask_id:
+            raise RequestError("prompt", f"prompt {i}: token id {t} is not a visible token id (vocabulary {vocab}, "
+                                         f"MASK {served.mask_id})")
+
+
+def plan(req: CompletionRequest | ChatRequest, served) -> Plan:
+    """Tokenize and check a request against the served model (RequestError naming the field)."""
+    tok, L = served.tokenizer, served.max_len
+    if req.model is not None and req.model != served.name:
+        raise RequestError("model", f"unknown model {req.model!r}; this server serves {served.name!r}", 404,
+                           "not_found_error")
+    chat = isinstance(req, ChatRequest)
+    stop_ids, stops = [], list(req.stop)
+    if chat:
+        ids, stop_ids, extra = chat_prompt(tok, req.messages)
+        prompts, texts, stops = [ids], [tok.decode(ids)], stops + extra
+        max_tokens = req.max_completion_tokens or req.max_tokens
+    else:
+        prompts = [tok.encode(p) if isinstance(p, str) else p for p in req.prompt]
+        texts = [p if isinstance(p, str) else tok.decode(p) for p in req.prompt]
+        max_tokens = req.max_tokens
+    ext = req.setdlm
+    if ext.stop_regex is not None:
+        try:
+            re.compile(ext.stop_regex)
+        except re.error as e:
+            raise RequestError("setdlm.stop_regex", f"invalid regular expression ({e})") from None
+    if len(prompts) * req.n > MAX_CHOICES:
+        raise RequestError("n", f"{len(prompts)} prompts x n={req.n} is more than {MAX_CHOICES} outputs in one request")
+    infill = ext.infill if not chat else None
+    if chat and ext.infill is not None:
+        raise RequestError("setdlm.infill", "infilling is for /v1/completions (prompt + suffix)")
+    suffix = tok.encode(infill.suffix) if infill is not None else []
+    if infill is not None and max_tokens is not None and max_tokens != infill.length:
+        raise RequestError("max_tokens", f"with setdlm.infill the span is setdlm.infill.length={infill.length}; "
+                                         f"leave max_tokens out or set it equal")
+    cfg = sampling_config(req, served.recipe, served.s_max, infill=infill is not None, stop_token_ids=stop_ids)
+    choices, per = [], []
+    for i, ids in enumerate(prompts):
+        _check_ids(ids, served, i)
+        if not ids and not suffix:
+            raise RequestError("messages" if chat else "prompt", "empty prompt; give at least one token of text")
+        room = L - len(ids) - len(suffix)
+        if room < 1:
+            raise RequestError("messages" if chat else "prompt",
+                               f"{len(ids) + len(suffix)} prompt tokens leave no room for new tokens in the "
+                               f"model's {L} positions")
+        if infill is not None:
+            if infill.length > room:
+                raise RequestError("setdlm.infill.length", f"{infill.length} tokens between a {len(ids)}-token prompt "
+                                                           f"and a {len(suffix)}-token suffix exceed the model's "
+                                                           f"{L} positions; at most {room}")
+            prompt, n_new = Infill(ids, infill.length, suffix), infill.length
+        else:
+            n_new = max_tokens if max_tokens is not None else (room if chat else min(DEFAULT_MAX_TOKENS, room))
+            if n_new > room:
+                raise RequestError("max_tokens", f"{n_new} new tokens after a {len(ids)}-token prompt exceed the model's "
+                                        f"{L} positions; at most {room}")
+            prompt = ids
+        for _ in range(req.n):
+            choices.append(Choice(len(choices), prompt, len(ids) + len(suffix), n_new, stops, ext.stop_regex))
+            per.append((texts[i], infill.suffix if infill is not None else ""))
+    include_usage = bool(req.stream_options and req.stream_options.include_usage)
+    return Plan(chat, cfg, choices, req.stream, include_usage, req.n, per)

@@ -1,0 +1,188 @@
+"""Load on loopback: concurrent clients, mixed lengths, streaming and not, some disconnecting mid-stream,
+a few bad requests; bounded in request count and time. Every request completes with the output it
+would have alone, or gets its clear error; none is lost or duplicated; a disconnect frees its slot."""
+
+import asyncio
+import json
+import re
+import time
+
+import aiohttp
+import httpx
+import pytest
+
+from serve_helpers import ThreadServer, train_tiny
+
+PROMPTS = ["The for statement", "A class", "import os", "def f(x):", "Lists implement", "while True", "Return the",
+           "x = [1, 2"]
+LENGTHS = [4, 9, 16, 30]
+REQUESTS, CLIENTS, DEADLINE_S = 160, 16, 60.0
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, model_parallel):
+    from serve.loading import load_served
+
+    return load_served(train_tiny(tmp_path_factory.mktemp("serve_load")), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    srv = ThreadServer(served, max_batch=4)
+    yield srv
+    srv.close()
+
+
+def plan(i: int) -> dict:
+    """Request i of the run: its body and what the client does."""
+    ext = {"threshold": 0.0} if i % 3 == 0 else {}
+    body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": LENGTHS[(i * 7) % len(LENGTHS)], "temperature": 0,
+            "setdlm": ext}
+    kind = "stream" if i % 2 == 0 else "plain"
+    if i % 8 == 2:
+        kind, body["max_tokens"] = "disconnect", 30
+    if i % 16 == 5:
+        kind, body["max_tokens"] = "bad", 200
+    return {"body": body, "kind": kind}
+
+
+def reference(served, body) -> tuple[str, list[int]]:
+    """The same request decoded alone by `generate` (no server)."""
+    from model.sampling import SamplingConfig, generate
+
+    cfg = SamplingConfig.from_objective(served.recipe.objective, max_new_tokens=body["max_tokens"], **body["setdlm"])
+    out = generate(served.model, [served.tokenizer.encode(body["prompt"])], cfg, tokenizer=served.tokenizer)[0]
+    return out.text, out.tokens
+
+
+async def one(session: aiohttp.ClientSession, url: str, job: dict):
+    body, kind = job["body"], job["kind"]
+    if kind in ("plain", "bad"):
+        async with session.post(url, json=body) as r:
+            data = await r.json()
+            if r.status != 200:
+                return ("error", r.status, data["error"]["param"])
+            ch = data["choices"][0]
+            return ("ok", ch["text"], ch["setdlm"]["tokens"], data["id"])
+    text, final, events, rid = "", None, 0, None
+    async with session.post(url, json={**body, "stream": True}) as r:
+        assert r.status == 200
+        async for raw in r.content:
+            line = raw.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            c = json.loads(line[6:])
+            rid, ch = c["id"], c["choices"][0]
+            text += ch["text"]
+            events += 1
+            if ch["finish_reason"] is not None:
+                final = ch["setdlm"]["tokens"]
+            if kind == "disconnect" and events == 2:
+                r.close()  # drop the connection mid-stream
+                return ("disconnected",)
+    return ("ok", text, final, rid)
+
+
+async def load(url: str, jobs: list[dict]):
+    results: dict[int, tuple] = {}
+    todo = list(range(len(jobs)))
+    t_end = time.monotonic() + DEADLINE_S
+
+    async def client(session):
+        while todo and time.monotonic() < t_end:
+            i = todo.pop(0)
+            assert i not in results
+            results[i] = await one(session, url, jobs[i])
+
+    timeout = aiohttp.ClientTimeout(total=DEADLINE_S)
+    async with aiohttp.ClientSession(timeout=timeout) as session:
+        await asyncio.gather(*(client(session) for _ in range(CLIENTS)))
+    return results
+
+
+def metric(srv, name: str) -> float:
+    text = httpx.get(srv.url + "/metrics", timeout=30).text
+    m = re.search(rf"^{re.escape(name)} (\S+)$", text, re.M)
+    return float(m.group(1)) if m else 0.0
+
+
+def settled(srv, timeout=20.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if all(metric(srv, k) == 0 for k in ("setdlm_slots_busy", "setdlm_queue_depth", "setdlm_requests_in_flight")):
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_load_mixed_clients_with_disconnects(served, server):
+    jobs = [plan(i) for i in range(REQUESTS)]
+    refs = {}
+    for j in jobs:
+        key = json.dumps(j["body"], sort_keys=True)
+        if j["kind"] in ("plain", "stream") and key not in refs:
+            refs[key] = reference(served, j["body"])
+    t0 = time.monotonic()
+    results = asyncio.run(load(server.url + "/v1/completions", jobs))
+    took = time.monotonic() - t0
+    assert took < DEADLINE_S + 5 and len(results) >= REQUESTS // 2, (took, len(results))
+    kinds = {"ok": 0, "error": 0, "disconnected": 0}
+    for i, res in results.items():  # each request got its own answer, or its clear error
+        kind = jobs[i]["kind"]
+        kinds[res[0]] += 1
+        if kind == "bad":
+            assert res == ("error", 400, "max_tokens")
+        elif kind == "disconnect":
+            assert res == ("disconnected",)
+        else:
+            assert res[0] == "ok" and (res[1], res[2]) == refs[json.dumps(jobs[i]["body"], sort_keys=True)], i
+    ids = [res[3] for res in results.values() if res[0] == "ok"]
+    assert len(ids) == len(set(ids))  # no response delivered twice
+    assert settled(server)  # nothing left decoding, waiting or being answered
+    counted = {o: metric(server, f'setdlm_requests_total{{endpoint="/v1/completions",outcome="{o}"}}')
+               for o in ("200", "400", "disconnected")}
+    assert counted == {"200": kinds["ok"], "400": kinds["error"], "disconnected": kinds["disconnected"]}
+    assert kinds["disconnected"] >= 8 and kinds["error"] >= 4
+    assert 1 <= metric(server, "setdlm_cancelled_total") <= kinds["disconnected"]
+
+
+def test_disconnects_free_their_slots(server):
+    """Fill the 4 slots with long rows (3 streams, 1 plain), drop the clients while they decode: their
+    rows are cancelled (not decoded to the end) and the next request runs."""
+    url = server.url + "/v1/completions"
+    before = metric(server, "setdlm_cancelled_total")
+    body = {"prompt": "Lists implement", "max_tokens": 60, "temperature": 0}  # one token per step: 60 steps
+
+    async def run():
+        async with aiohttp.ClientSession() as session:
+            full = asyncio.Event()
+
+            async def stream():
+                async with session.post(url, json={**body, "stream": True}) as r:
+                    async for raw in r.content:
+                        if raw.startswith(b"data: "):
+                            await full.wait()
+                            r.close()
+                            return
+
+            async def plain():
+                async with session.post(url, json=body) as r:
+                    await r.read()
+
+            tasks = [asyncio.create_task(stream()) for _ in range(3)] + [asyncio.create_task(plain())]
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                async with session.get(server.url + "/metrics") as r:
+                    if re.search(r"^setdlm_slots_busy 4$", await r.text(), re.M):
+                        break
+                await asyncio.sleep(0.002)
+            assert time.monotonic() < deadline, "the 4 rows never decoded together"
+            full.set()
+            tasks[-1].cancel()  # the plain request's connection is closed before its answer
+            await asyncio.gather(*tasks, return_exceptions=True)
+            async with session.post(url, json={"prompt": "A class", "max_tokens": 4, "temperature": 0}) as r:
+                assert r.status == 200
+
+    asyncio.run(run())
+    assert settled(server)
+    assert metric(server, "setdlm_cancelled_total") - before == 4
