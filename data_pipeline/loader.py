@@ -10,6 +10,7 @@ order exactly where it stopped (at an optimizer-step boundary when the layout ch
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -19,7 +20,9 @@ import torch
 
 from . import order
 from .config import DataConfig
-from .sources import BuiltinSource, ShardError, check_split
+from .mixture import MixtureSource, open_source
+from .mixture_state import MixtureSchedule
+from .sources import ShardError, check_split
 
 log = logging.getLogger("setdlm.data")
 STATE_VERSION = 2
@@ -40,7 +43,8 @@ class _Plan:
     window: int
     skip_bad: bool
     with_ids: bool
-    n_batches: int | None  # val: batches per rank in one pass; train: None (infinite)
+    n_batches: int | None  # val: batches per rank in one pass; train: None (infinite) or where a mixture stops
+    blend: object = None  # a mixture's train split: its schedule (blend.Blend); None: one source
 
 
 @dataclass
@@ -56,10 +60,26 @@ class _Reader:
     def __init__(self, plan: _Plan, stats: _Stats):
         self.plan, self.stats = plan, stats
         counts = plan.source.counts(plan.split)
-        self.order = order.GlobalOrder(counts, plan.seed, plan.shuffle, plan.window)
         self.counts, self.first = counts, plan.source.first_ids(plan.split)
+        # one order per stream: the split, or (a mixture's train split) each source's units, read through plan.blend
+        parts = plan.source.parts(plan.split) if plan.blend is not None else [(0, counts)]
+        self.orders = [(offset, order.GlobalOrder(c, plan.seed, plan.shuffle, plan.window)) for offset, c in parts]
         self.cache: OrderedDict = OrderedDict()  # unit -> rows (None: bad unit)
         self.bad: set = set()
+
+    def locate(self, positions: np.ndarray):
+        """(epoch in its source, unit, row in unit, source) of each global position."""
+        if self.plan.blend is None:
+            epochs, _, units, rows = self.orders[0][1].locate(positions)
+            return epochs, units, rows, np.zeros_like(positions)
+        sources, index = self.plan.blend.locate(positions)
+        epochs, units, rows = (np.empty_like(positions) for _ in range(3))
+        for s in np.unique(sources):
+            sel = sources == s
+            offset, o = self.orders[int(s)]
+            epochs[sel], _, units[sel], rows[sel] = o.locate(index[sel])
+            units[sel] += offset
+        return epochs, units, rows, sources
 
     def _unit(self, u: int):
         if u in self.cache:
@@ -88,7 +108,9 @@ class _Reader:
         return rows
 
     def batch(self, positions: np.ndarray):
-        epochs, _, units, rows_in = self.order.locate(positions)
+        """(rows, and for each: position, sample id, epoch, source) of the readable samples at `positions`;
+        then the epochs of all of them."""
+        epochs, units, rows_in, sources = self.locate(positions)
         keep, rows = [], []
         for i, (u, r) in enumerate(zip(units.tolist(), rows_in.tolist())):
             data = self._unit(u)
@@ -96,7 +118,7 @@ class _Reader:
                 keep.append(i)
                 rows.append(data[r])
         keep = np.array(keep, dtype=np.int64)
-        return rows, positions[keep], (self.first[units] + rows_in)[keep], epochs[keep]
+        return rows, positions[keep], (self.first[units] + rows_in)[keep], epochs[keep], sources[keep], epochs
 
 
 def _batches(plan: _Plan, start: int, first: int, stride: int):
@@ -106,8 +128,7 @@ def _batches(plan: _Plan, start: int, first: int, stride: int):
     j = first
     while plan.n_batches is None or j < plan.n_batches:
         pos = order.rank_positions(j, start, plan.global_batch, plan.micro_batch, plan.dp_rank, plan.dp_size)
-        wanted = pos
-        rows, pos, ids, epochs = reader.batch(wanted)
+        rows, pos, ids, epochs, sources, wanted_epochs = reader.batch(pos)
         tokens = np.stack(rows) if rows else np.zeros((0, plan.source.seq_len))  # all in bad shards: empty
         if tokens.ndim == 3:  # prompt/answer shards: (ids, context mask, valid mask) per row
             batch = {"input_ids": torch.from_numpy(tokens[:, 0].astype(np.int64)),
@@ -119,7 +140,9 @@ def _batches(plan: _Plan, start: int, first: int, stride: int):
         if plan.with_ids:
             batch["sample_id"] = torch.from_numpy(ids.astype(np.int64))
             batch["epoch"] = torch.from_numpy(epochs.astype(np.int64))
-        epoch = int(epochs.max()) if len(epochs) else int(wanted[-1]) // reader.order.n
+            if plan.blend is not None:
+                batch["source"] = torch.from_numpy(sources.astype(np.int64))  # index in data.mixture
+        epoch = int(epochs.max()) if len(epochs) else int(wanted_epochs.max())
         yield batch, {"batch": j, "epoch": epoch, "bad": sorted(reader.bad)}
         j += stride
 
@@ -185,6 +208,9 @@ class TokenLoader:
                                  f"{global_batch}); lower the batch or use a larger validation split")
             n_batches = n_eval // global_batch * self.accum
             self.dropped_samples = self.num_samples - n_eval
+        # a mixture's train split: which source each position reads (its val split: the sources' end to end)
+        self.mixture = MixtureSchedule(source, global_batch, self.seq_len) \
+            if isinstance(source, MixtureSource) and split == "train" else None
         self._plan = _Plan(source, split, micro_batch, global_batch, dp_rank, dp_size, max(1, cfg.num_workers), seed,
                            cfg.shuffle and split == "train", cfg.shuffle_window, cfg.skip_bad_shards,
                            cfg.with_sample_ids, n_batches)
@@ -194,6 +220,8 @@ class TokenLoader:
         self.epoch = 0
         self._bad: set = set()  # units found bad (skip_bad_shards)
         self._resume_pending = False
+        self.exhausted: str | None = None  # data.on_exhausted=stop: the source that ran out (iteration ended)
+        self.notes: list[str] = []  # what a resume changed (a new mixture schedule)
 
     @property
     def skipped_shards(self) -> int:
@@ -218,11 +246,17 @@ class TokenLoader:
             self._batches = 0
         self._resume_pending = False
         first = self._batches
+        plan, stop = self._plan, None
+        if self.mixture is not None:
+            plan = dataclasses.replace(plan, blend=self.mixture.blend)
+            if self.cfg.on_exhausted == "stop":
+                steps, stop = self.mixture.stop_step(self._start)
+                plan.n_batches = steps * self.accum
         if self.cfg.num_workers == 0:
-            it = _batches(self._plan, self._start, first, 1)
+            it = _batches(plan, self._start, first, 1)
         else:
             it = iter(torch.utils.data.DataLoader(
-                _WorkerStreams(self._plan, self._start, first), batch_size=None,
+                _WorkerStreams(plan, self._start, first), batch_size=None,
                 num_workers=self.cfg.num_workers, prefetch_factor=self.cfg.prefetch_factor,
                 persistent_workers=False))
         for batch, meta in _clean_worker_errors(it):
@@ -234,6 +268,24 @@ class TokenLoader:
                 log.warning("data loader (rank %d, split %s): %d bad shards / %d samples skipped so far",
                             self.dp_rank, self.split, self.skipped_shards, self.skipped_samples)
             yield batch
+        if stop is not None:
+            self.exhausted = stop
+
+    # -- what was read -----------------------------------------------------------------------------
+    def record(self) -> dict:
+        """Per source: samples and tokens consumed before `position`, completed epochs (meta.json's `data`)."""
+        pos = self.position
+        if self.mixture is not None:
+            sources = self.mixture.record(pos)
+        else:
+            n = int(self._counts.sum())
+            sources = {"data": {"source": self.cfg.source, "weight": 1.0, "share": 1.0, "samples": pos,
+                                "tokens": pos * self.seq_len, "epochs": pos // n, "train_samples": n}}
+        return {"position": pos, "seq_len": self.seq_len, "sources": sources}
+
+    def source_epochs(self) -> dict[str, int]:
+        """A mixture's completed epochs per source at `position` ({} for one source)."""
+        return self.mixture.epochs(self.position) if self.mixture is not None else {}
 
     # -- checkpointing -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -243,7 +295,8 @@ class TokenLoader:
                 "micro_batch": self.micro_batch, "global_batch": self.global_batch, "rank": self.dp_rank,
                 "start": self._start, "batches": self._batches, "epoch": self.epoch,
                 "skipped_shards": self.skipped_shards, "skipped_samples": self.skipped_samples,
-                "bad_units": sorted(int(u) for u in self._bad)}
+                "bad_units": sorted(int(u) for u in self._bad),
+                **({"mixture": self.mixture.state(self.position)} if self.mixture is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state` (call before iterating). Seed, shuffling and data must match the saved
@@ -259,6 +312,8 @@ class TokenLoader:
             raise ValueError(f"data loader state was saved with {what}={saved!r}, this loader has {what}={now!r}; "
                              f"resuming would repeat or skip data{hint}")
 
+        if self.mixture is not None:  # names first: a clearer message than the fingerprint's
+            self.mixture.check_sources(state.get("mixture"))
         for key, now in (("split", self.split), ("source", self.source.fingerprint), ("seq_len", self.seq_len),
                          ("seed", self.seed), ("shuffle", self._plan.shuffle),
                          ("shuffle_window", self._plan.window)):
@@ -280,6 +335,9 @@ class TokenLoader:
                 f"{saved_accum} per step); it can only resume under the same global_batch, micro_batch and "
                 f"dp_size ({layout[0]}, {layout[1]}, {layout[2]}), not ({self.global_batch}, "
                 f"{self.micro_batch}, {self.dp_size})")
+        if self.mixture is not None:
+            self.notes = self.mixture.restore(state["mixture"], start + batches // self.accum * self.global_batch,
+                                              batches % self.accum == 0, self.cfg.allow_reweight)
         self._start, self._batches = start, batches
         self._resume_pending = True
         self._bad = {int(u) for u in state.get("bad_units", [])}
@@ -298,17 +356,6 @@ def build_loader(cfg: DataConfig, *, split: str, tokenizer, micro_batch: int, dp
             raise ValueError(f"{name}: must be an integer >= {lo}, got {v!r}")
     if dp_rank >= dp_size:
         raise ValueError(f"dp_rank: {dp_rank} is not below dp_size {dp_size}")
-    if cfg.is_builtin:
-        from .config import EXAMPLE_PACKINGS
-
-        if cfg.packing in EXAMPLE_PACKINGS:
-            raise ValueError(f"data.packing: {cfg.packing!r} rows come from prompt/answer shards (setdlm data prepare "
-                             "--format prompt_answer); builtin corpora are packed 'wrapped' or 'wrapped_bos_eos'")
-        source = BuiltinSource(cfg.source[len("builtin:"):], tokenizer, cfg.seq_len, cfg.packing,
-                               float(cfg.val_fraction))
-    else:
-        from .shards import ShardSource
-
-        source = ShardSource.open(cfg, tokenizer)
+    source = open_source(cfg, tokenizer)
     return TokenLoader(source, cfg, split=split, micro_batch=micro_batch, dp_rank=dp_rank, dp_size=dp_size,
                        seed=seed, global_batch=global_batch)
