@@ -33,15 +33,17 @@ from fractions import Fraction
 
 import numpy as np
 
+from common.schema import ConfigError
+
 MAX_DENOMINATOR = 1 << 16  # weights are used to 1/65536 of the total (the period table is P x sources)
 
 
 def integer_weights(weights) -> list[int]:
     """Positive weights -> integers in the same ratio (exact for decimals such as 0.7 / 0.3, else the
     largest-remainder rounding to a total of 65536, every source keeping at least 1)."""
-    fr = [Fraction(w).limit_denominator(10 ** 6) for w in weights]
-    if any(f <= 0 for f in fr):
-        raise ValueError(f"mixture weights must be > 0, got {list(weights)}")
+    fr = [Fraction(repr(float(w))) for w in weights]  # the decimal as written: 0.7 -> 7/10
+    if not fr or any(f <= 0 for f in fr):
+        raise ConfigError(f"data.mixture: weights must be > 0, got {list(weights)}")
     total = sum(fr)
     p = [f / total for f in fr]
     d = math.lcm(*(x.denominator for x in p))
