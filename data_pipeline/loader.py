@@ -258,7 +258,10 @@ class TokenLoader:
             it = iter(torch.utils.data.DataLoader(
                 _WorkerStreams(plan, self._start, first), batch_size=None,
                 num_workers=self.cfg.num_workers, prefetch_factor=self.cfg.prefetch_factor,
-                persistent_workers=False))
+                persistent_workers=False,
+                # its own generator: the workers' base seed must not draw from the global RNG, or the
+                # training's dropout would depend on num_workers and on when the iterator was made
+                generator=torch.Generator().manual_seed(self.seed)))
         for batch, meta in _clean_worker_errors(it):
             self._batches = meta["batch"] + 1
             self.epoch = meta["epoch"]

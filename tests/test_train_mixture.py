@@ -55,7 +55,8 @@ def test_per_source_validation_equals_one_source_runs(tmp_path, corpora, model_p
 @pytest.mark.slow
 def test_killed_run_resumes_with_identical_losses_and_counts(tmp_path, corpora, model_parallel, capfd):
     recipe = _recipe(tmp_path / "r.yaml", corpora)
-    ref = setdlm("pretrain", "--config", recipe, "--out", tmp_path / "ref", "data.num_workers=2")
+    recipe.write_text(recipe.read_text().replace("seq_len: 32", "seq_len: 32\n  num_workers: 2"))
+    ref = setdlm("pretrain", "--config", recipe, "--out", tmp_path / "ref")
     assert ref.returncode == 0, ref.stderr[-3000:]
     out = tmp_path / "resumed"
     killed_at = kill_after_checkpoint(recipe, out, "tiny", 4, timeout=240)
