@@ -93,8 +93,8 @@ def inspect_main(argv: list[str]) -> int:
                     print(f"  BAD {e}")
         print(f"verified: {'all shards good' if not bad else f'{bad} bad shards'}")
     if args.show:
-        from .tokenizers import load_tokenizer
         from .shards import join_url
+        from .tokenizers import load_tokenizer
 
         tok = load_tokenizer(join_url(args.source, "tokenizer"))
         rows = np.concatenate([source.read_unit("train", u) for u in range(len(source.counts("train")))

@@ -12,162 +12,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections import OrderedDict
-from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from . import order
 from .config import DataConfig
 from .mixture import MixtureSource, open_source
 from .mixture_state import MixtureSchedule
-from .sources import ShardError, check_split
+from .reader import Plan, WorkerStreams, batches, clean_worker_errors
+from .sources import check_split
 
 log = logging.getLogger("setdlm.data")
 STATE_VERSION = 2
-
-
-@dataclass
-class _Plan:
-    """Everything a reader needs (picklable, sent to worker processes)."""
-    source: object
-    split: str
-    micro_batch: int
-    global_batch: int
-    dp_rank: int
-    dp_size: int
-    n_workers: int  # >= 1 (0 workers means one reader in the main process)
-    seed: int
-    shuffle: bool
-    window: int
-    skip_bad: bool
-    with_ids: bool
-    n_batches: int | None  # val: batches per rank in one pass; train: None (infinite) or where a mixture stops
-    blend: object = None  # a mixture's train split: its schedule (blend.Blend); None: one source
-
-
-@dataclass
-class _Stats:
-    shards: int = 0
-    samples: int = 0
-    names: list = field(default_factory=list)
-
-
-class _Reader:
-    """Reads rows at global positions, keeping the units of the latest windows in memory."""
-
-    def __init__(self, plan: _Plan, stats: _Stats):
-        self.plan, self.stats = plan, stats
-        counts = plan.source.counts(plan.split)
-        self.counts, self.first = counts, plan.source.first_ids(plan.split)
-        # one order per stream: the split, or (a mixture's train split) each source's units, read through plan.blend
-        parts = plan.source.parts(plan.split) if plan.blend is not None else [(0, counts)]
-        self.orders = [(offset, order.GlobalOrder(c, plan.seed, plan.shuffle, plan.window)) for offset, c in parts]
-        self.cache: OrderedDict = OrderedDict()  # unit -> rows (None: bad unit)
-        self.bad: set = set()
-
-    def locate(self, positions: np.ndarray):
-        """(epoch in its source, unit, row in unit, source) of each global position."""
-        if self.plan.blend is None:
-            epochs, _, units, rows = self.orders[0][1].locate(positions)
-            return epochs, units, rows, np.zeros_like(positions)
-        sources, index = self.plan.blend.locate(positions)
-        epochs, units, rows = (np.empty_like(positions) for _ in range(3))
-        for s in np.unique(sources):
-            sel = sources == s
-            offset, o = self.orders[int(s)]
-            epochs[sel], _, units[sel], rows[sel] = o.locate(index[sel])
-            units[sel] += offset
-        return epochs, units, rows, sources
-
-    def _unit(self, u: int):
-        if u in self.cache:
-            self.cache.move_to_end(u)
-            return self.cache[u]
-        rows = None
-        if u not in self.bad:
-            try:
-                rows = self.plan.source.read_unit(self.plan.split, u)
-                if len(rows) != int(self.counts[u]):
-                    raise ShardError(f"{self.plan.source.unit_name(self.plan.split, u)}: holds {len(rows)} samples, "
-                                     f"the manifest says {int(self.counts[u])}")
-            except ShardError as e:
-                if not self.plan.skip_bad:
-                    raise
-                self.bad.add(u)
-                self.stats.shards += 1
-                self.stats.samples += int(self.counts[u])
-                self.stats.names.append(self.plan.source.unit_name(self.plan.split, u))
-                log.warning("skipping bad shard (data.skip_bad_shards=true; %d shards, %d samples skipped so far "
-                            "by this reader): %s", self.stats.shards, self.stats.samples, e)
-                rows = None
-        self.cache[u] = rows
-        while len(self.cache) > 2 * self.plan.window + 2:
-            self.cache.popitem(last=False)
-        return rows
-
-    def batch(self, positions: np.ndarray):
-        """(rows, and for each: position, sample id, epoch, source) of the readable samples at `positions`;
-        then the epochs of all of them."""
-        epochs, units, rows_in, sources = self.locate(positions)
-        keep, rows = [], []
-        for i, (u, r) in enumerate(zip(units.tolist(), rows_in.tolist())):
-            data = self._unit(u)
-            if data is not None:
-                keep.append(i)
-                rows.append(data[r])
-        keep = np.array(keep, dtype=np.int64)
-        return rows, positions[keep], (self.first[units] + rows_in)[keep], epochs[keep], sources[keep], epochs
-
-
-def _batches(plan: _Plan, start: int, first: int, stride: int):
-    """Micro-batches (tensors, meta) of this rank: batches first, first + stride, ... (from `start`)."""
-    stats = _Stats()
-    reader = _Reader(plan, stats)
-    j = first
-    while plan.n_batches is None or j < plan.n_batches:
-        pos = order.rank_positions(j, start, plan.global_batch, plan.micro_batch, plan.dp_rank, plan.dp_size)
-        rows, pos, ids, epochs, sources, wanted_epochs = reader.batch(pos)
-        tokens = np.stack(rows) if rows else np.zeros((0, plan.source.seq_len))  # all in bad shards: empty
-        if tokens.ndim == 3:  # prompt/answer shards: (ids, context mask, valid mask) per row
-            batch = {"input_ids": torch.from_numpy(tokens[:, 0].astype(np.int64)),
-                     "context_mask": torch.from_numpy(tokens[:, 1] != 0),
-                     "valid_mask": torch.from_numpy(tokens[:, 2] != 0)}
-        else:
-            batch = {"input_ids": torch.from_numpy(tokens.astype(np.int64))}
-        batch["sample_index"] = torch.from_numpy(pos.copy())
-        if plan.with_ids:
-            batch["sample_id"] = torch.from_numpy(ids.astype(np.int64))
-            batch["epoch"] = torch.from_numpy(epochs.astype(np.int64))
-            if plan.blend is not None:
-                batch["source"] = torch.from_numpy(sources.astype(np.int64))  # index in data.mixture
-        epoch = int(epochs.max()) if len(epochs) else int(wanted_epochs.max())
-        yield batch, {"batch": j, "epoch": epoch, "bad": sorted(reader.bad)}
-        j += stride
-
-
-class _WorkerStreams(torch.utils.data.IterableDataset):
-    """DataLoader dataset: DataLoader worker i builds the rank's batches first + i, first + i + n, ..."""
-
-    def __init__(self, plan: _Plan, start: int, first: int):
-        self.plan, self.start, self.first = plan, start, first
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        i = 0 if info is None else info.id
-        return _batches(self.plan, self.start, self.first + i, self.plan.n_workers)
-
-
-def _clean_worker_errors(it):
-    """Re-raise a worker's ShardError with its own message (not torch's traceback dump)."""
-    try:
-        yield from it
-    except ShardError as e:
-        msg = str(e)
-        if "Original Traceback" in msg:
-            msg = msg.rstrip().splitlines()[-1].split("ShardError: ", 1)[-1]
-        raise ShardError(msg) from None
 
 
 class TokenLoader:
@@ -211,7 +67,7 @@ class TokenLoader:
         # a mixture's train split: which source each position reads (its val split: the sources' end to end)
         self.mixture = MixtureSchedule(source, global_batch, self.seq_len) \
             if isinstance(source, MixtureSource) and split == "train" else None
-        self._plan = _Plan(source, split, micro_batch, global_batch, dp_rank, dp_size, max(1, cfg.num_workers), seed,
+        self._plan = Plan(source, split, micro_batch, global_batch, dp_rank, dp_size, max(1, cfg.num_workers), seed,
                            cfg.shuffle and split == "train", cfg.shuffle_window, cfg.skip_bad_shards,
                            cfg.with_sample_ids, n_batches)
         self._num_batches = n_batches
@@ -253,16 +109,16 @@ class TokenLoader:
                 steps, stop = self.mixture.stop_step(self._start)
                 plan.n_batches = steps * self.accum
         if self.cfg.num_workers == 0:
-            it = _batches(plan, self._start, first, 1)
+            it = batches(plan, self._start, first, 1)
         else:
             it = iter(torch.utils.data.DataLoader(
-                _WorkerStreams(plan, self._start, first), batch_size=None,
+                WorkerStreams(plan, self._start, first), batch_size=None,
                 num_workers=self.cfg.num_workers, prefetch_factor=self.cfg.prefetch_factor,
                 persistent_workers=False,
                 # its own generator: the workers' base seed must not draw from the global RNG, or the
                 # training's dropout would depend on num_workers and on when the iterator was made
                 generator=torch.Generator().manual_seed(self.seed)))
-        for batch, meta in _clean_worker_errors(it):
+        for batch, meta in clean_worker_errors(it):
             self._batches = meta["batch"] + 1
             self.epoch = meta["epoch"]
             new = set(meta["bad"]) - self._bad

@@ -58,7 +58,7 @@ class MixtureSource:
         self.fingerprint = h.hexdigest()  # the data, not the weights (resume checks those by name)
 
     @classmethod
-    def open(cls, cfg, tokenizer) -> "MixtureSource":
+    def open(cls, cfg, tokenizer) -> MixtureSource:
         sources = []
         for i, (e, (name, _, one)) in enumerate(zip(cfg.mixture, source_configs(cfg))):
             try:

@@ -172,7 +172,7 @@ def test_recipe_keys(corpora, tmp_path):
         DataConfig(source="builtin:pydoc_topics", mixture=entries)
     r = tmp_path / "r.yaml"
     r.write_text("model: {n_layers: 1}\nobjective: {name: ar}\ndata: {source: data/owt, seq_len: 32}\ntrain: {max_steps: 3}\n")
-    over = "data.mixture=[{source: %s, weight: 2}, {source: %s, weight: 1, name: bee}]" % (corpora["a"], corpora["b"])
+    over = f"data.mixture=[{{source: {corpora['a']}, weight: 2}}, {{source: {corpora['b']}, weight: 1, name: bee}}]"
     with pytest.raises(ConfigError, match=r"^data\.source: set together"):
         load_config(r, [over])
     cfg = load_config(r, [over, "data.source=null"])

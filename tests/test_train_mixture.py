@@ -7,12 +7,12 @@ import math
 from pathlib import Path
 
 import pytest
-
-from common.schema import ConfigError
-from data_pipeline.cli import main as data_cli
 from distributed_run import run_distributed
 from helpers import kill_after_checkpoint, read_metrics, setdlm, write_recipe
 from mixture_data import mixture, prepare_corpora
+
+from common.schema import ConfigError
+from data_pipeline.cli import main as data_cli
 from pretrain.config import load_config
 from pretrain.trainer import Trainer
 
