@@ -137,6 +137,10 @@ class Blend:
         if len(positions) and int(positions.min()) < self.start:
             raise ValueError(f"position {int(positions.min())} precedes the schedule's start {self.start}")
         k_all, p_all = np.divmod(positions - self.start, self.G)
+        if len(k_all) and k_all[0] == k_all[-1] == k_all.min():  # one batch (a micro-batch): the common case
+            s, rank = self._pattern(int(k_all[0]))
+            src = s[p_all]
+            return src, self.counts_before(int(k_all[0]))[src] + rank[p_all]
         src, idx = np.empty_like(positions), np.empty_like(positions)
         for k in np.unique(k_all):
             sel = k_all == k

@@ -60,6 +60,7 @@ class Reader:
         self.orders = [(offset, order.GlobalOrder(c, plan.seed, plan.shuffle, plan.window)) for offset, c in parts]
         self.cache: OrderedDict = OrderedDict()  # unit -> rows (None: bad unit)
         self.bad: set = set()
+        self._step = None  # (step, its positions of this rank, what `locate` says of them)
 
     def locate(self, positions: np.ndarray):
         """(epoch in its source, unit, row in unit, source) of each global position."""
@@ -68,11 +69,11 @@ class Reader:
             return epochs, units, rows, np.zeros_like(positions)
         sources, index = self.plan.blend.locate(positions)
         epochs, units, rows = (np.empty_like(positions) for _ in range(3))
-        for s in np.unique(sources):
+        for s, (offset, o) in enumerate(self.orders):
             sel = sources == s
-            offset, o = self.orders[int(s)]
-            epochs[sel], _, units[sel], rows[sel] = o.locate(index[sel])
-            units[sel] += offset
+            if sel.any():
+                epochs[sel], _, units[sel], rows[sel] = o.locate(index[sel])
+                units[sel] += offset
         return epochs, units, rows, sources
 
     def _unit(self, u: int):
@@ -97,14 +98,27 @@ class Reader:
                             "by this reader): %s", self.stats.shards, self.stats.samples, e)
                 rows = None
         self.cache[u] = rows
-        while len(self.cache) > 2 * self.plan.window + 2:
+        while len(self.cache) > (2 * self.plan.window + 2) * len(self.orders):  # the latest windows of each stream
             self.cache.popitem(last=False)
         return rows
 
-    def batch(self, positions: np.ndarray):
-        """(rows, and for each: position, sample id, epoch, source) of the readable samples at `positions`;
-        then the epochs of all of them."""
-        epochs, units, rows_in, sources = self.locate(positions)
+    def locate_step(self, start: int, j: int):
+        """`locate` for micro-batch `j` (from `start`), found once for the rank's whole step slice: the
+        per-call cost of the arithmetic is paid once per optimizer step, not once per micro-batch."""
+        p = self.plan
+        step, m = divmod(j, p.global_batch // (p.micro_batch * p.dp_size))
+        if self._step is None or self._step[0] != step:
+            first = int(order.rank_positions(j - m, start, p.global_batch, p.micro_batch, p.dp_rank, p.dp_size)[0])
+            span = np.arange(first, first + p.global_batch // p.dp_size, dtype=np.int64)
+            self._step = (step, span, self.locate(span))
+        _, span, located = self._step
+        cut = slice(m * p.micro_batch, (m + 1) * p.micro_batch)
+        return span[cut], tuple(a[cut] for a in located)
+
+    def batch(self, start: int, j: int):
+        """(rows, and for each: position, sample id, epoch, source) of the readable samples of micro-batch
+        `j`; then the epochs of all of them."""
+        positions, (epochs, units, rows_in, sources) = self.locate_step(start, j)
         keep, rows = [], []
         for i, (u, r) in enumerate(zip(units.tolist(), rows_in.tolist())):
             data = self._unit(u)
@@ -121,8 +135,7 @@ def batches(plan: Plan, start: int, first: int, stride: int):
     reader = Reader(plan, stats)
     j = first
     while plan.n_batches is None or j < plan.n_batches:
-        pos = order.rank_positions(j, start, plan.global_batch, plan.micro_batch, plan.dp_rank, plan.dp_size)
-        rows, pos, ids, epochs, sources, wanted_epochs = reader.batch(pos)
+        rows, pos, ids, epochs, sources, wanted_epochs = reader.batch(start, j)
         tokens = np.stack(rows) if rows else np.zeros((0, plan.source.seq_len))  # all in bad shards: empty
         if tokens.ndim == 3:  # prompt/answer shards: (ids, context mask, valid mask) per row
             batch = {"input_ids": torch.from_numpy(tokens[:, 0].astype(np.int64)),

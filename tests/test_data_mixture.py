@@ -115,6 +115,17 @@ def test_changed_weights_refused_unless_allowed(corpora, gpt2):
         assert lds[0].record()["sources"][name]["samples"] == n_before + counts[:, s].sum()
 
 
+def test_another_global_batch_starts_a_new_schedule_at_the_resume_step(corpora, gpt2):
+    before, loaders = _steps(_cfg(corpora), gpt2, 6)
+    after, lds = _steps(_cfg(corpora), gpt2, 30, global_batch=10, micro_batch=5, state=loaders[0].state_dict())
+    assert lds[0].notes and "global batch 8 -> 10" in lds[0].notes[0]
+    assert [p for pos, _, _ in after for p in pos] == list(range(48, 48 + 300))
+    assert all(np.bincount(src, minlength=3).tolist() == [5, 3, 2] for _, src, _ in after)
+    for s, name in enumerate(WEIGHTS):  # no sample twice, none skipped
+        ids = [i for part in (before, after) for _, src, sid in part for j, i in zip(src, sid) if j == s]
+        assert ids == _one_source_ids(corpora[name], gpt2, len(ids)), name
+
+
 def test_other_sources_refused_by_name(corpora, gpt2):
     _, loaders = _steps(_cfg(corpora), gpt2, 2)
     ld = build_loader(_cfg(corpora, {"a": 0.5, "b": 0.5}), split="train", tokenizer=gpt2, micro_batch=8, seed=3)
