@@ -96,7 +96,8 @@ class DataConfig:
         "builtin sources: the last fraction of sequences is the validation split"))
     num_workers: int = Field(0, ge=0, description="loader worker processes per rank (0: read in the training process)")
     shuffle: bool = Field(True, description="shuffle shards and samples of the train split (val is never shuffled)")
-    shuffle_window: int = Field(4, ge=1, description="shards read together and shuffled as one pool (memory: this many per worker)")
+    shuffle_window: int = Field(4, ge=1, description=(
+        "shards read together and shuffled as one pool (memory: this many per worker and mixture source)"))
     skip_bad_shards: bool = Field(False, description="skip (count and log) unreadable or corrupt shards instead of stopping")
     verify_checksums: bool = Field(True, description="check each shard's sha256 against the manifest when it is read")
     prefetch_factor: int = Field(2, ge=1, description="batches each worker prepares ahead (num_workers > 0 only)")
