@@ -34,10 +34,10 @@ from data_pipeline.tokenizers import load_tokenizer  # noqa: E402
 
 def pool_startup(tok_dir: str, packing: str, num_proc: int) -> float:
     """Seconds to start `num_proc` spawned tokenizer processes (paid once per `prepare`)."""
-    from data_pipeline.prepare import _init_pool_worker, _mp_context
+    from data_pipeline.tokenize_pool import init_pool_worker, mp_context
 
     t = time.perf_counter()
-    with _mp_context().Pool(num_proc, initializer=_init_pool_worker, initargs=(tok_dir, packing)) as pool:
+    with mp_context().Pool(num_proc, initializer=init_pool_worker, initargs=(tok_dir, packing)) as pool:
         pool.map(abs, range(num_proc))
     return time.perf_counter() - t
 
@@ -57,13 +57,13 @@ def bench_prepare(src: str, root: str, tokenizer: str, packing: str, seq_len: in
 
 def bench_tokenize(docs: list[str], tok_dir: str, packing: str) -> dict:
     """Tokenize + frame in this process on one core: the work of one `prepare` worker."""
-    from data_pipeline import prepare as prep
+    from data_pipeline import tokenize_pool
 
-    prep._init_worker(tok_dir, packing)
+    tokenize_pool.init_worker(tok_dir, packing)
     t = time.perf_counter()
     n = 0
     for i in range(0, len(docs), 8):
-        n += len(prep._tokenize(docs[i:i + 8])[0])
+        n += len(tokenize_pool.tokenize(docs[i:i + 8])[0])
     dt = time.perf_counter() - t
     return {"tokens": n, "seconds": dt, "tok_s": n / dt}
 

@@ -7,7 +7,7 @@ head_dim 128, SwiGLU 6144, vocabulary 151,936, tied) as sharded bf16 safetensors
 and the Qwen tokenizer, then for each TP size launches that many processes which run the trainer's
 path (`init_from.prepare`, `build_stage`, `build_engine`, `init_from.load`) and prints a table: the
 time to build the randomly initialised stage, the time to load the weights into it, and the peak
-resident memory per rank (ru_maxrss) after building and after loading. The weights are read one tensor at a time (hf_import.HFWeights),
+resident memory per rank (ru_maxrss) after building and after loading. The weights are read one tensor at a time (hf_stock.HFWeights),
 so the load adds about one full tensor (the 1.2 GB fp32 embedding) to the model shard itself.
 """
 
@@ -67,7 +67,6 @@ def write_model(d: Path, layers: int) -> None:
 
 
 def worker(d: str, tp: int, out: str) -> None:
-    import torch
     import torch.distributed as dist
 
     from data_pipeline.tokenizers import load_tokenizer
@@ -75,7 +74,7 @@ def worker(d: str, tp: int, out: str) -> None:
     from pretrain import init_from
     from pretrain.config import from_dict
     from pretrain.engine import _skip_cpu_shm_op, build_engine
-    from pretrain.pipeline import build_stage
+    from pretrain.parallelize import build_stage
 
     ensure_process_group()
     _skip_cpu_shm_op()

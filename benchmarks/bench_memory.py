@@ -12,7 +12,7 @@ tokens, for train.activation_checkpointing none / selective / full with train.co
 Each configuration is a fresh process: the median step time after warm-up (compilation excluded)
 and the peak RSS of the timed steps over the RSS just before the model is built (glibc's mmap
 threshold fixed at 64 KiB so freed buffers leave the RSS; the kernel's peak-RSS mark is reset after
-the warm-up through /proc/self/clear_refs), next to pretrain/plan.py's estimate for the same recipe
+the warm-up through /proc/self/clear_refs), next to pretrain/memory.py's estimate for the same recipe
 (device="cpu": weights, gradients, AdamW states, activations, logits). With compile, inductor is
 imported and its one-line probe compiled before that baseline (a fixed cost of the library, like
 importing torch); the peak of the warm-up steps, which includes compiling the blocks, is shown
@@ -75,8 +75,9 @@ def worker(mode: str, compile: bool, steps: int, block: str = "small-cpu", seq: 
     from pretrain.parallel import ensure_model_parallel
     from pretrain.config import from_dict
     from pretrain.engine import build_engine
-    from pretrain.pipeline import StepRunner, build_stage, prepare_model
-    from pretrain.plan import GIB, estimate_memory
+    from pretrain.memory import GIB, estimate_memory
+    from pretrain.parallelize import build_stage, prepare_model
+    from pretrain.pipeline import StepRunner
 
     torch.set_num_threads(1)
     cfg = from_dict(recipe_for(mode, compile, block, seq))
@@ -87,7 +88,7 @@ def worker(mode: str, compile: bool, steps: int, block: str = "small-cpu", seq: 
     batches = [objective.prepare({"input_ids": torch.randint(0, VOCAB - 1, (MICRO, seq), generator=g)}, g)
                for _ in range(2)]
     if compile:  # inductor's import and first compile: the library's fixed cost, outside the baseline
-        from model.recompute import compile_unavailable
+        from pretrain.block_compile import compile_unavailable
 
         compile_unavailable(torch.device("cpu"))
     base = rss_mib()
@@ -137,7 +138,7 @@ def cpu_table(steps: int, block: str = "small-cpu", seq: int = SEQ) -> list[dict
 
 def plan_rows() -> list[dict]:
     from pretrain.config import load_config
-    from pretrain.plan import GIB, estimate_memory, micro_batch_fit
+    from pretrain.memory import GIB, estimate_memory, micro_batch_fit
 
     rows = []
     for name, config in (("paper-12x768", "configs/owt-setdlm.yaml"), ("qwen3-1.7b", "configs/qwen3-1.7b-setdlm.yaml")):

@@ -6,11 +6,11 @@ large preset under a TP x PP layout, in one CPU process and without the model's 
 For each layout, rank (stage s, tensor-parallel rank r) joins a world of tp * pp ranks through
 torch's fake process group (`torch.testing._internal.distributed.fake_pg`: real group bookkeeping,
 no communication; the way torchtitan estimates memory), so megatron-core's parallel state is that
-rank's, and `pretrain.pipeline.build_stage(device="meta")` builds its stage exactly as a GPU rank
+rank's, and `pretrain.parallelize.build_stage(device="meta")` builds its stage exactly as a GPU rank
 does with `device="cuda"`: the same megatron layers, shard shapes and per-shard initialisation
 (model/init.py draws each unit of the rank's own shards on the host and copies it to the device;
 on `meta` the copy is free, so what the host holds is what a GPU build holds there too). Per rank it
-prints the parameters (plan.py's `stage_params(...).per_rank(tp)` beside them), their bf16 and fp32
+prints the parameters (pretrain/memory.py's `stage_params(...).per_rank(tp)` beside them), their bf16 and fp32
 bytes, the peak host-memory increase during the build (VmHWM, Linux) and the build time. Building
 nothing beyond a rank's own units is what keeps the host peak near the largest unit (1/tp of the
 embedding for a 150k vocabulary) instead of the full model's bytes.
@@ -41,8 +41,8 @@ def build_rank(model_cfg, tp: int, pp: int, stage: int, tp_rank: int) -> dict:
     from megatron.core import parallel_state
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    from pretrain.pipeline import build_stage
-    from pretrain.plan import stage_params
+    from pretrain.memory import stage_params
+    from pretrain.parallelize import build_stage
 
     # megatron's order tp-cp-ep-dp-pp with dp = 1: global rank = stage * tp + tp_rank
     dist.init_process_group("fake", store=FakeStore(), rank=stage * tp + tp_rank, world_size=tp * pp)
@@ -97,7 +97,7 @@ def main(argv=None) -> int:
     import warnings
 
     warnings.filterwarnings("ignore")
-    from model.transformer import parameter_count
+    from model.shapes import parameter_count
 
     cfg = model_config(args.preset, args.vocab_size, args.n_layers or None)
     cfg.validate(tp=args.tp)

@@ -87,10 +87,8 @@ def sync(device):
 
 def build_model(shape: str, L: int, device, dtype):
     from model.config import ModelConfig
-    from pretrain.parallel import ensure_model_parallel
     from model.transformer import Transformer
 
-    ensure_model_parallel(1, 1)
     torch.manual_seed(0)
     cfg = ModelConfig(**SHAPES[shape], vocab_size=VOCAB, mask_id=VOCAB - 1, dropout=0.0, max_seq_len=max(L, 2048),
                       init_std=0.5 if shape == "tiny" else 0.2)
@@ -282,12 +280,13 @@ def answer_lengths(n: int, seed: int = 0) -> tuple[list[int], list[list[int]], s
                                                           for d in (root.parent, root.parent.parent)]
     path = next((Path(c) for c in cands if c and Path(c).is_file()), None)
     if path is not None:
+        from common.jsonl import read_jsonl
         from data_pipeline.tokenizers import load_tokenizer
 
         tok = load_tokenizer("gpt2")
-        lines = path.read_text().splitlines()
-        idx = torch.randperm(len(lines), generator=g)[:n].tolist()
-        ex = [json.loads(lines[i]) for i in idx]
+        rows = read_jsonl(path)
+        idx = torch.randperm(len(rows), generator=g)[:n].tolist()
+        ex = [rows[i] for i in idx]
         return ([len(tok.encode(e["answer"])) for e in ex], [tok.encode(e["question"]) for e in ex],
                 f"GSM8K train answers ({path})")
     z = torch.randn(n, generator=g, dtype=torch.float64)

@@ -11,7 +11,7 @@ build_engine, StepRunner) on synthetic tokens. Per layout it prints
 - tokens/s over the timed steps (after warm-up) and the speed-up over DP=1;
 - the communication share: time inside torch.distributed collectives and point-to-point waits over
   step time, per rank, averaged (under PP a wait includes idling for the other stage: the bubble);
-- the dry-run estimate of memory per process (pretrain/plan.py, device="cpu") next to the measured
+- the dry-run estimate of memory per process (pretrain/memory.py, device="cpu") next to the measured
   peak RSS increase of the process from just before the model is built to the end of training.
 
 A script, not a test: numbers depend on the machine and its load.
@@ -120,8 +120,9 @@ def worker(args) -> None:
     from pretrain.parallel import ensure_model_parallel, ensure_process_group
     from pretrain.config import from_dict
     from pretrain.engine import _skip_cpu_shm_op, build_engine
-    from pretrain.pipeline import StepRunner, build_stage
-    from pretrain.plan import estimate_memory
+    from pretrain.memory import estimate_memory
+    from pretrain.parallelize import build_stage
+    from pretrain.pipeline import StepRunner
 
     torch.set_num_threads(args.threads)
     ensure_process_group()
@@ -142,7 +143,7 @@ def worker(args) -> None:
     torch.manual_seed(cfg.run.seed)
     model = build_stage(cfg.model, args.tp, args.pp)
     engine, _, _ = build_engine(model, cfg, world, "fp32")
-    objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len)
+    objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len, cross_entropy=model.tp.cross_entropy)
     stepper = StepRunner(engine, objective, cfg)
     accum = cfg.grad_accum(world)
     g = torch.Generator().manual_seed(100 + dp_rank)

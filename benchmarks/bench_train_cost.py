@@ -22,8 +22,8 @@ import torch  # noqa: E402
 
 from model.config import ModelConfig, ObjectiveConfig, apply_preset  # noqa: E402
 from model.objectives import build_objective  # noqa: E402
-from pretrain.parallel import ensure_model_parallel  # noqa: E402
-from model.transformer import Transformer, megatron_config, parameter_count  # noqa: E402
+from model.shapes import parameter_count  # noqa: E402
+from model.transformer import Transformer  # noqa: E402
 
 
 def time_objective(name: str, model: Transformer, seq_len: int, batch: int, steps: int, warmup: int, device) -> float:
@@ -61,12 +61,11 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds over the objectives; the minimum is kept")
     args = ap.parse_args()
-    ensure_model_parallel(1, 1)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = ModelConfig(**{**apply_preset({"preset": args.preset}), "vocab_size": args.vocab, "mask_id": args.vocab - 1,
                          "dropout": 0.0, "max_seq_len": max(args.seq_len, 64)})
     torch.manual_seed(0)
-    model = Transformer(cfg, megatron_config()).to(device)
+    model = Transformer(cfg).to(device)
     machine = torch.cuda.get_device_name() if device.type == "cuda" else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
     print(f"# training-step cost, {datetime.date.today()}, {machine}, torch {torch.__version__}")
     print(f"# model {args.preset}: {parameter_count(cfg) / 1e6:.1f}M params, vocab {cfg.vocab_size}, L={args.seq_len}, batch {args.batch}, fp32")

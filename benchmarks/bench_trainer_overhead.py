@@ -45,7 +45,7 @@ def trainer_step(trainer, it, accum):
 
 
 def bare_setup(trainer, cfg):
-    from pretrain.pipeline import build_stage
+    from pretrain.parallelize import build_stage
 
     torch.manual_seed(cfg.run.seed)
     model = build_stage(cfg.model, 1, 1).to(trainer.device)

@@ -79,7 +79,7 @@ def worker(args) -> None:
     from pretrain.config import from_dict
     from pretrain.engine import zero3_init
     from pretrain.parallel import ensure_model_parallel, ensure_process_group
-    from pretrain.pipeline import build_stage
+    from pretrain.parallelize import build_stage
 
     ensure_process_group()
     ensure_model_parallel(1, 1)

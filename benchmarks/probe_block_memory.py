@@ -1,5 +1,5 @@
 """What one block keeps for its backward and what its backward allocates, measured on CPU, next to
-pretrain/plan.py's per-layer terms (the model behind `setdlm pretrain --dry-run`'s activations).
+pretrain/memory.py's per-layer terms (the model behind `setdlm pretrain --dry-run`'s activations).
 
     .venv/bin/python benchmarks/probe_block_memory.py [--mode none|selective|full] [--compile]
                                                       [--block small-cpu|qwen3] [--seq-len 512]
@@ -46,8 +46,9 @@ def main() -> int:
     from pretrain.config import from_dict
     from pretrain.engine import build_engine
     from pretrain.parallel import ensure_model_parallel
-    from pretrain.pipeline import StepRunner, build_stage, prepare_model
-    from pretrain.plan import activation_bytes_per_token_layer, backward_working_set, tokens_in
+    from pretrain.memory import activation_bytes_per_token_layer, backward_working_set, tokens_in
+    from pretrain.parallelize import build_stage, prepare_model
+    from pretrain.pipeline import StepRunner
 
     torch.set_num_threads(1)
     cfg = from_dict(recipe_for(args.mode, args.compile, args.block, args.seq_len))

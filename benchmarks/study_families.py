@@ -59,6 +59,7 @@ def recipe(objective: dict, steps: int, out_dir: str, name: str, hidden: int = 1
 def train(name: str, objective: dict, args) -> tuple[Path, float]:
     import yaml
 
+    from pretrain.checkpoint.rundir import checkpoints_dir
     from pretrain.config import load_config
     from pretrain.trainer import Trainer
 
@@ -68,7 +69,7 @@ def train(name: str, objective: dict, args) -> tuple[Path, float]:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(recipe(objective, args.steps, args.out, slug, args.hidden)))
     t0 = time.perf_counter()
-    if not (run_dir / "checkpoints").is_dir() or args.retrain:
+    if not checkpoints_dir(run_dir).is_dir() or args.retrain:
         Trainer(load_config(str(path), [])).train()
     return run_dir, time.perf_counter() - t0
 
@@ -77,7 +78,9 @@ def train_parallel(args, argv: list[str]) -> None:
     """Train the families without a checkpoint in up to `--jobs` subprocesses (same recipes, same seeds)."""
     import subprocess
 
-    todo = [n for n, _ in FAMILIES if args.retrain or not (Path(args.out) / slug_of(n) / "checkpoints").is_dir()]
+    from pretrain.checkpoint.rundir import checkpoints_dir
+
+    todo = [n for n, _ in FAMILIES if args.retrain or not checkpoints_dir(Path(args.out) / slug_of(n)).is_dir()]
     procs: list = []
     for name in todo:
         while len([p for p in procs if p.poll() is None]) >= args.jobs:

@@ -22,14 +22,13 @@ An explicit ``MASTER_ADDR`` / ``MASTER_PORT`` in the environment always wins ove
 (the Slurm and mpirun templates export them).
 
 :func:`common.dist.init_process_group` turns the result into a ``torch.distributed`` process group
-(also for a single process: megatron-core needs one). This module imports nothing heavy (no torch),
+(also for a single process: DeepSpeed and megatron-core need one to train). This module imports nothing heavy (no torch),
 so every package can ask "which rank am I" before a group exists (`env_rank`).
 """
 from __future__ import annotations
 
 from .errors import Error
 
-import datetime
 import os
 import re
 import shutil
@@ -39,7 +38,6 @@ from dataclasses import asdict, dataclass
 from typing import Mapping
 
 DEFAULT_MASTER_PORT = 29500
-LAUNCHERS = ("single", "torchrun", "slurm", "mpi")
 
 
 @dataclass

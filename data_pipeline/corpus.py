@@ -1,6 +1,8 @@
 """Small built-in text corpora that need nothing installed (quickstart, tests, benchmarks)."""
 from __future__ import annotations
 
+from common.schema import ConfigError
+
 BUILTIN_TEXTS = ("pydoc_topics",)
 
 
@@ -14,4 +16,4 @@ def builtin_text(name: str) -> list[str]:
         from pydoc_data.topics import topics
 
         return [topics[k] for k in sorted(topics) if topics[k].strip()]
-    raise ValueError(f"unknown builtin corpus {name!r}; valid: {', '.join(BUILTIN_TEXTS)}")
+    raise ConfigError(f"unknown builtin corpus {name!r}; valid: {', '.join(BUILTIN_TEXTS)}")

@@ -6,6 +6,8 @@ import glob
 import hashlib
 import os
 
+from common.errors import InputFileError, UsageError
+
 from .corpus import BUILTIN_TEXTS, builtin_text
 
 FILE_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".txt": "text",
@@ -45,14 +47,14 @@ def _local_files(path: str) -> list[str]:
         files = sorted(f for f in glob.glob(os.path.join(path, "**", "*"), recursive=True)
                        if os.path.isfile(f) and _builder_for(f))
         if not files:
-            raise ValueError(f"--input: directory {path!r} holds no {'/'.join(sorted(FILE_BUILDERS))} files")
+            raise InputFileError(f"--input: directory {path!r} holds no {'/'.join(sorted(FILE_BUILDERS))} files")
         return files
     files = sorted(glob.glob(path)) if any(c in path for c in "*?[") else [path]
     if not files or not all(os.path.isfile(f) for f in files):
-        raise ValueError(f"--input: no such file {path!r}")
+        raise InputFileError(f"--input: no such file {path!r}")
     for f in files:
         if not _builder_for(f):
-            raise ValueError(f"--input: {f!r} is not a supported file (use {', '.join(sorted(FILE_BUILDERS))})")
+            raise InputFileError(f"--input: {f!r} is not a supported file (use {', '.join(sorted(FILE_BUILDERS))})")
     return files
 
 
@@ -66,7 +68,7 @@ def check_text_files(files: list[str]) -> None:
         builder = _builder_for(f)
         opener = gzip.open if f.endswith(".gz") else open
         if os.path.getsize(f) == 0:
-            raise ValueError(f"--input: {f}: empty file (0 bytes); remove it or point --input elsewhere")
+            raise InputFileError(f"--input: {f}: empty file (0 bytes); remove it or point --input elsewhere")
         if builder == "parquet":
             continue
         decoder, offset, size = codecs.getincrementaldecoder("utf-8")(), 0, 0
@@ -78,19 +80,19 @@ def check_text_files(files: list[str]) -> None:
                     size += len(chunk.strip())
                 decoder.decode(b"", final=True)
         except UnicodeDecodeError as e:
-            raise ValueError(f"--input: {f}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
-                             f"{offset + e.start}); convert it first, e.g. iconv -f latin1 -t utf-8") from None
+            raise InputFileError(f"--input: {f}: not UTF-8 text (byte 0x{e.object[e.start]:02x} at offset "
+                                 f"{offset + e.start}); convert it first, e.g. iconv -f latin1 -t utf-8") from None
         except (OSError, EOFError) as e:  # a damaged .gz
-            raise ValueError(f"--input: {f}: cannot be read ({type(e).__name__}: {e})") from None
+            raise InputFileError(f"--input: {f}: cannot be read ({type(e).__name__}: {e})") from None
         if size == 0:
-            raise ValueError(f"--input: {f}: holds no text (only whitespace); remove it or point --input elsewhere")
+            raise InputFileError(f"--input: {f}: holds no text (only whitespace); remove it or point --input elsewhere")
 
 
 def _check(ds, field: str, desc: str):
     if field not in ds.column_names:
-        raise ValueError(f"--text-field: {desc} has no column {field!r} (columns: {', '.join(ds.column_names)})")
+        raise UsageError(f"--text-field: {desc} has no column {field!r} (columns: {', '.join(ds.column_names)})")
     if len(ds) == 0:
-        raise ValueError(f"--input: {desc} holds no documents")
+        raise InputFileError(f"--input: {desc} holds no documents")
     return ds
 
 
@@ -100,10 +102,10 @@ def open_text(spec: str, *, text_field: str = "text", split: str = "train", txt_
     if spec.startswith("builtin:"):
         corpus = spec[len("builtin:"):]
         if corpus not in BUILTIN_TEXTS:
-            raise ValueError(f"--input: unknown builtin corpus {corpus!r}; valid: "
+            raise UsageError(f"--input: unknown builtin corpus {corpus!r}; valid: "
                              + ", ".join("builtin:" + n for n in BUILTIN_TEXTS))
         if split not in ("train", None):
-            raise ValueError(f"--split: builtin corpora have only a 'train' split, not {split!r}")
+            raise UsageError(f"--split: builtin corpora have only a 'train' split, not {split!r}")
         docs = builtin_text(corpus)
         fp = hashlib.sha256("\x00".join(docs).encode()).hexdigest()
         return TextSource(docs, spec, fp)
@@ -113,16 +115,16 @@ def open_text(spec: str, *, text_field: str = "text", split: str = "train", txt_
         files = _local_files(os.path.expanduser(spec))
         builders = {_builder_for(f) for f in files}
         if len(builders) > 1:
-            raise ValueError(f"--input: {spec!r} mixes file types ({', '.join(sorted(builders))}); use one type")
+            raise UsageError(f"--input: {spec!r} mixes file types ({', '.join(sorted(builders))}); use one type")
         builder = builders.pop()
         check_text_files(files)
         kw = {"sample_by": txt_unit} if builder == "text" else {}
         if txt_unit not in TXT_UNITS:
-            raise ValueError(f"--txt-unit: {txt_unit!r}; valid: {', '.join(TXT_UNITS)}")
+            raise UsageError(f"--txt-unit: {txt_unit!r}; valid: {', '.join(TXT_UNITS)}")
         try:
             ds = datasets.load_dataset(builder, data_files=files, split="train", **kw)
         except Exception as e:  # noqa: BLE001
-            raise ValueError(f"--input: cannot read {spec!r} as {builder} ({type(e).__name__}: {e})") from None
+            raise InputFileError(f"--input: cannot read {spec!r} as {builder} ({type(e).__name__}: {e})") from None
         stat = "|".join(f"{f}:{os.path.getsize(f)}:{os.path.getmtime(f)}" for f in files)
         fp = hashlib.sha256(f"{builder}|{txt_unit}|{stat}".encode()).hexdigest()
         desc = f"{len(files)} {builder} file(s) at {spec}"
@@ -132,9 +134,9 @@ def open_text(spec: str, *, text_field: str = "text", split: str = "train", txt_
         ds = datasets.load_dataset(spec, name, split=split)
     except Exception as e:  # noqa: BLE001
         offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
-        raise ValueError(f"--input: cannot load Hugging Face dataset {spec!r} (config {name!r}, split {split!r}): "
-                         f"{type(e).__name__}: {e}"
-                         + (" [offline mode: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set]" if offline else "")
-                         ) from None
+        raise InputFileError(f"--input: cannot load Hugging Face dataset {spec!r} (config {name!r}, split {split!r}): "
+                             f"{type(e).__name__}: {e}"
+                             + (" [offline mode: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set]" if offline else "")
+                             ) from None
     desc = f"Hugging Face dataset {spec!r}" + (f" config {name!r}" if name else "") + f" split {split!r}"
     return TextSource(_check(ds, text_field, desc), desc, str(getattr(ds, "_fingerprint", spec)), text_field)

@@ -15,12 +15,20 @@ import logging
 
 import torch
 
+from common.errors import Error
+from common.schema import ConfigError
+
 from . import order
 from .config import DataConfig
 from .mixture import MixtureSource, open_source
 from .mixture_state import MixtureSchedule
 from .reader import Plan, WorkerStreams, batches, clean_worker_errors
 from .sources import check_split
+
+
+class LoaderStateError(Error):
+    """A saved data-loader state (from a checkpoint) that this loader cannot continue from."""
+
 
 log = logging.getLogger("setdlm.data")
 STATE_VERSION = 2
@@ -59,9 +67,9 @@ class TokenLoader:
         if split == "val":
             n_eval = order.val_samples(self.num_samples, global_batch)
             if n_eval == 0:
-                raise ValueError(f"micro_batch: the val split of {source.description} has {self.num_samples} "
-                                 f"sequences, fewer than one global batch (micro_batch x dp_size x accumulation = "
-                                 f"{global_batch}); lower the batch or use a larger validation split")
+                raise ConfigError(f"micro_batch: the val split of {source.description} has {self.num_samples} "
+                                  f"sequences, fewer than one global batch (micro_batch x dp_size x accumulation = "
+                                  f"{global_batch}); lower the batch or use a larger validation split")
             n_batches = n_eval // global_batch * self.accum
             self.dropped_samples = self.num_samples - n_eval
         # a mixture's train split: which source each position reads (its val split: the sources' end to end)
@@ -163,13 +171,13 @@ class TokenLoader:
         global_batch) the state must be at an optimizer-step boundary (as the trainer saves it); the
         number of workers never matters."""
         if not isinstance(state, dict) or state.get("version") != STATE_VERSION:
-            raise ValueError(f"data loader state: not a version-{STATE_VERSION} TokenLoader state (saved by an "
-                             "older setdlm, whose order depended on the layout); start without it to restart "
-                             "the data order")
+            raise LoaderStateError(f"data loader state: not a version-{STATE_VERSION} TokenLoader state (saved by an "
+                                   "older setdlm, whose order depended on the layout); start without it to restart "
+                                   "the data order")
 
         def refuse(what, saved, now, hint=""):
-            raise ValueError(f"data loader state was saved with {what}={saved!r}, this loader has {what}={now!r}; "
-                             f"resuming would repeat or skip data{hint}")
+            raise LoaderStateError(f"data loader state was saved with {what}={saved!r}, this loader has {what}={now!r}; "
+                                   f"resuming would repeat or skip data{hint}")
 
         if self.mixture is not None:  # names first: a clearer message than the fingerprint's
             self.mixture.check_sources(state.get("mixture"))
@@ -189,7 +197,7 @@ class TokenLoader:
             else:
                 start, batches = start + batches // saved_accum * layout[0], 0
         elif layout != (self.global_batch, self.micro_batch, self.dp_size):
-            raise ValueError(
+            raise LoaderStateError(
                 f"data loader state was saved in the middle of an optimizer step (micro-batch {batches} of "
                 f"{saved_accum} per step); it can only resume under the same global_batch, micro_batch and "
                 f"dp_size ({layout[0]}, {layout[1]}, {layout[2]}), not ({self.global_batch}, "

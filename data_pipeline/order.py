@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.schema import ConfigError
+
 _DOMAIN = 0x5E7D1A
 
 
@@ -125,8 +127,8 @@ def rank_positions(batch: int, start: int, global_batch: int, micro_batch: int, 
 
 def check_layout(global_batch: int, micro_batch: int, dp_size: int) -> None:
     if global_batch % (micro_batch * dp_size):
-        raise ValueError(f"global_batch: {global_batch} is not divisible by micro_batch x dp_size = "
-                         f"{micro_batch} x {dp_size}")
+        raise ConfigError(f"global_batch: {global_batch} is not divisible by micro_batch x dp_size = "
+                          f"{micro_batch} x {dp_size}")
 
 
 def val_samples(n_samples: int, global_batch: int) -> int:

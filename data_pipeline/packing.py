@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from common.schema import ConfigError
+
 from .config import PACKINGS
 
 
@@ -14,13 +16,13 @@ def token_dtype(vocab_size: int) -> np.dtype:
 def framing(packing: str, bos_id, eos_id) -> tuple[list[int], list[int]]:
     """Tokens put before and after every document by `packing`."""
     if packing not in PACKINGS:
-        raise ValueError(f"packing: unknown {packing!r}; valid: {', '.join(PACKINGS)}")
+        raise ConfigError(f"packing: unknown {packing!r}; valid: {', '.join(PACKINGS)}")
     if eos_id is None:
-        raise ValueError(f"packing {packing!r} needs a tokenizer with an EOS (or [SEP]) token")
+        raise ConfigError(f"packing {packing!r} needs a tokenizer with an EOS (or [SEP]) token")
     if packing == "wrapped":
         return [], [eos_id]
     if bos_id is None:
-        raise ValueError(f"packing {packing!r} needs a tokenizer with a BOS (or [CLS]) token")
+        raise ConfigError(f"packing {packing!r} needs a tokenizer with a BOS (or [CLS]) token")
     return [bos_id], [eos_id]
 
 

@@ -29,9 +29,6 @@ token are skipped with a message. Every count is printed and recorded in manifes
 """
 from __future__ import annotations
 
-from common.errors import Error
-
-import json
 import os
 import sys
 import time
@@ -40,7 +37,9 @@ from pathlib import Path
 
 import numpy as np
 
+from common.errors import Error
 from common.io import atomic_write_bytes
+from common.jsonl import read_jsonl
 
 from .packing import token_dtype
 from .shards import FORMAT, MANIFEST, MASK_FIELDS, VERSION, encode_shard, sha256_bytes, write_json_atomic
@@ -60,25 +59,9 @@ class ExampleError(Error):
 
 
 # -- reading ---------------------------------------------------------------------------------------
-def read_jsonl(path: str, what: str = "--input") -> list[dict]:
-    p = Path(path)
-    if not p.is_file():
-        raise ExampleError(f"{what}: no such file {path!r} (a JSONL file, one JSON object per line)")
-    rows = []
-    with open(p, encoding="utf-8", errors="strict") as f:
-        try:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                except ValueError as e:
-                    raise ExampleError(f"{what}: {path} line {n} is not valid JSON ({e})") from None
-                if not isinstance(row, dict):
-                    raise ExampleError(f"{what}: {path} line {n} is not a JSON object")
-                rows.append(row)
-        except UnicodeDecodeError as e:
-            raise ExampleError(f"{what}: {path} is not UTF-8 text ({e})") from None
+def read_examples(path: str, what: str = "--input") -> list[dict]:
+    """The examples of a JSONL file (one JSON object per line)."""
+    rows = read_jsonl(path, what, error=ExampleError)
     if not rows:
         raise ExampleError(f"{what}: {path} holds no examples")
     return rows
@@ -251,7 +234,7 @@ def describe_counts(split: str, c: dict, seq_len: int, overlong: str) -> str:
 
 # -- driver ----------------------------------------------------------------------------------------
 def _load(fmt: str, path: str, what: str):
-    return read_saved_dataset(path, what) if fmt == "marker" else read_jsonl(path, what)
+    return read_saved_dataset(path, what) if fmt == "marker" else read_examples(path, what)
 
 
 def prepare_examples(input: str, output: str, *, fmt: str, tokenizer: str, seq_len: int = 1024,
@@ -259,7 +242,7 @@ def prepare_examples(input: str, output: str, *, fmt: str, tokenizer: str, seq_l
                      val_docs: int = 0, val_input: str | None = None, samples_per_shard: int = 4096,
                      max_docs: int | None = None, add_mask: bool = False, overwrite: bool = False, log=None,
                      **encoder_kw) -> dict:
-    """Prepare prompt/answer shards in `output`; returns the manifest. Raises ValueError naming the option."""
+    """Prepare prompt/answer shards in `output`; returns the manifest. Raises an ExampleError naming the option."""
     log = log or (lambda msg: print(f"[data prepare] {msg}", file=sys.stderr, flush=True))
     if packing not in ROW_PACKINGS:
         raise ExampleError(f"--packing: {packing!r} for --format {fmt}; valid: {', '.join(ROW_PACKINGS)}")
@@ -327,43 +310,5 @@ def prepare_examples(input: str, output: str, *, fmt: str, tokenizer: str, seq_l
     return manifest
 
 
-def add_args(p) -> None:
-    g = p.add_argument_group("prompt/answer data (--format prompt_answer | chat | marker; docs/finetune.md)")
-    g.add_argument("--format", default="text", choices=("text", *FORMATS),
-                   help="text (default: documents packed for pretraining) or a prompt/answer format")
-    g.add_argument("--prompt-field", default="prompt", help="prompt_answer: prompt field (GSM8K: question)")
-    g.add_argument("--answer-field", default="answer", help="prompt_answer: answer field")
-    g.add_argument("--messages-field", default="messages", help="chat: field holding the messages list")
-    g.add_argument("--template", default="auto", choices=TEMPLATES, help="auto: chatml when the tokenizer has "
-                   "<|im_start|>/<|im_end|>, else plain")
-    g.add_argument("--prompt-template", default=PLAIN_PROMPT, help="plain template: the context ({prompt} is "
-                   "replaced); the answer follows after a space, then EOS")
-    g.add_argument("--marker", default=IM_START, help="marker: the context ends --marker-offset tokens after the last one")
-    g.add_argument("--marker-offset", type=int, default=2, help="marker: default 2 (<|im_start|> assistant \\n)")
-    g.add_argument("--overlong", default="truncate", choices=OVERLONG,
-                   help="examples longer than --seq-len: cut the answer's end (default) or leave them out")
-
-
-def main_from_args(args) -> int:
-    if args.packing is None:
-        args.packing = "padded"
-    try:
-        m = prepare_examples(args.input, args.output, fmt=args.format, tokenizer=args.tokenizer or "gpt2",
-                             seq_len=args.seq_len or 1024, packing=args.packing, overlong=args.overlong,
-                             template=args.template, val_docs=args.val_docs or 0, val_input=args.val_input,
-                             samples_per_shard=args.samples_per_shard, max_docs=args.max_docs, add_mask=args.add_mask,
-                             overwrite=args.overwrite, prompt_field=args.prompt_field, answer_field=args.answer_field,
-                             messages_field=args.messages_field, prompt_template=args.prompt_template,
-                             marker=args.marker, marker_offset=args.marker_offset)
-    except ValueError as e:
-        print(f"setdlm data prepare: error: {e}", file=sys.stderr)
-        return 2
-    for s, info in m["splits"].items():
-        print(f"{s}: {info['num_shards']} shards, {info['num_samples']} rows of {m['seq_len']} tokens "
-              f"({info['examples'].get('examples', 0)} of {info['num_documents']} examples used)")
-    print(f"wrote {os.path.join(args.output, MANIFEST)}")
-    return 0
-
-
-__all__ = ["FORMATS", "TEMPLATES", "ROW_PACKINGS", "Encoder", "build_rows", "chatml_prompt", "prepare_examples", "read_jsonl",
-           "read_saved_dataset", "add_args", "main_from_args", "ExampleError"]
+__all__ = ["FORMATS", "TEMPLATES", "ROW_PACKINGS", "Encoder", "build_rows", "chatml_prompt", "prepare_examples", "read_examples",
+           "read_saved_dataset", "ExampleError"]

@@ -23,7 +23,9 @@ from urllib.parse import urlparse
 
 import numpy as np
 
+from common.errors import InputFileError
 from common.io import atomic_write_json
+from common.schema import ConfigError
 
 from .sources import ShardError
 
@@ -145,22 +147,22 @@ def read_manifest(base: str) -> dict:
         data = read_bytes(url)
     except FileNotFoundError:
         if is_local(base) and not os.path.isdir(local_path(base)):
-            raise ValueError(f"data.source: {base!r} is neither 'builtin:NAME' nor a directory of prepared "
-                             f"shards (no such directory)") from None
+            raise ConfigError(f"data.source: {base!r} is neither 'builtin:NAME' nor a directory of prepared "
+                              f"shards (no such directory)") from None
         if is_local(base) and os.path.exists(join_url(base, PARTIAL)):
-            raise ValueError(f"data.source: preparation of {base!r} is unfinished ({PARTIAL} but no {MANIFEST}); "
-                             f"re-run `setdlm data prepare` with the same arguments to complete it") from None
-        raise ValueError(f"data.source: no {MANIFEST} in {base!r}; prepare it with `setdlm data prepare`") from None
+            raise ConfigError(f"data.source: preparation of {base!r} is unfinished ({PARTIAL} but no {MANIFEST}); "
+                              f"re-run `setdlm data prepare` with the same arguments to complete it") from None
+        raise ConfigError(f"data.source: no {MANIFEST} in {base!r}; prepare it with `setdlm data prepare`") from None
     except Exception as e:  # noqa: BLE001
-        raise ValueError(f"data.source: cannot read {url} ({type(e).__name__}: {e})") from None
+        raise InputFileError(f"data.source: cannot read {url} ({type(e).__name__}: {e})") from None
     try:
         m = json.loads(data)
     except ValueError as e:
-        raise ValueError(f"data.source: {url} is not valid JSON ({e})") from None
+        raise InputFileError(f"data.source: {url} is not valid JSON ({e})") from None
     if not isinstance(m, dict) or m.get("format") != FORMAT:
-        raise ValueError(f"data.source: {url} is not a {FORMAT} manifest")
+        raise InputFileError(f"data.source: {url} is not a {FORMAT} manifest")
     if m.get("version") != VERSION:
-        raise ValueError(f"data.source: {url} has manifest version {m.get('version')}, this code reads {VERSION}")
+        raise InputFileError(f"data.source: {url} has manifest version {m.get('version')}, this code reads {VERSION}")
     return m
 
 
@@ -194,22 +196,22 @@ class ShardSource:
         m = read_manifest(cfg.source)
         t = m["tokenizer"]
         if t["sha256"] != tokenizer.sha256:
-            raise ValueError(f"data.tokenizer: {tokenizer.name!r} (sha256 {tokenizer.sha256[:12]}...) is not the "
-                             f"tokenizer the shards in {cfg.source!r} were prepared with ({t['name']!r}, sha256 "
-                             f"{t['sha256'][:12]}...); set data.tokenizer to {t['name']!r} or to "
-                             f"{join_url(cfg.source, 'tokenizer')!r}")
+            raise ConfigError(f"data.tokenizer: {tokenizer.name!r} (sha256 {tokenizer.sha256[:12]}...) is not the "
+                              f"tokenizer the shards in {cfg.source!r} were prepared with ({t['name']!r}, sha256 "
+                              f"{t['sha256'][:12]}...); set data.tokenizer to {t['name']!r} or to "
+                              f"{join_url(cfg.source, 'tokenizer')!r}")
         if int(m["seq_len"]) != cfg.seq_len:
-            raise ValueError(f"data.seq_len: {cfg.seq_len}, but the shards in {cfg.source!r} hold sequences of "
-                             f"{m['seq_len']} tokens; set data.seq_len: {m['seq_len']}")
+            raise ConfigError(f"data.seq_len: {cfg.seq_len}, but the shards in {cfg.source!r} hold sequences of "
+                              f"{m['seq_len']} tokens; set data.seq_len: {m['seq_len']}")
         if m["packing"] != cfg.packing:
-            raise ValueError(f"data.packing: {cfg.packing!r}, but the shards in {cfg.source!r} were packed "
-                             f"{m['packing']!r}; set data.packing: {m['packing']}")
+            raise ConfigError(f"data.packing: {cfg.packing!r}, but the shards in {cfg.source!r} were packed "
+                              f"{m['packing']!r}; set data.packing: {m['packing']}")
         return cls(cfg.source, m, cfg.verify_checksums)
 
     def _split(self, split: str) -> str:
         if split not in self._counts:
-            raise ValueError(f"split: {self.description} has no {split!r} split (it has: "
-                             f"{', '.join(sorted(self._counts))}); prepare one (e.g. --val-docs or --val-split)")
+            raise ConfigError(f"split: {self.description} has no {split!r} split (it has: "
+                              f"{', '.join(sorted(self._counts))}); prepare one (e.g. --val-docs or --val-split)")
         return split
 
     def counts(self, split: str) -> np.ndarray:

@@ -5,12 +5,13 @@ A source exposes, per split, a list of *units* (a shard, or one sequence) with s
 """
 from __future__ import annotations
 
-from common.errors import Error
-
 import functools
 import hashlib
 
 import numpy as np
+
+from common.errors import Error
+from common.schema import ConfigError
 
 from .corpus import builtin_text
 from .packing import frame_documents, token_dtype, wrap
@@ -41,8 +42,8 @@ class BuiltinSource:
         if val_fraction > 0 and n_val == 0:
             n_val = 1
         if n - n_val < 1:
-            raise ValueError(f"data.source: builtin:{corpus} gives only {n} sequences of "
-                             f"{seq_len} tokens; lower data.seq_len or data.val_fraction")
+            raise ConfigError(f"data.source: builtin:{corpus} gives only {n} sequences of "
+                              f"{seq_len} tokens; lower data.seq_len or data.val_fraction")
         self._rows = {"train": rows[: n - n_val], "val": rows[n - n_val:]}
         self.seq_len = seq_len
         self.packing = packing

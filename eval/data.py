@@ -12,8 +12,9 @@
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
+
+from common.jsonl import read_jsonl
 
 from .errors import EvalError
 
@@ -30,22 +31,6 @@ def _path(path, option: str) -> Path:
     if not p.is_file():
         raise EvalError(f"{option}: {p}: no such file")
     return p
-
-
-def read_jsonl(path: Path, option: str) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise EvalError(f"{option}: {path}: line {n} is not valid JSON ({e})") from None
-            if not isinstance(row, dict):
-                raise EvalError(f"{option}: {path}: line {n} is not a JSON object")
-            rows.append(row)
-    return rows
 
 
 def read_csv(path: Path, option: str) -> tuple[list[str], list[dict]]:
@@ -78,7 +63,7 @@ def load_gsm8k(path: str, option: str = "--data", split: str = "test") -> list[d
         src = f"hub openai/gsm8k:{split}"
     else:
         p = _path(path, option)
-        rows = read_jsonl(p, option)
+        rows = read_jsonl(p, option, error=EvalError)
         src = str(p)
     out = []
     for i, r in enumerate(rows):
@@ -126,7 +111,7 @@ def load_rocstories(path: str, option: str = "--data") -> list[dict]:
 def load_cnndm(path: str, option: str = "--data") -> list[dict]:
     p = _path(path, option)
     if p.suffix in (".jsonl", ".json"):
-        rows = read_jsonl(p, option)
+        rows = read_jsonl(p, option, error=EvalError)
         cols = sorted(set().union(*(r.keys() for r in rows))) if rows else []
         for i, r in enumerate(rows):
             missing = [c for c in CNNDM_COLUMNS if c not in r]
@@ -147,7 +132,7 @@ def load_texts(path: str, option: str = "--text", field: str = "text") -> list[s
     """Documents of a .txt (blank-line separated) or .jsonl (`field`) file."""
     p = _path(path, option)
     if p.suffix in (".jsonl", ".json"):
-        rows = read_jsonl(p, option)
+        rows = read_jsonl(p, option, error=EvalError)
         docs = []
         for i, r in enumerate(rows):
             if not isinstance(r.get(field), str):
@@ -166,7 +151,7 @@ def load_prompts(path: str, option: str = "--prompts") -> list[str]:
     p = _path(path, option)
     if p.suffix in (".jsonl", ".json"):
         out = []
-        for i, r in enumerate(read_jsonl(p, option)):
+        for i, r in enumerate(read_jsonl(p, option, error=EvalError)):
             for k in ("prompt", "question", "text"):
                 if isinstance(r.get(k), str):
                     out.append(r[k])

@@ -11,7 +11,6 @@ the scorer: eval/scoring.py.)
 from __future__ import annotations
 
 import dataclasses
-import json
 import time
 
 import torch
@@ -31,20 +30,16 @@ class Checkpoint:
     """A saved run or checkpoint folder: recipe config, tokenizer, and (lazily) the model."""
 
     def __init__(self, path: str, *, ema: bool = True, device: torch.device | str = "cpu"):
-        from pretrain.checkpoint import resolve_checkpoint
+        from pretrain.checkpoint import rundir
 
         if not path:
             raise EvalError("--checkpoint: required (a run directory or one of its checkpoints/step_* folders)")
-        from pretrain.checkpoint import read_meta
-
         try:
-            self.path = resolve_checkpoint(path)
-            self.meta = read_meta(self.path)
-        except (FileNotFoundError, RuntimeError, ValueError) as e:  # CheckpointError: a damaged checkpoint
+            self.path = rundir.resolve_checkpoint(path)
+            self.meta = rundir.read_meta(self.path)
+            self.cfg = rundir.read_recipe(self.path, self.meta)
+        except ValueError as e:  # CheckpointError: a missing or damaged checkpoint
             raise EvalError(f"--checkpoint: {e}") from None
-        from pretrain.config import from_dict
-
-        self.cfg = from_dict(self.meta["config"])
         self.ema, self.device = ema, torch.device(device)
         self._model = None
         self._tokenizer = None
@@ -56,20 +51,18 @@ class Checkpoint:
     @property
     def tokenizer(self):
         if self._tokenizer is None:
-            from data_pipeline.tokenizers import load_tokenizer
+            from pretrain.checkpoint import rundir
 
-            tok_dir = self.path.parent.parent / "tokenizer"
-            self._tokenizer = load_tokenizer(str(tok_dir) if tok_dir.is_dir() else self.cfg.data.tokenizer)
-            want = self.meta.get("tokenizer_sha256")
-            if want and self._tokenizer.sha256 != want:
-                raise EvalError(f"--checkpoint: {self.path}: its tokenizer (sha256 {self._tokenizer.sha256[:12]}) is "
-                                f"not the one it was trained with ({want[:12]})")
+            try:
+                self._tokenizer = rundir.checkpoint_tokenizer(self.path, self.meta, self.cfg.data.tokenizer)
+            except ValueError as e:  # CheckpointError (another tokenizer) and TokenizerError
+                raise EvalError(f"--checkpoint: {e}") from None
         return self._tokenizer
 
     @property
     def model(self):
         if self._model is None:
-            from pretrain.checkpoint import load_model
+            from pretrain.checkpoint.inference import load_model
 
             try:
                 self._model, tok, cfg = load_model(self.path, ema=self.ema, device=self.device)

@@ -24,6 +24,7 @@ from typing import Literal
 
 from common.cli import ArgumentParser, run_command
 from common.errors import InputFileError
+from common.jsonl import read_jsonl
 from common.options import add_flags, describe_options, from_namespace
 from common.schema import Field, PathText, TextList, like
 
@@ -81,22 +82,13 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def read_jsonl(path: str) -> list[dict]:
-    rows = []
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise InputFileError(f"{path}:{n}: not valid JSON ({e})") from None
-            if not isinstance(row, dict) or not isinstance(row.get("prompt", None), str):
-                raise InputFileError(f'{path}:{n}: each line must be an object with a "prompt" string')
-            if "infill_length" in row and (not isinstance(row["infill_length"], int) or row["infill_length"] < 0):
-                raise InputFileError(f'{path}:{n}: "infill_length" must be a non-negative integer')
-            rows.append(row)
-    return rows
+def _prompt_row(row: dict) -> str | None:
+    """What is wrong with a --prompts-file row (None: nothing)."""
+    if not isinstance(row.get("prompt", None), str):
+        return 'each line must be an object with a "prompt" string'
+    if "infill_length" in row and (not isinstance(row["infill_length"], int) or row["infill_length"] < 0):
+        return '"infill_length" must be a non-negative integer'
+    return None
 
 
 def done_lines(path: Path) -> int:
@@ -121,7 +113,7 @@ def done_lines(path: Path) -> int:
 
 def prompt_rows(opts: SampleOptions) -> list[dict]:
     if opts.prompts_file:
-        return read_jsonl(opts.prompts_file)
+        return read_jsonl(opts.prompts_file, "--prompts-file", check=_prompt_row, error=InputFileError)
     infill = {"suffix": opts.suffix, "infill_length": opts.infill} if opts.infill is not None else {}
     return [{"prompt": t} | infill for t in opts.prompt]
 
@@ -130,7 +122,7 @@ def load_checkpoint(opts: SampleOptions):
     """(model, tokenizer, recipe) of --checkpoint on --device in --dtype."""
     import torch
 
-    from pretrain.checkpoint import load_model
+    from pretrain.checkpoint.inference import load_model
 
     ckpt = Path(opts.checkpoint)
     if not ckpt.exists():

@@ -53,7 +53,9 @@ def detect_shard(shard: str | None = None) -> Shard:
 
 
 def isolate_process_group() -> None:
-    """Give this process its own single-rank torch.distributed group (megatron-core needs one).
+    """Give this process its own single-rank torch.distributed group, so that nothing it loads or runs
+    (a launcher's RANK/WORLD_SIZE, DeepSpeed's or a library's `dist.is_initialized()` checks) joins the
+    other evaluation ranks in a collective.
 
     Evaluation ranks are independent: they coordinate through files, never through collectives, so
     a rank that finishes early cannot time out waiting for a slow one. A file:// rendezvous needs no

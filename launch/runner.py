@@ -5,7 +5,7 @@ in ``launch/templates/``.)
 
 Starts N copies of a command on this machine with the torchrun-style environment (``RANK``,
 ``WORLD_SIZE``, ``LOCAL_RANK``, ``LOCAL_WORLD_SIZE``, ``MASTER_ADDR``, ``MASTER_PORT``), so that
-``launch.env.init_distributed`` builds a gloo (CPU) or NCCL (one GPU per process) group. It is a
+``common.dist.init_process_group`` builds a gloo (CPU) or NCCL (one GPU per process) group. It is a
 small, dependency-free stand-in for ``torchrun --standalone`` used by tests and laptops:
 
 - ``CMD`` ending in ``.py`` runs under the current interpreter; ``-m module`` too;
@@ -29,8 +29,9 @@ from pathlib import Path
 from typing import Mapping, Sequence
 
 from common.cli import ArgumentParser as CLIParser
-
-from launch.env import find_free_port
+from common.cli import run_command
+from common.env import find_free_port
+from common.errors import UsageError
 
 FORWARDED = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2)
 
@@ -46,7 +47,7 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
 def build_command(cmd: Sequence[str]) -> list[str]:
     cmd = list(cmd)
     if not cmd:
-        raise ValueError("no command given: use `setdlm launch local -n N -- CMD [ARGS...]`")
+        raise UsageError("no command given: use `setdlm launch local -n N -- CMD [ARGS...]`")
     if cmd[0] == "-m" or cmd[0].endswith(".py"):
         return [sys.executable, *cmd]
     return cmd
@@ -84,7 +85,7 @@ def run_local(
     """Run ``nproc`` copies of ``cmd``; returns each process's exit status (signal n -> 128+n,
     never started or killed on timeout -> 124)."""
     if nproc < 1:
-        raise ValueError(f"nproc must be >= 1, got {nproc}")
+        raise UsageError(f"nproc must be >= 1, got {nproc}")
     argv = build_command(cmd)
     port = master_port or find_free_port(master_addr)
     logs = []
@@ -224,4 +225,4 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command("setdlm launch", main, sys.argv[1:]))

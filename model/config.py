@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from common.schema import Field, check_keys, section
+from common.schema import ConfigError, Field, check_keys, section
 
 # Named shapes. A recipe may name a preset and override any field of it.
 PRESETS: dict[str, dict] = {
@@ -56,7 +56,7 @@ class ModelConfig:
     attention_backend: Literal["auto", "sdpa", "flex"] = Field("auto", description=(
         "attention kernel: auto (flex on CUDA, sdpa elsewhere), sdpa (dense mask) or flex (block mask)"))
     fp8: Literal["none", "hybrid", "e4m3"] = Field("none", description=(
-        "Transformer Engine FP8 block linears (H100/H200; model/fp8.py); none: bf16/fp32"))
+        "Transformer Engine FP8 block linears (H100/H200; pretrain/fp8.py); none: bf16/fp32"))
     vocab_size: int = Field(0, ge=0, description="vocabulary size with MASK (0: taken from the tokenizer)")
     mask_id: int = Field(-1, ge=-1, description="MASK token id (-1: taken from the tokenizer)")
     vocab_pad_multiple: int = Field(128, ge=1, description="embedding rows padded to a multiple of this (independent of TP)")
@@ -82,7 +82,7 @@ class ModelConfig:
         """Checks across fields (each field's type and range are enforced on construction).
         `need_vocab=False` skips the vocabulary checks before the tokenizer has filled it in."""
         def bad(name, msg):
-            raise ValueError(f"model.{name}: {msg}")
+            raise ConfigError(f"model.{name}: {msg}")
 
         if self.attention_backend == "flex" and self.attention_dropout > 0:
             bad("attention_dropout", "flex attention has no attention-probability dropout; use 0 or attention_backend=sdpa")
@@ -127,7 +127,7 @@ class ObjectiveConfig:
 
     def validate(self, seq_len: int) -> None:
         def bad(name, msg):
-            raise ValueError(f"objective.{name}: {msg}")
+            raise ConfigError(f"objective.{name}: {msg}")
 
         if self.name == "setdlm":
             if not 1 <= self.set_size <= seq_len:
@@ -148,7 +148,7 @@ def apply_preset(section: dict) -> dict:
     if name is None:
         return section
     if name not in PRESETS:
-        raise ValueError(f"model.preset: unknown preset {name!r}; valid: {', '.join(sorted(PRESETS))}")
+        raise ConfigError(f"model.preset: unknown preset {name!r}; valid: {', '.join(sorted(PRESETS))}")
     return {**PRESETS[name], **section}
 
 

@@ -1,69 +1,56 @@
-"""Linear and embedding layers: megatron-core's tensor-parallel ones when the model is split over
-several tensor-parallel ranks, plain torch ones with the same parameters at TP=1.
+"""The model's linear, embedding and loss layers, and the one seam where tensor parallelism plugs in.
 
-megatron-core's `ColumnParallelLinear`, `RowParallelLinear` and `VocabParallelEmbedding` look up
-their tensor-parallel process group in every forward (its `RowParallelLinear` all-reduces even over
-one rank), so they cannot run in a process where torch.distributed was never initialised. At TP=1
-nothing is split, and the layers below stand in for them exactly:
+`TensorParallel` is everything the transformer asks of a tensor-parallel runtime: how its linears,
+embedding and output head are built, the few communications around them, and the cross-entropy over
+its slice of the vocabulary. The class here is one process (TP=1): plain torch layers, identity
+communication, torch alone. pretrain/tensor_parallel.py implements the same interface over several
+ranks; the transformer is the same code either way.
 
-- the same parameter names and shapes (`weight` [out, in], `bias`), the same state-dict
-  entries (megatron's linears add an empty `_extra_state`), and the same layout attributes megatron sets (`tensor_model_parallel`,
-  `partition_dim`, `partition_stride`), so checkpoints interchange with any TP size;
-- the same initialisation: the full fp32 master weight is drawn with `init_method` exactly as
-  megatron's CPU initialisation draws it (one `torch.empty` + `init_method`, then a cast), biases
-  are zero, so a seed gives the same weights as under TP > 1;
-- the same arithmetic: `matmul(x, W^T)` then `+ b`, as megatron's linear function computes it, and
-  the `(output, bias)` return convention.
+The parameters follow the tensor-parallel layout convention that checkpoints, re-layout and the
+optimizer read, whatever implementation built them:
 
-The choice depends only on the TP size in the layer's `ModelParallelConfig`, so a TP=1 model is
-always built from these layers, whether it trains under DeepSpeed or decodes in a plain Python
-session. `vocab_cross_entropy` does the same for megatron's vocab-parallel cross-entropy (its own
-forward and backward steps, without the all-reduces). tests/test_model_layers.py checks values,
-outputs and gradients against megatron's.
+- `weight` [out, in] and `bias`, and an empty `_extra_state` entry in a linear's state dict;
+- the attributes `tensor_model_parallel`, `partition_dim` (0: the output dimension is the split one,
+  a "column" linear, the embedding and the head; 1: the input dimension, a "row" linear) and
+  `partition_stride`, on every weight a tensor-parallel run splits (also at TP=1);
+- the arithmetic `matmul(x, W^T)` then `+ b`, returned as `(output, bias)` (the bias is returned, not
+  added, with `skip_bias_add`: sequence parallelism adds it itself).
+
+So a TP=1 state dict loads into the multi-rank layers and back. The layers are allocated with
+`torch.empty` (on the device of a surrounding `torch.device` context, in `params_dtype`) and left
+uninitialised: model/init.py draws every weight.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from typing import Any
 
 import torch
-from megatron.core import parallel_state, tensor_parallel
-from megatron.core.model_parallel_config import ModelParallelConfig
-from megatron.core.tensor_parallel.cross_entropy import VocabParallelCrossEntropy
 
 
 def _layout(p: torch.nn.Parameter, dim: int) -> None:
     p.tensor_model_parallel, p.partition_dim, p.partition_stride = True, dim, 1
 
 
-class _Local(torch.nn.Module):
-    """The master-weight initialisation megatron's CPU initialisation does."""
+class LocalLinear(torch.nn.Module):
+    """`y = x W^T + b` returning `(output, output_bias)`; `split_dim` records which dimension a
+    tensor-parallel run splits (0: column parallel, 1: row parallel)."""
 
-    def _init_weight(self, rows: int, cols: int, init_method: Callable, config: ModelParallelConfig, dim: int):
-        master = torch.empty(rows, cols, dtype=torch.float)
-        if config.perform_initialization:
-            init_method(master)
-        self.weight = torch.nn.Parameter(master.to(config.params_dtype))
-        _layout(self.weight, dim)
-
-
-class LocalLinear(_Local):
-    """`y = x W^T + b` with megatron's `(output, output_bias)` interface; `split_dim` records which
-    dimension megatron would split (0: column parallel, 1: row parallel)."""
-
-    def __init__(self, input_size: int, output_size: int, *, config: ModelParallelConfig, init_method: Callable,
-                 bias: bool, split_dim: int, skip_bias_add: bool = False):
+    def __init__(self, input_size: int, output_size: int, *, bias: bool, split_dim: int,
+                 params_dtype: torch.dtype = torch.float32, skip_bias_add: bool = False):
         super().__init__()
         self.input_size, self.output_size, self.skip_bias_add = input_size, output_size, skip_bias_add
-        self._init_weight(output_size, input_size, init_method, config, split_dim)
+        self.weight = torch.nn.Parameter(torch.empty(output_size, input_size, dtype=params_dtype))
+        _layout(self.weight, split_dim)
         if bias:
-            self.bias = torch.nn.Parameter(torch.zeros(output_size, dtype=config.params_dtype))
+            self.bias = torch.nn.Parameter(torch.empty(output_size, dtype=params_dtype))
             if split_dim == 0:
                 _layout(self.bias, 0)
         else:
             self.register_parameter("bias", None)
 
-    def get_extra_state(self) -> Any:  # megatron's linears save an `_extra_state` entry (None)
+    def get_extra_state(self) -> Any:  # the state-dict entry the multi-rank linears save (None)
         return None
 
     def set_extra_state(self, state: Any) -> None:
@@ -76,79 +63,114 @@ class LocalLinear(_Local):
         return out, self.bias
 
 
-class LocalEmbedding(_Local):
-    def __init__(self, num_embeddings: int, embedding_dim: int, *, init_method: Callable, config: ModelParallelConfig):
+class LocalEmbedding(torch.nn.Module):
+    def __init__(self, num_embeddings: int, embedding_dim: int, *, params_dtype: torch.dtype = torch.float32):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
-        self._init_weight(num_embeddings, embedding_dim, init_method, config, 0)
+        self.weight = torch.nn.Parameter(torch.empty(num_embeddings, embedding_dim, dtype=params_dtype))
+        _layout(self.weight, 0)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.embedding(ids, self.weight)
 
 
-def column_linear(input_size: int, output_size: int, *, config: ModelParallelConfig, init_method, bias: bool):
-    """Output dimension split over TP ranks (megatron ColumnParallelLinear, gather_output=False)."""
-    if config.tensor_model_parallel_size > 1:
-        return tensor_parallel.ColumnParallelLinear(input_size, output_size, config=config, init_method=init_method,
-                                                    bias=bias, gather_output=False)
-    return LocalLinear(input_size, output_size, config=config, init_method=init_method, bias=bias, split_dim=0)
-
-
-def row_linear(input_size: int, output_size: int, *, config: ModelParallelConfig, init_method, bias: bool,
-               skip_bias_add: bool = False):
-    """Input dimension split over TP ranks, output all-reduced (megatron RowParallelLinear); with
-    `skip_bias_add` the bias is returned, not added (sequence parallelism adds it itself)."""
-    if config.tensor_model_parallel_size > 1:
-        return tensor_parallel.RowParallelLinear(input_size, output_size, config=config, init_method=init_method,
-                                                 bias=bias, input_is_parallel=True, skip_bias_add=skip_bias_add)
-    return LocalLinear(input_size, output_size, config=config, init_method=init_method, bias=bias, split_dim=1,
-                       skip_bias_add=skip_bias_add)
-
-
-def vocab_embedding(num_embeddings: int, embedding_dim: int, *, config: ModelParallelConfig, init_method):
-    """Vocabulary split over TP ranks (megatron VocabParallelEmbedding)."""
-    if config.tensor_model_parallel_size > 1:
-        return tensor_parallel.VocabParallelEmbedding(num_embeddings, embedding_dim, init_method=init_method,
-                                                      config=config)
-    return LocalEmbedding(num_embeddings, embedding_dim, init_method=init_method, config=config)
-
-
-def is_column(layer) -> bool:
-    return isinstance(layer, tensor_parallel.ColumnParallelLinear) or (
-        isinstance(layer, LocalLinear) and layer.weight.partition_dim == 0)
-
-
-def is_row(layer) -> bool:
-    return isinstance(layer, tensor_parallel.RowParallelLinear) or (
-        isinstance(layer, LocalLinear) and layer.weight.partition_dim == 1)
-
-
-class _LocalCrossEntropy(torch.autograd.Function):
-    """megatron's vocab-parallel cross-entropy over one rank: its own forward and backward steps
-    (`VocabParallelCrossEntropy`), without the all-reduces, which are identities at TP=1. Like
-    megatron's, it works in place on an fp32 input."""
+class _CrossEntropy(torch.autograd.Function):
+    """Per-token cross-entropy of fp32 logits [..., V], computed in place on them (the input is
+    consumed, as the multi-rank loss consumes its slice). Its steps are those of the vocab-parallel
+    loss over one rank (max, shift, gather the target logit, exp, sum, log; backward: softmax minus
+    one at the target), so the two agree bit for bit; targets outside [0, V) contribute zero."""
 
     @staticmethod
     def forward(ctx, logits, target):
-        ops = VocabParallelCrossEntropy
-        logits, logits_max = ops.calculate_logits_max(logits)
-        target_mask, masked_target_1d, predicted, sum_exp, exp_logits = ops.calculate_predicted_logits(
-            logits, target, logits_max, 0, logits.size(-1))
-        exp_logits, loss = ops.calculate_cross_entropy_loss(exp_logits, predicted, sum_exp)
-        ctx.save_for_backward(exp_logits, target_mask, masked_target_1d)
+        logits = logits.float()
+        logits -= logits.max(dim=-1)[0].unsqueeze(-1)
+        outside = (target < 0) | (target >= logits.size(-1))
+        target_1d = target.clone()
+        target_1d[outside] = 0
+        target_1d = target_1d.view(-1)
+        logits_2d = logits.view(-1, logits.size(-1))
+        rows = torch.arange(logits_2d.size(0), device=logits.device)
+        predicted = logits_2d[rows, target_1d].clone().contiguous().view_as(target)
+        predicted[outside] = 0.0
+        exp = torch.exp(logits, out=logits)
+        sum_exp = exp.sum(dim=-1)
+        loss = torch.log(sum_exp) - predicted
+        exp.div_(sum_exp.unsqueeze(-1))
+        ctx.save_for_backward(exp, outside, target_1d)
         return loss
 
     @staticmethod
     def backward(ctx, grad_output):
-        ops = VocabParallelCrossEntropy
-        softmax, target_mask, masked_target_1d = ctx.saved_tensors
-        grad_2d, arange_1d, softmax_update, grad_input = ops.prepare_gradient_calculation_operands(softmax, target_mask)
-        return ops.calculate_gradients(grad_2d, arange_1d, masked_target_1d, softmax_update, grad_input, grad_output), None
+        softmax, outside, target_1d = ctx.saved_tensors
+        grad_2d = softmax.view(-1, softmax.size(-1))
+        rows = torch.arange(grad_2d.size(0), device=grad_2d.device)
+        grad_2d[rows, target_1d] -= 1.0 - outside.view(-1).float()
+        softmax.mul_(grad_output.unsqueeze(-1))
+        return softmax, None
 
 
 def vocab_cross_entropy(logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Per-token cross-entropy of vocab-parallel logits [..., V/tp] (megatron's, in place on fp32
-    input): over the tensor-parallel group when there is one of size > 1, else on this process."""
-    if parallel_state.model_parallel_is_initialized() and parallel_state.get_tensor_model_parallel_world_size() > 1:
-        return tensor_parallel.vocab_parallel_cross_entropy(logits, target)
-    return _LocalCrossEntropy.apply(logits, target)
+    """Per-token cross-entropy of full-vocabulary logits [..., V] (in place on an fp32 input)."""
+    return _CrossEntropy.apply(logits, target)
+
+
+class TensorParallel:
+    """One process: the whole model on this rank. Subclasses split it over `size` ranks.
+
+    Communication methods take and return activations; each is the identity here."""
+
+    size = 1
+    rank = 0
+    sequence_parallel = False
+
+    def __init__(self, params_dtype: torch.dtype = torch.float32):
+        self.params_dtype = params_dtype
+
+    # -- layers ------------------------------------------------------------------------------------
+    def column_linear(self, input_size: int, output_size: int, *, bias: bool) -> torch.nn.Module:
+        """Output dimension split over the ranks (the input arrives whole on each)."""
+        return LocalLinear(input_size, output_size, bias=bias, split_dim=0, params_dtype=self.params_dtype)
+
+    def row_linear(self, input_size: int, output_size: int, *, bias: bool, skip_bias_add: bool = False) -> torch.nn.Module:
+        """Input dimension split over the ranks, output summed over them."""
+        return LocalLinear(input_size, output_size, bias=bias, split_dim=1, params_dtype=self.params_dtype,
+                           skip_bias_add=skip_bias_add)
+
+    def vocab_embedding(self, num_embeddings: int, embedding_dim: int) -> torch.nn.Module:
+        """Vocabulary split over the ranks."""
+        return LocalEmbedding(num_embeddings, embedding_dim, params_dtype=self.params_dtype)
+
+    def vocab_head(self, hidden: int, vocab: int, *, bias: bool) -> torch.nn.Module:
+        """The untied output head: vocabulary split over the ranks, run on the whole sequence."""
+        return self.column_linear(hidden, vocab, bias=bias)
+
+    # -- communication -----------------------------------------------------------------------------
+    def all_reduce_grad(self, x: torch.Tensor) -> torch.Tensor:
+        """`x` used whole by every rank on its own part of the work (a replicated weight on a slice of
+        the sequence or of the heads, the tied head's input): identity forward, gradient summed over
+        the ranks backward, so replicas stay equal."""
+        return x
+
+    def scatter_sequence(self, x: torch.Tensor) -> torch.Tensor:
+        """[T, B, H] -> this rank's slice of the sequence (sequence parallelism)."""
+        return x
+
+    def gather_sequence(self, x: torch.Tensor) -> torch.Tensor:
+        """This rank's slice of the sequence -> [T, B, H]; the backward splits the (already complete)
+        gradient without reducing it."""
+        return x
+
+    def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
+        """Vocab-split logits [..., V/size] -> [..., V]."""
+        return logits
+
+    def dropout_rng(self):
+        """The random stream dropout draws from on a slice of the sequence (different per rank)."""
+        return contextlib.nullcontext()
+
+    def cross_entropy(self, logits: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """Per-token cross-entropy of vocab-split logits [..., V/size] (in place on an fp32 input)."""
+        return vocab_cross_entropy(logits, target)
+
+
+__all__ = ["LocalEmbedding", "LocalLinear", "TensorParallel", "vocab_cross_entropy"]

@@ -20,6 +20,8 @@ from typing import NamedTuple
 
 import torch
 
+from common.schema import ConfigError
+
 MASK_KINDS = ("causal", "bidirectional", "setdlm", "bd3lm")
 
 
@@ -48,7 +50,7 @@ def _build(kind: str, length: int, block_size: int, device: str) -> torch.Tensor
         return mask
     if kind == "bd3lm":
         if block_size < 1 or L % block_size:
-            raise ValueError(f"bd3lm mask: block size {block_size} must divide length {L}")
+            raise ConfigError(f"bd3lm mask: block size {block_size} must divide length {L}")
         blk = idx // block_size
         mask[:L, :L] = blk[:, None] == blk[None, :]  # x_t -> own block
         mask[:L, L:] = blk[:, None] > blk[None, :]  # x_t -> clean earlier blocks

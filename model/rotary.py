@@ -11,8 +11,8 @@ import torch
 class Rotary(torch.nn.Module):
     def __init__(self, head_dim: int, base: float = 10000.0):
         super().__init__()
-        # integer arange, then float64: a float factory inside deepspeed.zero.Init would come back in
-        # the training dtype (bf16); this buffer stays float32 under every ZeRO stage
+        # integer arange, then float64: a float factory in a build that casts floating-point factories
+        # to the parameters' dtype (bf16) would come back in it; this buffer stays float32 in any build
         inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2).double() / head_dim))
         self.register_buffer("inv_freq", inv_freq.float(), persistent=False)
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from common.schema import ConfigError
+
 from . import noise
 
 
@@ -30,9 +32,9 @@ class SlidingWindow:
         L, D = int(length), int(set_size)
         S = int(s_max) if s_max is not None else 2 * D
         if not 1 <= D <= L:
-            raise ValueError(f"objective.set_size: D={D} must be in [1, L={L}]")
+            raise ConfigError(f"objective.set_size: D={D} must be in [1, L={L}]")
         if S < D:
-            raise ValueError(f"objective.s_max: S_max={S} must be >= D={D}")
+            raise ConfigError(f"objective.s_max: S_max={S} must be >= D={D}")
         b = S / (L + S - 1)
         if k is None:
             if S == D:
@@ -79,7 +81,7 @@ def sample_order(batch: int, length: int, *, order: str = "sliding_window", sche
     elif order == "any_order":
         key = noise.rand((batch, L), generator, device, torch.float64)
     else:
-        raise ValueError(f"objective.order: unknown order {order!r}")
+        raise ConfigError(f"objective.order: unknown order {order!r}")
     if context is not None:  # above every schedule key (<= 1), earlier positions higher
         key = torch.where(context.bool(), 2.0 + (L - pos) / L, key)
     if valid is not None:  # below every key, earlier positions higher

@@ -1,67 +1,51 @@
-"""Transformer on megatron-core tensor-parallel layers, with per-token rotary positions, structured
-masks and a set-decoding KV cache.
+"""Transformer with per-token rotary positions, structured masks and a set-decoding KV cache.
 
 One model serves every schedule (AR, MDLM, BD3-LM, SW-SetDLM): objectives decide the token layout,
 positions and mask kind; the transformer only runs it. Layers are keyed by their *global* index so a
 state dict is the same under any pipeline split.
+
+The model is torch alone. Its linears, embedding and head, and the communication around them, come
+from a `model.layers.TensorParallel`: by default one process (TP=1, plain torch layers, nothing to
+communicate), so a model builds, trains, loads and decodes in any Python process. A tensor-parallel
+run hands it a multi-rank implementation instead (pretrain/parallelize.py); nothing else changes.
 
 Weight layouts are independent of the tensor-parallel size, so a TP=1 state dict slices into any TP:
 - QKV rows are grouped per KV head: [q_0 .. q_{g-1}, k, v] x kv_heads (each block head_dim rows);
 - SwiGLU fc1 rows alternate gate/up: row 2j is gate j, row 2j+1 is up j;
 - the vocabulary is padded to a multiple of `vocab_pad_multiple`; padding and MASK logits are -inf.
 
-Initialisation is independent of the layout and happens per shard (model/init.py): megatron's layers
-are allocated without initialising (on the device of the surrounding `torch.device` context), then
-every rank draws only its own units of each weight from generators seeded by (base seed, parameter
-name, unit), the base seed being one draw from the global CPU generator. So a model built after
+Initialisation is independent of the layout and happens per shard (model/init.py): the layers are
+allocated without values (on the device of the surrounding `torch.device` context), then every rank
+draws only its own units of each weight from generators seeded by (base seed, parameter name, unit),
+the base seed being one draw from the global CPU generator. So a model built after
 `torch.manual_seed(s)` has the same full weights under any TP x PP layout, no rank ever holds a full
 weight matrix on the host, and building a model leaves no trace on the global RNG beyond that one draw.
 
-Sequence parallelism (`megatron_config(sequence_parallel=True)`, TP > 1; Megatron-LM's scheme): between
-the tensor-parallel regions the hidden states are split along the sequence, `[T/tp, B, H]`; column-
-parallel linears all-gather them, row-parallel linears reduce-scatter. Norms, residuals and dropout
-then work on 1/tp of the tokens; their replicated weights (norms, row-parallel biases) get their
-gradients summed over the TP group inside autograd (`_sp_weight`). The head gathers the sequence back.
+Sequence parallelism (a `TensorParallel` with `sequence_parallel`, TP > 1): between the tensor-parallel
+regions the hidden states are split along the sequence, `[T/tp, B, H]`; column-parallel linears
+gather them, row-parallel linears reduce-scatter. Norms, residuals and dropout then work on 1/tp of
+the tokens; their replicated weights (norms, row-parallel biases) get their gradients summed over the
+TP group inside autograd (`all_reduce_grad`). The head gathers the sequence back.
 
-Tied embeddings under pipeline parallelism follow Megatron-LM: a last stage that does not hold the
-input embedding keeps a copy of it (same name `embed.weight`, same seeded initialisation, hence equal
-values); pretrain/pipeline.py marks it for the training step, which keeps the copies equal.
-
-At TP=1 the linear and embedding layers are plain torch layers with megatron's parameters
-(model/layers.py), so a TP=1 model needs no process group: it loads and decodes in any Python process.
+Under pipeline parallelism a last stage with tied embeddings that does not hold the input embedding
+keeps a copy of it (same name `embed.weight`, same seeded initialisation, hence equal values); the
+training step keeps the copies equal.
 """
 
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import math
 
 import torch
 import torch.nn.functional as F
-from megatron.core import parallel_state, tensor_parallel
-from megatron.core.model_parallel_config import ModelParallelConfig
 
 from .config import ModelConfig
 from . import flex
-from . import fp8 as fp8_layers
-from . import layers as tp_layers
-from .init import init_weights, mark_tensor_parallel
+from .init import init_weights
 from .kv_cache import KVCache
+from .layers import TensorParallel
 from .masks import MaskSpec
 from .rotary import Rotary, apply_rotary
-
-
-def megatron_config(tp: int = 1, pp: int = 1, params_dtype: torch.dtype = torch.float32,
-                    sequence_parallel: bool = False) -> ModelParallelConfig:
-    # megatron allocates the shards (its "cpu initialisation" path allocates without a device argument,
-    # so a surrounding `torch.device(...)` context decides where) and leaves them uninitialised:
-    # model/init.py fills each rank's shard with layout-independent values.
-    return ModelParallelConfig(
-        tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp, use_cpu_initialization=True,
-        perform_initialization=False, params_dtype=params_dtype, pipeline_dtype=params_dtype,
-        sequence_parallel=sequence_parallel and tp > 1,
-    )
 
 
 def _norm(cfg: ModelConfig, dim: int) -> torch.nn.Module:
@@ -70,55 +54,36 @@ def _norm(cfg: ModelConfig, dim: int) -> torch.nn.Module:
     return torch.nn.LayerNorm(dim, eps=cfg.norm_eps, bias=cfg.bias)
 
 
-def _init(std: float):
-    return lambda w: torch.nn.init.normal_(w, mean=0.0, std=std)
-
-
-def _sp_weight(w: torch.Tensor | None, sp: bool) -> torch.Tensor | None:
+def _sp_weight(w: torch.Tensor | None, tp: TensorParallel) -> torch.Tensor | None:
     """A replicated weight used on this rank's slice of the sequence (sequence parallelism): identity
     forward, gradient summed over the TP group backward, so the replicas stay equal."""
-    return tensor_parallel.copy_to_tensor_model_parallel_region(w) if sp and w is not None else w
+    return tp.all_reduce_grad(w) if tp.sequence_parallel and w is not None else w
 
 
-def _apply_norm(norm: torch.nn.Module, x: torch.Tensor, sp: bool) -> torch.Tensor:
-    if not sp:
+def _apply_norm(norm: torch.nn.Module, x: torch.Tensor, tp: TensorParallel) -> torch.Tensor:
+    if not tp.sequence_parallel:
         return norm(x)
     if isinstance(norm, torch.nn.RMSNorm):
-        return F.rms_norm(x, norm.normalized_shape, _sp_weight(norm.weight, sp), norm.eps)
-    return F.layer_norm(x, norm.normalized_shape, _sp_weight(norm.weight, sp), _sp_weight(norm.bias, sp), norm.eps)
+        return F.rms_norm(x, norm.normalized_shape, _sp_weight(norm.weight, tp), norm.eps)
+    return F.layer_norm(x, norm.normalized_shape, _sp_weight(norm.weight, tp), _sp_weight(norm.bias, tp), norm.eps)
 
 
-def _add_bias(out: torch.Tensor, bias: torch.Tensor | None, sp: bool) -> torch.Tensor:
-    return out if bias is None else out + _sp_weight(bias, sp)
-
-
-def _linear(layer, x: torch.Tensor) -> torch.Tensor:
-    """A megatron TP linear. Without autograd at TP = 1 it is the same product as F.linear, called
-    directly: no per-call Python of megatron's (it also warns on every call when a process group
-    exists), which keeps a compiled decode step in one graph."""
-    if (not torch.is_grad_enabled() and type(layer) in _PLAIN_LINEARS
-            and layer.config.tensor_model_parallel_size == 1 and not layer.config.sequence_parallel):
-        return F.linear(x, layer.weight, layer.bias)
-    return layer(x)[0]
-
-
-_PLAIN_LINEARS = (tensor_parallel.ColumnParallelLinear, tensor_parallel.RowParallelLinear)
+def _add_bias(out: torch.Tensor, bias: torch.Tensor | None, tp: TensorParallel) -> torch.Tensor:
+    return out if bias is None else out + _sp_weight(bias, tp)
 
 
 class Attention(torch.nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, layer_id: int):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel, layer_id: int):
         super().__init__()
-        tp = self.tp = mp.tensor_model_parallel_size
+        self.tp = tp
         self.layer_id = layer_id
-        self.sp = mp.sequence_parallel
+        self.sp = tp.sequence_parallel
         self.head_dim = cfg.dim_head
-        self.groups = cfg.kv_heads // tp  # KV heads on this rank
+        self.groups = cfg.kv_heads // tp.size  # KV heads on this rank
         self.q_per_group = cfg.n_heads // cfg.kv_heads
-        out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
         qkv_out = (cfg.n_heads + 2 * cfg.kv_heads) * self.head_dim
-        self.qkv = tp_layers.column_linear(cfg.hidden, qkv_out, config=mp, init_method=_init(cfg.init_std), bias=cfg.bias)
-        self.proj = tp_layers.row_linear(cfg.n_heads * self.head_dim, cfg.hidden, config=mp, init_method=_init(out_std),
-                                         bias=cfg.bias, skip_bias_add=self.sp)
+        self.qkv = tp.column_linear(cfg.hidden, qkv_out, bias=cfg.bias)
+        self.proj = tp.row_linear(cfg.n_heads * self.head_dim, cfg.hidden, bias=cfg.bias, skip_bias_add=self.sp)
         self.q_norm = torch.nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.k_norm = torch.nn.RMSNorm(self.head_dim, eps=cfg.norm_eps) if cfg.qk_norm else None
         self.dropout_p = cfg.attention_dropout
@@ -126,14 +91,13 @@ class Attention(torch.nn.Module):
     def _head_norm(self, norm: torch.nn.RMSNorm, x: torch.Tensor) -> torch.Tensor:
         """QK-norm. Its weight is replicated over TP ranks but each rank normalises only its own heads:
         the weight's gradient is the sum over TP ranks (all-reduced in backward, like a sequence-parallel
-        norm in Megatron-LM), else the replicas would drift apart."""
-        if self.tp == 1:
+        norm), else the replicas would drift apart."""
+        if self.tp.size == 1:
             return norm(x)
-        weight = tensor_parallel.copy_to_tensor_model_parallel_region(norm.weight)
-        return F.rms_norm(x, norm.normalized_shape, weight, norm.eps)
+        return F.rms_norm(x, norm.normalized_shape, self.tp.all_reduce_grad(norm.weight), norm.eps)
 
     def forward(self, x, rope, mask, cache: KVCache | None = None):
-        qkv = _linear(self.qkv, x)
+        qkv = self.qkv(x)[0]
         if self.sp:  # gathered [T, B, .] -> [B, T, .]
             qkv = qkv.transpose(0, 1)
         B, T = qkv.shape[:2]
@@ -150,10 +114,10 @@ class Attention(torch.nn.Module):
         out = self.core(q, k, v, mask)
         out = out.transpose(1, 2).reshape(B, T, -1)
         if not self.sp:
-            return _linear(self.proj, out)
+            return self.proj(out)[0]
         out = out.transpose(0, 1).contiguous()  # [B, T, .] -> [T, B, .]: the row-parallel linear reduce-scatters along the sequence
         out, bias = self.proj(out)
-        return _add_bias(out, bias, self.sp)
+        return _add_bias(out, bias, self.tp)
 
     def core(self, q, k, v, mask):
         """The attention core (scores, mask, softmax, weighted sum): what selective recomputation reruns."""
@@ -165,22 +129,21 @@ class Attention(torch.nn.Module):
 
 
 class MLP(torch.nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel):
         super().__init__()
+        self.tp = tp
         self.swiglu = cfg.activation == "swiglu"
-        self.sp = mp.sequence_parallel
-        out_std = cfg.init_std / math.sqrt(2 * cfg.n_layers)
+        self.sp = tp.sequence_parallel
         width = cfg.ffn_hidden * (2 if self.swiglu else 1)
-        self.fc1 = tp_layers.column_linear(cfg.hidden, width, config=mp, init_method=_init(cfg.init_std), bias=cfg.bias)
-        self.fc2 = tp_layers.row_linear(cfg.ffn_hidden, cfg.hidden, config=mp, init_method=_init(out_std), bias=cfg.bias,
-                                        skip_bias_add=self.sp)
+        self.fc1 = tp.column_linear(cfg.hidden, width, bias=cfg.bias)
+        self.fc2 = tp.row_linear(cfg.ffn_hidden, cfg.hidden, bias=cfg.bias, skip_bias_add=self.sp)
 
     def forward(self, x):
-        h = self.activation(_linear(self.fc1, x))
+        h = self.activation(self.fc1(x)[0])
         if not self.sp:
-            return _linear(self.fc2, h)
+            return self.fc2(h)[0]
         out, bias = self.fc2(h)
-        return _add_bias(out, bias, self.sp)
+        return _add_bias(out, bias, self.tp)
 
     def activation(self, h):
         """GELU, or SwiGLU over the interleaved gate/up rows: what selective recomputation reruns."""
@@ -190,61 +153,67 @@ class MLP(torch.nn.Module):
 
 
 class Block(torch.nn.Module):
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig, layer_id: int):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel, layer_id: int):
         super().__init__()
+        self.tp = tp
         self.norm1 = _norm(cfg, cfg.hidden)
-        self.attn = Attention(cfg, mp, layer_id)
+        self.attn = Attention(cfg, tp, layer_id)
         self.norm2 = _norm(cfg, cfg.hidden)
-        self.mlp = MLP(cfg, mp)
+        self.mlp = MLP(cfg, tp)
         self.drop = torch.nn.Dropout(cfg.dropout)
-        self.sp = mp.sequence_parallel
+        self.sp = tp.sequence_parallel
 
     def forward(self, x, rope, mask, cache=None):
         with self._dropout_rng():
-            x = x + self.drop(self.attn(_apply_norm(self.norm1, x, self.sp), rope, mask, cache))
-            return x + self.drop(self.mlp(_apply_norm(self.norm2, x, self.sp)))
+            x = x + self.drop(self.attn(_apply_norm(self.norm1, x, self.tp), rope, mask, cache))
+            return x + self.drop(self.mlp(_apply_norm(self.norm2, x, self.tp)))
 
     def _dropout_rng(self):
         """Under sequence parallelism each TP rank drops on its own slice of the sequence: draw from
-        megatron's tensor-parallel RNG stream (different per TP rank), as Megatron-LM does."""
+        the tensor-parallel random stream (different per TP rank)."""
         if self.sp and self.training and self.drop.p > 0:
-            return tensor_parallel.get_cuda_rng_tracker().fork()
+            return self.tp.dropout_rng()
         return contextlib.nullcontext()
 
 
 class Transformer(torch.nn.Module):
-    """Decoder stack; `pre_process`/`post_process` and the layer range make it a pipeline stage."""
+    """Decoder stack; `pre_process`/`post_process` and the layer range make it a pipeline stage.
 
-    def __init__(self, cfg: ModelConfig, mp: ModelParallelConfig | None = None, *, pre_process: bool = True,
-                 post_process: bool = True, layers: range | None = None):
+    `tp` builds the linears, embedding and head and carries their communication (default: one
+    process). The weights are initialised at construction (model/init.py) unless `init=False`: then
+    they are left unset and the caller fills them (`init_weights` with its own storage), as a build
+    whose parameters are partitioned while they are constructed does. The base seed is drawn either
+    way, so both builds consume the global generator alike."""
+
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None, *, pre_process: bool = True,
+                 post_process: bool = True, layers: range | None = None, init: bool = True):
         super().__init__()
         self.cfg = cfg
-        self.mp = mp or megatron_config()
+        self.tp = tp = tp or TensorParallel()
         self.pre_process, self.post_process = pre_process, post_process
         self.layer_range = layers if layers is not None else range(cfg.n_layers)
-        self.sp = self.mp.sequence_parallel
+        self.sp = tp.sequence_parallel
+        self.block_context = contextlib.nullcontext  # what the blocks run inside (pretrain/fp8.py: FP8 autocast)
         V = cfg.padded_vocab_size
-        base = int(torch.randint(0, 2**62, (), device="cpu").item())  # the one draw from the global generator
-        if pre_process or (post_process and cfg.tie_embeddings):
-            self.embed = tp_layers.vocab_embedding(V, cfg.hidden, init_method=_init(cfg.init_std), config=self.mp)
-            if not pre_process:  # the last stage's copy of a tied embedding
-                self.embed.weight.shared_embedding = True
-                self.embed.weight.ds_pipe_replicated = True
+        self.init_seed = int(torch.randint(0, 2**62, (), device="cpu").item())  # the one draw from the global generator
+        if pre_process or (post_process and cfg.tie_embeddings):  # a last stage's copy of a tied embedding too
+            self.embed = tp.vocab_embedding(V, cfg.hidden)
         self.rotary = Rotary(cfg.dim_head, cfg.rope_base)
-        self.layers = torch.nn.ModuleDict({str(i): Block(cfg, self.mp, i) for i in self.layer_range})
+        self.layers = torch.nn.ModuleDict({str(i): Block(cfg, tp, i) for i in self.layer_range})
         if post_process:
             self.final_norm = _norm(cfg, cfg.hidden)
             if not cfg.tie_embeddings:  # the head runs on the gathered sequence (no sequence parallelism)
-                self.head = tp_layers.column_linear(cfg.hidden, V, config=dataclasses.replace(self.mp, sequence_parallel=False),
-                                                    init_method=_init(cfg.init_std), bias=cfg.head_bias)
-            tp = self.mp.tensor_model_parallel_size
-            rank = parallel_state.get_tensor_model_parallel_rank() if tp > 1 else 0
-            ids = torch.arange(rank * V // tp, (rank + 1) * V // tp)
+                self.head = tp.vocab_head(cfg.hidden, V, bias=cfg.head_bias)
+            ids = torch.arange(tp.rank * V // tp.size, (tp.rank + 1) * V // tp.size)
             blocked = (ids >= cfg.vocab_size) | (ids == cfg.mask_id)
-            bias = torch.zeros_like(ids, dtype=torch.float32)  # float32 also inside deepspeed.zero.Init
+            bias = torch.zeros_like(ids, dtype=torch.float32)  # float32 whatever dtype the parameters are built in
             self.register_buffer("logit_bias", bias.masked_fill(blocked, float("-inf")), persistent=False)
-        mark_tensor_parallel(self)
-        init_weights(self, cfg, base, self.mp.tensor_model_parallel_size)
+        if init:
+            self.init_weights()
+
+    def init_weights(self, **storage) -> None:
+        """Draw every weight (model/init.py `init_weights`; `storage`: its `shape` and `fill`)."""
+        init_weights(self, self.cfg, self.init_seed, self.tp.size, self.tp.rank, **storage)
 
     # -- parts -------------------------------------------------------------------------------
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
@@ -254,10 +223,10 @@ class Transformer(torch.nn.Module):
         """Vocab-parallel logits (this rank's slice of the padded vocabulary) with MASK/padding at -inf."""
         hidden = self.final_norm(hidden)
         fast = (not torch.compiler.is_compiling() and hidden.device.type == "cpu" and torch.is_inference_mode_enabled()
-                and not self.mp.sequence_parallel)
+                and not self.sp)
         if self.cfg.tie_embeddings:
             weight = self.shared_embedding_weight()
-            hidden = tensor_parallel.copy_to_tensor_model_parallel_region(hidden) if self.mp.tensor_model_parallel_size > 1 else hidden
+            hidden = self.tp.all_reduce_grad(hidden)  # each rank computes its slice of the vocabulary
             logits = hidden @ self._transposed(weight) if fast else F.linear(hidden, weight)
         elif fast:  # the head's forward is a plain matmul in inference (its TP input copy is the identity)
             logits = hidden @ self._transposed(self.head.weight)
@@ -305,7 +274,7 @@ class Transformer(torch.nn.Module):
             B, T = position_ids.shape
             mask = cache.begin(commit if commit is not None else torch.zeros(B, T, dtype=torch.bool, device=x.device),
                                attn_mask)
-        with fp8_layers.autocast(self.cfg.fp8 if getattr(self, "fp8_active", False) else "none"):
+        with self.block_context():
             for block in self.layers.values():
                 x = block(x, rope, mask, cache)
         if cache is not None:
@@ -321,10 +290,10 @@ class Transformer(torch.nn.Module):
     def _to_sequence_parallel(self, x: torch.Tensor, cache) -> torch.Tensor:
         """[B, T, H] (embedding output) or [B, T/tp, H] (a received stage input) -> [T/tp, B, H]."""
         if cache is not None:
-            raise ValueError("sequence parallelism is a training layout: decode with a model built without it")
+            raise RuntimeError("sequence parallelism is a training layout: decode with a model built without it")
         x = x.transpose(0, 1)
         if self.pre_process:  # this rank's slice of the sequence
-            x = tensor_parallel.scatter_to_sequence_parallel_region(x)
+            x = self.tp.scatter_sequence(x)
         return x
 
     def _from_sequence_parallel(self, x: torch.Tensor) -> torch.Tensor:
@@ -332,7 +301,7 @@ class Transformer(torch.nn.Module):
         if self.post_process:
             # The head's input gradient is already complete on every rank (all-reduced by the column-
             # parallel head, or by copy_to in the tied head), so the gather's backward just splits.
-            x = tensor_parallel.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False)
+            x = self.tp.gather_sequence(x)
         return x.transpose(0, 1)
 
     def use_flex(self, device: torch.device) -> bool:
@@ -344,7 +313,7 @@ class Transformer(torch.nn.Module):
     def new_cache(self, batch: int, capacity: int, dtype=None, device=None, extra: int = 0) -> KVCache:
         """KV cache of `batch` slots holding `capacity` committed tokens each (+ `extra` scratch entries
         for the uncommitted tokens of the widest decoding forward)."""
-        cfg, tp = self.cfg, self.mp.tensor_model_parallel_size
+        cfg, tp = self.cfg, self.tp.size
         p = next(self.parameters())
         return KVCache(self.layer_range, batch, cfg.kv_heads // tp, cfg.dim_head, capacity,
                        dtype=dtype or p.dtype, device=device or p.device, extra=extra)
@@ -352,26 +321,5 @@ class Transformer(torch.nn.Module):
 
 def full_logits(model: Transformer, logits: torch.Tensor) -> torch.Tensor:
     """Gather vocab-parallel logits into the full (unpadded) vocabulary."""
-    if model.mp.tensor_model_parallel_size > 1:
-        logits = tensor_parallel.gather_from_tensor_model_parallel_region(logits)
-    return logits[..., : model.cfg.vocab_size]
+    return model.tp.gather_vocab(logits)[..., : model.cfg.vocab_size]
 
-
-def parameter_count(cfg: ModelConfig, embeddings: bool = True) -> int:
-    """Parameters of the whole model (every stage, TP=1), exactly what `Transformer(cfg)` holds: the
-    linears (biases when `bias`), the norms (a LayerNorm with `bias` has a bias too; QK-norm adds one
-    head_dim weight each for queries and keys), the padded embedding and, when untied, the head (its
-    bias with `head_bias`). `embeddings=False` leaves out the embedding and the head."""
-    h, f, d = cfg.hidden, cfg.ffn_hidden, cfg.dim_head
-    qkv_out = (cfg.n_heads + 2 * cfg.kv_heads) * d
-    fc1_out = f * (2 if cfg.activation == "swiglu" else 1)
-    attn = h * qkv_out + cfg.n_heads * d * h + (2 * d if cfg.qk_norm else 0)
-    mlp = h * fc1_out + f * h
-    if cfg.bias:
-        attn, mlp = attn + qkv_out + h, mlp + fc1_out + h
-    norm = h * (2 if cfg.norm == "layernorm" and cfg.bias else 1)
-    n = cfg.n_layers * (attn + mlp + 2 * norm) + norm
-    if embeddings:
-        V = cfg.padded_vocab_size
-        n += V * h if cfg.tie_embeddings else 2 * V * h + (V if cfg.head_bias else 0)
-    return n

@@ -130,34 +130,34 @@ class RecipeConfig:
         tokenizer's vocabulary. Messages name the field."""
         p, t = self.parallel, self.train
         if world_size is not None and world_size % (p.tp * p.pp):
-            raise ValueError(f"parallel.tp/parallel.pp: tp*pp = {p.tp}*{p.pp} does not divide the world size {world_size}")
+            raise ConfigError(f"parallel.tp/parallel.pp: tp*pp = {p.tp}*{p.pp} does not divide the world size {world_size}")
         if p.pp > 1 and p.zero_stage > 1:
-            raise ValueError(f"parallel.zero_stage: ZeRO-{p.zero_stage} cannot be combined with pipeline parallelism (parallel.pp={p.pp}); use zero_stage 0 or 1")
+            raise ConfigError(f"parallel.zero_stage: ZeRO-{p.zero_stage} cannot be combined with pipeline parallelism (parallel.pp={p.pp}); use zero_stage 0 or 1")
         if p.tp > 1 and p.zero_stage == 3:
-            raise ValueError(f"parallel.zero_stage: ZeRO-3 is supported with tensor parallelism off (parallel.tp={p.tp}); "
-                             "use zero_stage 0, 1 or 2 with tp > 1, or tp=1 with ZeRO-3")
+            raise ConfigError(f"parallel.zero_stage: ZeRO-3 is supported with tensor parallelism off (parallel.tp={p.tp}); "
+                              "use zero_stage 0, 1 or 2 with tp > 1, or tp=1 with ZeRO-3")
         if t.compile and p.zero_stage == 3:
-            raise ValueError("train.compile: DeepSpeed ZeRO-3 gathers parameters in module hooks that the compiled "
-                             "blocks do not run; use parallel.zero_stage 0-2 with compile, or train.compile: false")
+            raise ConfigError("train.compile: DeepSpeed ZeRO-3 gathers parameters in module hooks that the compiled "
+                              "blocks do not run; use parallel.zero_stage 0-2 with compile, or train.compile: false")
         if p.sequence_parallel and p.tp < 2:
-            raise ValueError(f"parallel.sequence_parallel: needs tensor parallelism (parallel.tp >= 2, got {p.tp}); "
-                             "set it to false or raise parallel.tp")
+            raise ConfigError(f"parallel.sequence_parallel: needs tensor parallelism (parallel.tp >= 2, got {p.tp}); "
+                              "set it to false or raise parallel.tp")
         if world_size is not None:
             dp = world_size // (p.tp * p.pp)
             if t.global_batch % (t.micro_batch * dp):
-                raise ValueError(f"train.global_batch: {t.global_batch} is not divisible by train.micro_batch * data-parallel size = {t.micro_batch} * {dp}")
+                raise ConfigError(f"train.global_batch: {t.global_batch} is not divisible by train.micro_batch * data-parallel size = {t.micro_batch} * {dp}")
         self.data.validate()
         if self.data.seq_len > self.model.max_seq_len:
-            raise ValueError(f"data.seq_len: {self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
+            raise ConfigError(f"data.seq_len: {self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
         self.model.validate(tp=p.tp, need_vocab=need_vocab)
         self.objective.validate(self.data.seq_len)
         if p.pp > self.model.n_layers:
-            raise ValueError(f"parallel.pp: {p.pp} stages for {self.model.n_layers} layers")
+            raise ConfigError(f"parallel.pp: {p.pp} stages for {self.model.n_layers} layers")
         if p.sequence_parallel:
             tokens = self.data.seq_len * (2 if self.objective.name in ("setdlm", "bd3lm") else 1)
             if tokens % p.tp:
-                raise ValueError(f"parallel.sequence_parallel: {tokens} tokens per sequence through the model are not "
-                                 f"divisible by parallel.tp={p.tp}; choose data.seq_len so that they are")
+                raise ConfigError(f"parallel.sequence_parallel: {tokens} tokens per sequence through the model are not "
+                                  f"divisible by parallel.tp={p.tp}; choose data.seq_len so that they are")
 
     def resolve_vocab(self, tokenizer) -> None:
         """Fill model.vocab_size and model.mask_id from the tokenizer unless the recipe set them."""
@@ -165,8 +165,8 @@ class RecipeConfig:
             self.model.vocab_size = tokenizer.vocab_size
         if self.model.mask_id < 0:
             if tokenizer.mask_id is None:
-                raise ValueError(f"data.tokenizer: {self.data.tokenizer!r} has no MASK token; set model.mask_id "
-                                 "or use a tokenizer with one")
+                raise ConfigError(f"data.tokenizer: {self.data.tokenizer!r} has no MASK token; set model.mask_id "
+                                  "or use a tokenizer with one")
             self.model.mask_id = tokenizer.mask_id
 
     def dp_size(self, world_size: int) -> int:

@@ -16,7 +16,7 @@ import contextlib
 import torch
 import torch.distributed as dist
 
-from model.init import is_partitioned
+from .zero3 import is_partitioned
 
 
 def _local(p: torch.Tensor) -> torch.Tensor:

@@ -8,9 +8,8 @@ import warnings
 import torch
 from megatron.core import parallel_state
 
-from model.init import is_partitioned
-
 from .schedules import build_scheduler
+from .zero3 import is_partitioned
 
 # torch 2.13 deprecates the two collectives DeepSpeed's ZeRO calls every step (they forward to
 # all_gather_single / reduce_scatter_single); the warning is about DeepSpeed's code, not the recipe.
@@ -20,7 +19,11 @@ for _name in ("all_gather_into_tensor", "reduce_scatter_tensor"):
 
 def _skip_cpu_shm_op() -> None:
     """On CPU, DeepSpeed compiles a shared-memory op on first use (~30 s) that serves only inference
-    all-reduce; training does not use it. Mark it unavailable so no process waits for the compile."""
+    all-reduce; training does not use it. Mark it unavailable so no process waits for the compile.
+
+    DeepSpeed has no option for this: its communication backend builds the op whenever its table of
+    compatible ops says it can (a private, lazily probed module attribute, which DeepSpeed keeps as one
+    dict so that edits to it persist). docs/architecture.md lists this among the private uses."""
     if torch.cuda.is_available():
         return
     import deepspeed.ops
@@ -137,6 +140,17 @@ def zero3_notes(model: torch.nn.Module, cfg) -> list[str]:
     return [f"ZeRO-3: parameters partitioned at construction (deepspeed.zero.Init) over dp={dp}: this rank holds "
             f"{mine:,} of {total:,} parameter values (during the build at most one module's parameters in full, "
             f"largest parameter {max(p.ds_numel for p in params):,})"]
+
+
+def gradients_from_outside(engine) -> None:
+    """Tell the engine that gradients are produced outside `engine.backward()` (megatron's pipeline
+    schedule runs the backward): its ZeRO-1 reduction then allocates the reduction buckets that the
+    engine's own backward would have, as under DeepSpeed's pipeline engine, which sets the same flag.
+
+    DeepSpeed has no public switch for this (`managed_gradient_accumulation: false` still expects the
+    backward to run through the engine): the flag is the engine's own `pipeline_parallelism`, written
+    once after `deepspeed.initialize`. docs/architecture.md lists this among the private uses."""
+    engine.pipeline_parallelism = True
 
 
 def build_engine(model: torch.nn.Module, cfg, world_size: int, precision: str = "fp32"):

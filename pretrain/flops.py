@@ -32,6 +32,9 @@ from dataclasses import dataclass
 
 import torch
 
+from common.schema import ConfigError
+from model.shapes import matmul_params_per_layer
+
 # Datasheet dense (no sparsity) bf16 tensor-core peak TFLOP/s per device, matched as a substring of
 # `torch.cuda.get_device_name()`, the longest key first ("H100 PCIe" before "H100", the SXM part).
 PEAK_TFLOPS = {"H100": 989.0, "H100 PCIe": 756.0, "H100 NVL": 835.0, "H200": 989.0, "GH200": 989.0,
@@ -49,7 +52,7 @@ def attention_pairs(kind: str, length: int, block_size: int = 0) -> int:
         return L * L + L
     if kind == "bd3lm":
         if block_size < 1 or L % block_size:
-            raise ValueError(f"bd3lm: block size {block_size} must divide length {L}")
+            raise ConfigError(f"objective.block_size: bd3lm block size {block_size} must divide length {L}")
         return L * L + L * block_size
     raise ValueError(f"unknown mask kind {kind!r}; valid: causal, bidirectional, setdlm, bd3lm")
 
@@ -65,17 +68,13 @@ def objective_layout(objective_name: str, seq_len: int, block_size: int = 0) -> 
         return "bd3lm", 2 * L, L
     if objective_name == "setdlm":
         return "setdlm", 2 * L, L
-    raise ValueError(f"objective.name: unknown objective {objective_name!r}")
+    raise ConfigError(f"objective.name: unknown objective {objective_name!r}")
 
 
 def linear_flops_per_token(model_cfg) -> float:
-    """Forward matmul FLOPs of one token through one block's linear layers."""
-    c = model_cfg
-    d, h, f = c.dim_head, c.hidden, c.ffn_hidden
-    qkv = 2 * h * (c.n_heads + 2 * c.kv_heads) * d
-    proj = 2 * c.n_heads * d * h
-    mlp = 2 * h * f * (3 if c.activation == "swiglu" else 2)
-    return qkv + proj + mlp
+    """Forward matmul FLOPs of one token through one block's linear layers: 2 per weight of its matrix
+    products (QKV, output projection, MLP; model/shapes.py reads them from the block)."""
+    return 2.0 * matmul_params_per_layer(model_cfg)
 
 
 def attention_flops(model_cfg, pairs: int) -> float:
@@ -93,7 +92,7 @@ def forward_flops(model_cfg, tokens_in: int, tokens_out: int, pairs: int | None 
 
 
 def recompute_flops(model_cfg, mode: str, tokens_in: int, pairs: int) -> float:
-    """Forward FLOPs activation checkpointing adds per sequence (model/recompute.py)."""
+    """Forward FLOPs activation checkpointing adds per sequence (pretrain/recompute.py)."""
     c = model_cfg
     if mode == "full":
         return c.n_layers * (linear_flops_per_token(c) * tokens_in + attention_flops(c, pairs))

@@ -6,10 +6,10 @@ reference implementation's DiT checkpoints (docs/convert.md).
     setdlm convert from-hf --model DIR --out RUN_DIR [--overwrite] [section.key=value ...]
     setdlm convert from-reference --model PATH --out RUN_DIR [--family F] [--set-size D] [--seq-len L]
                          [--n-heads N] [--tokenizer gpt2] [--ema/--no-ema] [--sigma 0] [section.key=value ...]
-    setdlm convert consolidate ...      (sharded TP/PP/ZeRO-3 checkpoints; pretrain.consolidate)
+    setdlm convert consolidate ...      (sharded TP/PP/ZeRO-3 checkpoints; pretrain/checkpoint/consolidate.py)
 
 The weight mapping itself is pure tensor code in model/convert/; this module reads and writes run
-directories (pretrain/checkpoint.py layout).
+directories through the checkpoint file layer (pretrain/checkpoint/rundir.py).
 """
 
 from __future__ import annotations
@@ -22,14 +22,19 @@ import sys
 from contextlib import contextmanager
 from pathlib import Path
 
-from common.cli import ArgumentParser as CLIParser
-
 import torch
 
+from common.cli import ArgumentParser as CLIParser
+from common.jsonl import read_jsonl
+
 from model.convert.card import render_card
-from model.convert.hf_format import (CODE_FILES, HF_CODE_DIR, RECIPE_FILE, ConvertError, cast, configs_from_hf,
-                                     from_hf_state_dict, hf_config, parameter_total, parse_size, read_json,
-                                     read_weights, to_hf_state_dict, write_weights)
+from model.convert.errors import ConvertError
+from model.convert.hf_config import CODE_FILES, HF_CODE_DIR, RECIPE_FILE, configs_from_hf, hf_config
+from model.convert.hf_files import DTYPES, cast, parameter_total, parse_size, read_json, read_weights, write_weights
+from model.convert.hf_map import from_hf_state_dict, pad_rows, to_hf_state_dict
+
+from .checkpoint import rundir
+from .safe_load import CheckpointError
 
 EXPORT_SUBDIR = "hf"  # train.export_hf writes RUN/hf
 
@@ -37,35 +42,13 @@ EXPORT_SUBDIR = "hf"  # train.export_hf writes RUN/hf
 # -- reading training checkpoints ------------------------------------------------------------------
 def read_checkpoint(path, *, ema: bool = True):
     """(checkpoint dir, meta, RecipeConfig, tp=1 weights, whether EMA weights were used)."""
-    from .checkpoint import checkpoint_weights, resolve_checkpoint
-    from .config import from_dict
+    from .checkpoint.inference import checkpoint_weights
 
-    try:
-        ckpt = resolve_checkpoint(path)
-    except FileNotFoundError as e:
-        raise ConvertError(str(e)) from None
-    meta = read_json(ckpt / "meta.json", "checkpoint metadata")
-    if "config" not in meta:
-        raise ConvertError(f"{ckpt / 'meta.json'}: no `config` (not a setdlm checkpoint)")
-    cfg = from_dict(meta["config"])
+    ckpt = rundir.resolve_checkpoint(path)
+    meta = rundir.read_meta(ckpt)
+    cfg = rundir.read_recipe(ckpt, meta)
     weights, used_ema = checkpoint_weights(ckpt, meta, ema=ema)  # any layout; weights-only reads
     return ckpt, meta, cfg, weights, used_ema
-
-
-def checkpoint_tokenizer(ckpt: Path, cfg, meta: dict):
-    from data_pipeline.tokenizers import BUILTIN, load_tokenizer
-
-    want = meta.get("tokenizer_sha256")
-    if cfg.data.tokenizer in BUILTIN:  # built from package files and cached per process: cheap when it matches
-        tok = load_tokenizer(cfg.data.tokenizer)
-        if want is None or tok.sha256 == want:
-            return tok
-    tok_dir = ckpt.parent.parent / "tokenizer"
-    tok = load_tokenizer(str(tok_dir) if tok_dir.is_dir() else cfg.data.tokenizer)
-    if want and tok.sha256 != want:
-        raise ConvertError(f"checkpoint {ckpt}: tokenizer hash {tok.sha256[:12]} differs from the one it was "
-                           f"trained with ({meta['tokenizer_sha256'][:12]})")
-    return tok
 
 
 def collect_results(run_dir: Path, step: int, files=()) -> list[tuple[str, object]]:
@@ -75,11 +58,7 @@ def collect_results(run_dir: Path, step: int, files=()) -> list[tuple[str, objec
     metrics = Path(run_dir) / "metrics.jsonl"
     if metrics.is_file():
         last = None
-        for line in metrics.read_text().splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
+        for row in read_jsonl(metrics, skip_bad=True):  # a row cut short by a kill is skipped
             if row.get("val/nll") is not None and row.get("step", 0) <= step:
                 last = row
         if last is not None:
@@ -143,13 +122,11 @@ def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32",
     """`to-hf`: write a Hugging Face export of a training checkpoint to `out`."""
     import transformers
 
-    from model.convert.hf_format import DTYPES
-
     if dtype not in DTYPES:
         raise ConvertError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
     shard_bytes = parse_size(max_shard_size)
     ckpt, meta, cfg, weights, used_ema = read_checkpoint(checkpoint, ema=ema)
-    tokenizer = checkpoint_tokenizer(ckpt, cfg, meta)
+    tokenizer = rundir.checkpoint_tokenizer(ckpt, meta, cfg.data.tokenizer)
     hf = cast(to_hf_state_dict(weights, cfg.model), dtype)
     config = hf_config(cfg.model, cfg.objective, cfg.data.seq_len, tokenizer_meta=tokenizer.meta(), dtype=dtype,
                        extra={"transformers_version": transformers.__version__})
@@ -166,7 +143,7 @@ def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32",
                   "transformers_version": transformers.__version__}
     training = {"steps trained": step, "tokens seen": meta.get("tokens_seen"),
                 "exported weights": "EMA" if used_ema else "raw (no EMA)"}
-    res = collect_results(ckpt.parent.parent, step, results)
+    res = collect_results(rundir.run_of(ckpt), step, results)
     name = Path(out).name or "setdlm-model"
     card = render_card(config, name=name, recipe=cfg.to_dict(), training=training, results=res,
                        params=parameter_total(hf), source=f"{cfg.run.name} step {step}")
@@ -188,29 +165,22 @@ def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32",
 
 
 def _normalize_weights(cfg, weights: dict) -> dict:
-    """Load weights into a tp=1 Transformer of `cfg` (checking names and shapes); its state dict."""
-    from model.transformer import Transformer, megatron_config
+    """`weights` loaded into a tp=1 Transformer of `cfg` (checking names and shapes): its state dict."""
+    from .checkpoint.inference import model_with_weights
 
-    weights = {k: v for k, v in weights.items() if torch.is_tensor(v)}
-    with torch.random.fork_rng(devices=[]):  # the initial values are overwritten; leave the caller's RNG alone
-        model = Transformer(cfg.model, megatron_config())
-    own = model.state_dict()
-    for k, v in weights.items():
-        if k in own and torch.is_tensor(own[k]) and tuple(own[k].shape) != tuple(v.shape):
-            raise ConvertError(f"weights: tensor {k!r} has shape {tuple(v.shape)}, the model expects {tuple(own[k].shape)}")
-    missing, unexpected = model.load_state_dict({k: v.float() for k, v in weights.items()}, strict=False)
-    missing = [k for k in missing if not k.endswith("_extra_state")]
-    if missing or unexpected:
-        raise ConvertError(f"weights do not match the model (missing {missing[:3]}, unexpected {unexpected[:3]})")
-    return model, model.state_dict()
+    weights = {k: v.float() for k, v in weights.items() if torch.is_tensor(v)}
+    try:
+        return model_with_weights(cfg.model, weights, "weights").state_dict()
+    except CheckpointError as e:
+        raise ConvertError(str(e)) from None
 
 
 def write_run(out: Path, cfg, weights: dict, tokenizer, *, info: dict, overwrite: bool = False, log=print) -> Path:
     """A run directory holding one checkpoint (step 0) with `weights` as a consolidated state dict
-    (pretrain/consolidate.py format): `load_model` reads it, and `setdlm pretrain --config RUN/config.yaml`
-    continues from it under any TP/PP/DP layout and ZeRO stage (the re-layout path of
-    pretrain/checkpoint.py: fresh AdamW moments, LR schedule from step 0, data from the beginning)."""
-    from . import checkpoint
+    (pretrain/checkpoint/consolidate.py format): `load_model` reads it, and `setdlm pretrain --config
+    RUN/config.yaml` continues from it under any TP/PP/DP layout and ZeRO stage (the re-layout path of
+    pretrain/checkpoint/resume.py: fresh AdamW moments, LR schedule from step 0, data from the beginning)."""
+    from .checkpoint.rng import rng_state
     from .config import save_config
 
     out = Path(out).resolve()
@@ -219,7 +189,7 @@ def write_run(out: Path, cfg, weights: dict, tokenizer, *, info: dict, overwrite
     cfg.objective.validate(cfg.data.seq_len)
     if cfg.data.seq_len > cfg.model.max_seq_len:
         raise ConvertError(f"data.seq_len: {cfg.data.seq_len} exceeds model.max_seq_len={cfg.model.max_seq_len}")
-    _, state = _normalize_weights(cfg, weights)
+    state = _normalize_weights(cfg, weights)
     # No layout can equal this one, so the trainer always takes the consolidated (re-layout) path.
     layout = {"world": None, "tp": 1, "pp": 1, "dp": None, "zero_stage": None, "imported": True}
     meta = {"step": 0, "tokens_seen": 0, "wandb_id": None, "layout": layout, "tokenizer": tokenizer.name,
@@ -227,19 +197,19 @@ def write_run(out: Path, cfg, weights: dict, tokenizer, *, info: dict, overwrite
             "imported": info}
     with staging(out, overwrite, "run directory") as tmp:
         save_config(cfg, tmp / "config.yaml")
-        tokenizer.save(tmp / "tokenizer")
-        root = tmp / "checkpoints"
-        ck = root / checkpoint.tag_for(0)
+        tokenizer.save(rundir.tokenizer_dir(tmp))
+        root = rundir.checkpoints_dir(tmp)
+        ck = root / rundir.tag_for(0)
         ck.mkdir(parents=True)
         torch.save({"module": state, "ema": None, "optimizer": None,
                     "meta": {"step": 0, "tokens_seen": 0, "layout": layout, "source": info.get("path")}},
-                   ck / "consolidated.pt")
+                   ck / rundir.CONSOLIDATED)
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(cfg.run.seed)
-            torch.save({"rng": checkpoint.rng_state(), "step": 0}, ck / "extra_rank00000.pt")
-        _write_json(ck / "meta.json", meta)
-        (ck / checkpoint.COMPLETE).touch()
-        (root / checkpoint.LATEST).write_text(checkpoint.tag_for(0))
+            torch.save({"rng": rng_state(), "step": 0}, rundir.extra_file(ck, 0))
+        rundir.write_meta(ck, meta)
+        rundir.mark_complete(ck)
+        rundir.point_latest(root, ck.name)
     log(f"setdlm convert: wrote run {out} (load_model reads it; continue training with "
         f"setdlm pretrain --config {out / 'config.yaml'} [overrides])")
     return out
@@ -293,7 +263,7 @@ def import_hf(model_dir, out, *, overrides=(), overwrite: bool = False, log=prin
         except Exception:  # noqa: BLE001 - a name that does not resolve here: use the run's copy
             same = False
     if not same:
-        cfg.data.tokenizer = str(Path(out).resolve() / "tokenizer")
+        cfg.data.tokenizer = str(rundir.tokenizer_dir(Path(out).resolve()))
     info = {"from": "hf", "path": str(d.resolve()), "source_step": saved.get("step"), "weights": saved.get("weights")}
     return write_run(Path(out), cfg, weights, tokenizer, info=info, overwrite=overwrite, log=log)
 
@@ -317,7 +287,7 @@ def _read_reference(path: Path):
         from safetensors.torch import load_file
 
         return load_file(str(path)), config
-    from .safe_load import CheckpointError, load_foreign
+    from .safe_load import load_foreign
 
     try:  # weights only: a Lightning/Composer checkpoint's tensors and plain values, never its pickled objects
         obj, skipped = load_foreign(path)
@@ -336,7 +306,6 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
     """`from-reference`: a reference-implementation DiT checkpoint into a training run directory."""
     from data_pipeline.tokenizers import load_tokenizer
     from model.convert import reference as ref
-    from model.convert.hf_format import _pad_rows
 
     obj, config = _read_reference(Path(path))
     shadow = None
@@ -399,7 +368,7 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
     cfg = _run_config(raw, overrides)
     Vp = cfg.model.padded_vocab_size
     for k in ("embed.weight", "head.weight", "head.bias"):
-        train_sd[k] = _pad_rows(train_sd[k][:V], Vp)
+        train_sd[k] = pad_rows(train_sd[k][:V], Vp)
     if arch["adaln"]:
         log(f"setdlm convert: time conditioning (adaLN) folded at sigma={sigma}: exact for models trained without "
             "time conditioning (the reference's default)")
@@ -458,40 +427,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """`setdlm convert` (errors are reported by common.cli.run_command)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] == "consolidate":
-        try:
-            from . import consolidate
-        except ImportError:
-            print("setdlm convert consolidate: not available in this version (pretrain/consolidate.py is missing)",
-                  file=sys.stderr)
-            return 2
-        if not hasattr(consolidate, "main"):
-            print("setdlm convert consolidate: pretrain.consolidate has no main(argv)", file=sys.stderr)
-            return 2
-        return int(consolidate.main(argv[1:]) or 0)
+        from .checkpoint.consolidate import main as consolidate_main
+
+        return consolidate_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()
         return 2
-    try:
-        if args.command == "to-hf":
-            export_checkpoint(args.checkpoint, args.out, ema=args.ema, dtype=args.dtype, max_shard_size=args.max_shard_size,
-                              results=args.results, overwrite=args.overwrite)
-        elif args.command == "from-hf":
-            import_hf(args.model, args.out, overrides=args.overrides, overwrite=args.overwrite)
-        else:
-            import_reference(args.model, args.out, family=args.family, set_size=args.set_size, seq_len=args.seq_len,
-                             n_heads=args.n_heads, tokenizer=args.tokenizer, ema=args.ema, sigma=args.sigma,
-                             overrides=args.overrides, overwrite=args.overwrite)
-    except (ConvertError, ValueError, FileNotFoundError) as e:
-        if os.environ.get("SETDLM_DEBUG"):
-            raise
-        print(f"setdlm convert {args.command}: error: {e}", file=sys.stderr)
-        return 2
+    if args.command == "to-hf":
+        export_checkpoint(args.checkpoint, args.out, ema=args.ema, dtype=args.dtype, max_shard_size=args.max_shard_size,
+                          results=args.results, overwrite=args.overwrite)
+    elif args.command == "from-hf":
+        import_hf(args.model, args.out, overrides=args.overrides, overwrite=args.overwrite)
+    else:
+        import_reference(args.model, args.out, family=args.family, set_size=args.set_size, seq_len=args.seq_len,
+                         n_heads=args.n_heads, tokenizer=args.tokenizer, ema=args.ema, sigma=args.sigma,
+                         overrides=args.overrides, overwrite=args.overwrite)
     return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

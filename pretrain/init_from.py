@@ -1,7 +1,7 @@
 """`train.init_from`: start a run from pretrained weights (docs/finetune.md).
 
 Two kinds of source:
-- a stock Hugging Face causal-LM directory (Qwen3, Llama, Mistral; model/convert/hf_import.py): the
+- a stock Hugging Face causal-LM directory (Qwen3, Llama, Mistral; model/convert/hf_stock.py): the
   `model:` architecture comes from its config.json, the tokenizer from the directory (MASK appended
   when it has none), the weights from its safetensors;
 - a setdlm run directory or checkpoint of any layout (consolidated on the fly, EMA weights when it
@@ -19,13 +19,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from common.schema import ConfigError
 from model.config import PRESETS, ModelConfig
-from model.convert import hf_import
-from model.convert.hf_format import ConvertError
+from model.convert import hf_stock
+from model.convert.errors import ConvertError
 
-# Recipe fields that are training choices, not architecture: the recipe's value is kept.
-TRAINING_FIELDS = ("preset", "dropout", "attention_dropout", "attention_backend", "fp8", "vocab_pad_multiple",
-                   "max_seq_len", "init_std", "vocab_size", "mask_id")
+from .checkpoint import rundir
+from .safe_load import CheckpointError
+
 _DEFAULT_TOKENIZER = "gpt2"  # DataConfig's default: replaced by the source's tokenizer
 
 
@@ -38,7 +39,7 @@ class InitSource:
 
 
 def _bad(msg: str):
-    raise ValueError(f"train.init_from: {msg}")
+    raise ConfigError(f"train.init_from: {msg}")
 
 
 def _merge_model(cfg, derived: dict, where: str) -> None:
@@ -57,33 +58,23 @@ def _merge_model(cfg, derived: dict, where: str) -> None:
             explicit = mine != getattr(default, name)
         if explicit and mine != value:
             src = f" (from preset {cfg.model.preset!r})" if name in preset else ""
-            raise ValueError(f"model.{name}: the recipe sets {mine!r}{src} but {where} has {value!r}; remove "
-                             f"model.{name}{' or the preset' if src else ''} from the recipe, or make it agree")
+            raise ConfigError(f"model.{name}: the recipe sets {mine!r}{src} but {where} has {value!r}; remove "
+                              f"model.{name}{' or the preset' if src else ''} from the recipe, or make it agree")
         setattr(cfg.model, name, value)
 
 
 def _arch(model_cfg) -> dict:
     """ARCH_FIELDS of a ModelConfig, with KV heads and head size explicit."""
-    out = {k: getattr(model_cfg, k) for k in hf_import.ARCH_FIELDS}
+    out = {k: getattr(model_cfg, k) for k in hf_stock.ARCH_FIELDS}
     out.update(n_kv_heads=model_cfg.kv_heads, head_dim=model_cfg.dim_head)
     return out
 
 
-def _run_has_checkpoint(cfg) -> Path | None:
-    pointer = cfg.run_dir / "checkpoints" / "latest"
-    return pointer if pointer.is_file() else None
-
-
-def _resume_source(cfg, pointer: Path) -> InitSource:
+def _resume_source(cfg, ckpt: Path) -> InitSource:
     """The run already has checkpoints: its saved architecture and tokenizer, no import."""
-    import json
-
-    ckpt = pointer.parent / pointer.read_text().strip()
-    try:
-        saved = json.loads((ckpt / "meta.json").read_text())["config"]
-    except (OSError, ValueError, KeyError) as e:
-        _bad(f"run {cfg.run_dir} has a checkpoint pointer but its {ckpt / 'meta.json'} is unreadable ({e})")
     from model.config import model_config_from_dict
+
+    saved = rundir.read_meta(ckpt)["config"]
 
     _merge_model(cfg, _arch(model_config_from_dict({**saved.get("model", {}), "preset": None})),
                  f"this run's checkpoint {ckpt}")
@@ -93,29 +84,29 @@ def _resume_source(cfg, pointer: Path) -> InitSource:
             setattr(cfg.model, name, saved["model"][name])
     sd = saved.get("data", {})
     if cfg.data.tokenizer == _DEFAULT_TOKENIZER and sd.get("tokenizer"):
-        tok_dir = cfg.run_dir / "tokenizer"  # the run's own copy: the source may be gone by now
-        cfg.data.tokenizer = str(tok_dir) if tok_dir.is_dir() else sd["tokenizer"]
+        # the run's own copy (RUN/tokenizer): the source may be gone by now
+        cfg.data.tokenizer = rundir.tokenizer_location(ckpt, sd["tokenizer"])
         cfg.data.add_mask_token = bool(sd.get("add_mask_token", cfg.data.add_mask_token))
     return InitSource("resume", ckpt)
 
 
-def _tokenizer(cfg, where):
+def _tokenizer(cfg):
     from data_pipeline.tokenizers import TokenizerError, load_tokenizer
 
     try:
         return load_tokenizer(cfg.data.tokenizer, add_mask=cfg.data.add_mask_token)
     except TokenizerError as e:
-        raise ValueError(f"data.tokenizer: {e}") from None
+        raise ConfigError(f"data.tokenizer: {e}") from None
 
 
 def _prepare_hf(cfg, d: Path) -> InitSource:
     from data_pipeline.tokenizers import TokenizerError, load_tokenizer
 
     try:
-        config = hf_import.read_config(d)
+        config = hf_stock.read_config(d)
     except ConvertError as e:
         _bad(str(e))
-    _merge_model(cfg, hf_import.model_section(config, d / "config.json"), f"{d}/config.json")
+    _merge_model(cfg, hf_stock.model_section(config, d / "config.json"), f"{d}/config.json")
     if cfg.model.max_seq_len == ModelConfig().max_seq_len and config.get("max_position_embeddings"):
         cfg.model.max_seq_len = int(config["max_position_embeddings"])
     if cfg.model.dropout == ModelConfig().dropout:  # HF causal LMs of these families train without dropout
@@ -131,20 +122,20 @@ def _prepare_hf(cfg, d: Path) -> InitSource:
         had_mask = False
     if not had_mask:
         cfg.data.add_mask_token = True
-    tok = _tokenizer(cfg, d)
+    tok = _tokenizer(cfg)
     n_real = tok.vocab_size - (0 if had_mask else 1)
-    rows = hf_import.embedding_rows(config)
+    rows = hf_stock.embedding_rows(config)
     if n_real > rows:
-        raise ValueError(f"data.tokenizer: {tok.name!r} has {n_real} tokens but the model in {d} embeds {rows} "
-                         "(config.json vocab_size): a tokenizer/model vocabulary mismatch; use the model's own tokenizer")
+        raise ConfigError(f"data.tokenizer: {tok.name!r} has {n_real} tokens but the model in {d} embeds {rows} "
+                          "(config.json vocab_size): a tokenizer/model vocabulary mismatch; use the model's own tokenizer")
     if rows - n_real > 4096:
-        raise ValueError(f"data.tokenizer: {tok.name!r} has {n_real} tokens, far fewer than the {rows} rows of the model "
-                         f"in {d}: a tokenizer/model vocabulary mismatch; use the model's own tokenizer")
+        raise ConfigError(f"data.tokenizer: {tok.name!r} has {n_real} tokens, far fewer than the {rows} rows of the model "
+                          f"in {d}: a tokenizer/model vocabulary mismatch; use the model's own tokenizer")
     eos = config.get("eos_token_id")
     eos = [eos] if isinstance(eos, int) else list(eos or [])
     if eos and tok.eos_id is not None and tok.eos_id not in eos:
-        raise ValueError(f"data.tokenizer: {tok.name!r} has EOS id {tok.eos_id}, the model in {d} was trained with "
-                         f"{eos} (config.json eos_token_id): a tokenizer/model vocabulary mismatch")
+        raise ConfigError(f"data.tokenizer: {tok.name!r} has EOS id {tok.eos_id}, the model in {d} was trained with "
+                          f"{eos} (config.json eos_token_id): a tokenizer/model vocabulary mismatch")
     notes = [f"init_from: weights of {d} ({config.get('model_type')}, {rows} embedding rows -> vocabulary "
              f"{tok.vocab_size}" + ("" if had_mask else f", MASK {tok.mask_token!r} = id {tok.mask_id} added as the "
                                     "mean embedding") + "); optimizer, schedule and data start fresh"]
@@ -152,34 +143,30 @@ def _prepare_hf(cfg, d: Path) -> InitSource:
 
 
 def _prepare_checkpoint(cfg, d: Path) -> InitSource:
-    import json
-
-    from .checkpoint import resolve_checkpoint
-    from .config import from_dict
-
+    notes: list[str] = []  # a `latest` that names a damaged step: the fallback, said once
     try:
-        ckpt = resolve_checkpoint(d)
-        meta = json.loads((ckpt / "meta.json").read_text())
-        src_cfg = from_dict(meta["config"])
-    except (FileNotFoundError, RuntimeError, ValueError, KeyError) as e:
+        ckpt = rundir.resolve_checkpoint(d, notes=notes)
+        meta = rundir.read_meta(ckpt)
+        src_cfg = rundir.read_recipe(ckpt, meta)
+    except CheckpointError as e:
         _bad(f"{d}: not a Hugging Face model directory (no config.json) nor a readable setdlm checkpoint ({e})")
     _merge_model(cfg, _arch(src_cfg.model), f"checkpoint {ckpt}")
     if cfg.data.tokenizer == _DEFAULT_TOKENIZER:
-        tok_dir = ckpt.parent.parent / "tokenizer"
-        cfg.data.tokenizer = str(tok_dir) if tok_dir.is_dir() else src_cfg.data.tokenizer
+        cfg.data.tokenizer = rundir.tokenizer_location(ckpt, src_cfg.data.tokenizer)
         cfg.data.add_mask_token = src_cfg.data.add_mask_token
-    tok = _tokenizer(cfg, d)
-    want = meta.get("tokenizer_sha256")
-    if want and tok.sha256 != want:
-        raise ValueError(f"data.tokenizer: {tok.name!r} (sha256 {tok.sha256[:12]}) is not the tokenizer checkpoint {ckpt} "
-                         f"was trained with ({want[:12]}): a tokenizer/model vocabulary mismatch")
+    tok = _tokenizer(cfg)
+    try:
+        rundir.check_tokenizer(tok, meta, ckpt)
+    except CheckpointError as e:
+        raise ConfigError(f"data.tokenizer: {e}: a tokenizer/model vocabulary mismatch") from None
     if tok.vocab_size != src_cfg.model.vocab_size:
-        raise ValueError(f"data.tokenizer: {tok.vocab_size} tokens, checkpoint {ckpt} has a {src_cfg.model.vocab_size}-token "
-                         "vocabulary: a tokenizer/model vocabulary mismatch")
+        raise ConfigError(f"data.tokenizer: {tok.vocab_size} tokens, checkpoint {ckpt} has a {src_cfg.model.vocab_size}-token "
+                          "vocabulary: a tokenizer/model vocabulary mismatch")
     for name in ("vocab_pad_multiple",):
         setattr(cfg.model, name, getattr(src_cfg.model, name))
-    return InitSource("checkpoint", ckpt, notes=[f"init_from: weights of checkpoint {ckpt} (step {meta.get('step')}); "
-                                                 "optimizer, schedule and data start fresh"])
+    notes.append(f"init_from: weights of checkpoint {ckpt} (step {meta.get('step')}); optimizer, schedule and data "
+                 "start fresh")
+    return InitSource("checkpoint", ckpt, notes=notes)
 
 
 def prepare(cfg) -> InitSource | None:
@@ -187,13 +174,13 @@ def prepare(cfg) -> InitSource | None:
     src = getattr(cfg.train, "init_from", None)
     if not src:
         return None
-    pointer = _run_has_checkpoint(cfg)
-    if pointer is not None:
-        return _resume_source(cfg, pointer)
+    own = rundir.latest_checkpoint(rundir.checkpoints_dir(cfg.run_dir))  # a fallback is reported when resuming
+    if own is not None:
+        return _resume_source(cfg, own)
     d = Path(str(src)).expanduser()
     if not d.exists():
         _bad(f"{str(src)!r} does not exist (expected a Hugging Face model directory or a setdlm run/checkpoint)")
-    if d.is_dir() and (d / "config.json").is_file() and not (d / "meta.json").is_file():
+    if d.is_dir() and (d / "config.json").is_file() and not (d / rundir.META).is_file():
         return _prepare_hf(cfg, d.resolve())
     return _prepare_checkpoint(cfg, d.resolve())
 
@@ -209,7 +196,7 @@ def prepare_for_plan(cfg) -> str | None:
         return (f"note: train.init_from {str(src)!r} is not on this machine: planned with the recipe's model section "
                 f"and data.tokenizer {cfg.data.tokenizer!r} (set model.vocab_size / model.mask_id to the source's)")
     prepare(cfg)
-    cfg.resolve_vocab(_tokenizer(cfg, src))  # with the MASK token the run appends
+    cfg.resolve_vocab(_tokenizer(cfg))  # with the MASK token the run appends
     return f"planned with the architecture and tokenizer of train.init_from {src}"
 
 
@@ -217,14 +204,14 @@ def weights(source: InitSource, model_cfg):
     """Our tp=1 name -> full tensor mapping of the source (lazy for HF directories)."""
     if source.kind == "hf":
         try:
-            return hf_import.HFWeights(source.path, model_cfg, source.n_real)
+            return hf_stock.HFWeights(source.path, model_cfg, source.n_real)
         except ConvertError as e:
             _bad(str(e))
-    from .hf_convert import read_checkpoint
+    from .checkpoint.inference import checkpoint_weights
 
     try:
-        _, _, _, w, _ = read_checkpoint(source.path, ema=True)
-    except ConvertError as e:
+        w, _ = checkpoint_weights(source.path, rundir.read_meta(source.path), ema=True)
+    except CheckpointError as e:
         _bad(str(e))
     return w
 
@@ -234,15 +221,15 @@ def load(engine, source: InitSource | None, model_cfg, ema=None) -> list[str]:
     masters; EMA (when on) starts from them. Returns notes for the log."""
     if source is None or source.kind == "resume":
         return []
-    from .checkpoint import load_consolidated
+    from .checkpoint.relayout import load_consolidated
 
     w = weights(source, model_cfg)
     try:
         load_consolidated(engine, {"module": w, "ema": w if ema is not None else None, "optimizer": None},
                           ema=ema, optimizer=False)
-    except ValueError as e:
+    except CheckpointError as e:
         _bad(f"{source.path}: {e}")
     return list(source.notes)
 
 
-__all__ = ["InitSource", "prepare", "prepare_for_plan", "load", "weights", "TRAINING_FIELDS"]
+__all__ = ["InitSource", "prepare", "prepare_for_plan", "load", "weights"]

@@ -6,6 +6,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from common.dist import ensure_process_group  # the one process-group initialiser (re-exported here)
+from common.schema import ConfigError
 
 
 def ensure_model_parallel(tp: int = 1, pp: int = 1) -> None:
@@ -18,5 +19,5 @@ def ensure_model_parallel(tp: int = 1, pp: int = 1) -> None:
         parallel_state.destroy_model_parallel()
     world = dist.get_world_size()
     if world % (tp * pp):
-        raise ValueError(f"parallel: world size {world} is not divisible by tp*pp = {tp}*{pp}")
+        raise ConfigError(f"parallel: world size {world} is not divisible by tp*pp = {tp}*{pp}")
     parallel_state.initialize_model_parallel(tensor_model_parallel_size=tp, pipeline_model_parallel_size=pp)

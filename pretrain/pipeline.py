@@ -29,61 +29,18 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
-from model.transformer import Transformer, megatron_config
+from common.schema import ConfigError
+
+from model.transformer import Transformer
 
 from .compat_cpu import megatron_compat, sequence_parallel_compat
 
-from .engine import clip_gradients
-
-
-# -- stages -----------------------------------------------------------------------------------------
-def stage_layers(n_layers: int, pp: int, stage: int) -> range:
-    """Global layer indices of pipeline stage `stage`: contiguous, sizes differing by at most one, the
-    extra layers on the first stages (the last stage also carries the output head and the loss)."""
-    if not 1 <= pp <= n_layers:
-        raise ValueError(f"parallel.pp: {pp} stages for {n_layers} layers")
-    base, extra = divmod(n_layers, pp)
-    start = stage * base + min(stage, extra)
-    return range(start, start + base + (1 if stage < extra else 0))
-
-
-def build_stage(model_cfg, tp: int, pp: int, *, device=None, sequence_parallel: bool = False,
-                zero_init=None) -> Transformer:
-    """This rank's part of the model: its pipeline stage's layers, tensor-parallel over `tp` ranks
-    (megatron's parallel state must be initialised for (tp, pp)). With `device`, the shards are
-    allocated and initialised there directly (model/init.py): the host never holds the stage. With
-    `zero_init` (ZeRO-3: pretrain.engine.zero3_init), the stage is built inside that
-    `deepspeed.zero.Init` context, in its dtype: each parameter is partitioned over the data-parallel
-    group as its module is constructed and each rank initialises only its partition."""
-    stage = parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else 0
-    dtype = zero_init.dtype if zero_init is not None else torch.float32
-    with torch.device(device) if device is not None else contextlib.nullcontext(), \
-            zero_init if zero_init is not None else contextlib.nullcontext():
-        return Transformer(model_cfg, megatron_config(tp, pp, params_dtype=dtype, sequence_parallel=sequence_parallel),
-                           pre_process=stage == 0, post_process=stage == pp - 1,
-                           layers=stage_layers(model_cfg.n_layers, pp, stage))
-
-
-def prepare_model(model: Transformer, cfg) -> list[str]:
-    """After `build_stage`: seed megatron's tensor-parallel RNG for dropout under sequence parallelism,
-    then activation checkpointing and per-block torch.compile (model/recompute.py). Returns log lines."""
-    from model.recompute import apply_training_features
-
-    if cfg.parallel.sequence_parallel and cfg.model.dropout > 0:
-        if torch.cuda.is_available():
-            from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
-
-            model_parallel_cuda_manual_seed(cfg.run.seed)
-        else:
-            from .compat_cpu import install_cpu_rng_tracker
-
-            install_cpu_rng_tracker(cfg.run.seed, parallel_state.get_tensor_model_parallel_rank())
-    return apply_training_features(model, cfg.train.activation_checkpointing, cfg.train.compile)
+from .engine import clip_gradients, gradients_from_outside
 
 
 def schedule_config(cfg, dtype: torch.dtype):
     """The megatron `TransformerConfig` its schedules read (shapes, dtypes, p2p options); the model's
-    layers use their own `ModelParallelConfig` (model.transformer.megatron_config)."""
+    layers use their own `ModelParallelConfig` (pretrain/tensor_parallel.py)."""
     from megatron.core.transformer import TransformerConfig
 
     m = cfg.model
@@ -124,11 +81,9 @@ class StepRunner:
             from megatron.core.pipeline_parallel import get_forward_backward_func
 
             if engine.zero_optimization_stage() > 1:
-                raise ValueError(f"parallel.zero_stage: ZeRO-{engine.zero_optimization_stage()} cannot be combined "
-                                 "with pipeline parallelism; use zero_stage 0 or 1")
-            # Gradients are produced by megatron's schedule, outside engine.backward(): DeepSpeed's
-            # ZeRO-1 must build its reduction buckets itself, as under its own pipeline engine.
-            engine.pipeline_parallelism = True
+                raise ConfigError(f"parallel.zero_stage: ZeRO-{engine.zero_optimization_stage()} cannot be combined "
+                                  "with pipeline parallelism; use zero_stage 0 or 1")
+            gradients_from_outside(engine)  # megatron's schedule runs the backward, not engine.backward()
             self.pp_group = parallel_state.get_pipeline_model_parallel_group()
             self.last_rank = parallel_state.get_pipeline_model_parallel_last_rank()
             self.fb = get_forward_backward_func()
@@ -136,10 +91,12 @@ class StepRunner:
             self.tied = cfg.model.tie_embeddings and parallel_state.is_rank_in_embedding_group()
 
     # -- train ------------------------------------------------------------------------------------
-    def train_step(self, micro: list) -> tuple[dict, float | None]:
+    def train_step(self, micro: list) -> tuple[dict, torch.Tensor | float | None]:
         """One optimizer step over `micro` (this data-parallel rank's micro-batches, in order).
 
-        Returns (summed loss metrics of the micro-batches on the last stage, {} elsewhere; grad norm)."""
+        Returns (summed loss metrics of the micro-batches on the last stage, {} elsewhere; grad norm).
+        The metrics stay device tensors and the norm is returned as the engine holds it: nothing here
+        waits for the device (`reduce` brings the metrics to the host once per logged step)."""
         self.normalise(micro)
         if self.pp == 1:
             return self._train_step_engine(micro)
@@ -164,8 +121,8 @@ class StepRunner:
             dist.all_reduce(count, group=self.dp_group)
         n_micro = self.engine.gradient_accumulation_steps() if self.pp == 1 else len(micro)
         if self.pp == 1 and n_micro != len(micro):
-            raise ValueError(f"train_step: {len(micro)} micro-batches for DeepSpeed's gradient_accumulation_steps "
-                             f"= {n_micro}")
+            raise RuntimeError(f"train_step: {len(micro)} micro-batches for DeepSpeed's gradient_accumulation_steps "
+                               f"= {n_micro}")
         scale = (dp * n_micro / count.clamp(min=1.0)).float()
         for m in micro:
             m.loss_scale = scale
@@ -202,9 +159,9 @@ class StepRunner:
             add_metrics(acc, {"loss_sum": m["loss_sum"], "loss_count": m["loss_count"]})
         return acc, gnorm
 
-    def _engine_norm(self) -> float | None:
-        norm = self.engine.get_global_grad_norm()
-        return None if norm is None else float(norm)
+    def _engine_norm(self):
+        """DeepSpeed's norm of the step (ZeRO >= 1), as it holds it: not brought to the host here."""
+        return self.engine.get_global_grad_norm()
 
     def _sync_tied_embedding_grads(self) -> None:
         """Sum the gradients of the tied embedding's copies (first and last stage), as Megatron-LM does."""
@@ -271,20 +228,22 @@ class StepRunner:
             keys = sorted(values)
         if not keys:
             return {}
-        t = torch.tensor([float(values.get(k, 0.0)) if self.is_last else 0.0 for k in keys], dtype=torch.float64)
-        if torch.cuda.is_available():
-            t = t.cuda()
+        device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        t = torch.stack([torch.as_tensor(values.get(k, 0.0) if self.is_last else 0.0, dtype=torch.float64,
+                                         device=device) for k in keys])
         if dist.get_world_size(group=self.dp_group) > 1:
             dist.all_reduce(t, group=self.dp_group)
         if self.pp > 1:
             dist.all_reduce(t, group=self.pp_group)
-        return dict(zip(keys, t.tolist()))
+        return dict(zip(keys, t.tolist()))  # the one host synchronisation of a logged step
 
 
 def add_metrics(acc: dict, metrics: dict) -> None:
-    """Accumulate summed metrics (floats) into `acc`."""
+    """Accumulate summed metrics into `acc` where they are: a tensor stays on its device (summed in
+    float64, as the host would), so accumulating a micro-batch never waits for the device."""
     for k, v in metrics.items():
-        acc[k] = acc.get(k, 0.0) + float(v)
+        v = v.detach().to(torch.float64) if torch.is_tensor(v) else v
+        acc[k] = acc[k] + v if k in acc else v
 
 
-__all__ = ["StepRunner", "build_stage", "prepare_model", "stage_layers", "schedule_config", "add_metrics"]
+__all__ = ["StepRunner", "schedule_config", "add_metrics"]

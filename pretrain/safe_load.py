@@ -11,7 +11,7 @@ any of it runs, and a damaged file (empty, truncated, random bytes) is reported,
 
 DeepSpeed calls `torch.load(..., weights_only=False)` itself, in its checkpoint engine and in
 `zero_to_fp32`; `restricted_torch_load()` is a context manager that routes those calls through
-`load()` for the duration of a DeepSpeed checkpoint read (pretrain/checkpoint.py, consolidate.py).
+`load()` for the duration of a DeepSpeed checkpoint read (pretrain/checkpoint/resume.py, shards.py).
 """
 
 from __future__ import annotations
@@ -19,7 +19,6 @@ from __future__ import annotations
 from common.errors import Error
 
 import contextlib
-import json
 import os
 import pickle
 import re
@@ -31,9 +30,7 @@ import torch
 
 
 class CheckpointError(Error):
-    """A checkpoint (or a file in it) that cannot be used: the message names the file and why.
-
-    A ValueError, so every command's existing error handling prints it as one line."""
+    """A checkpoint (or a file in it) that cannot be used: the message names the file and why."""
 
 
 def _safe_globals() -> list:
@@ -194,17 +191,3 @@ def inert_entries(obj, prefix: str = "", limit: int = 3) -> list[str]:
 
     walk(obj, prefix)
     return found
-
-
-def read_meta_json(ckpt) -> dict:
-    """`meta.json` of checkpoint directory `ckpt` as a dict (CheckpointError when missing or truncated)."""
-    f = Path(ckpt) / "meta.json"
-    try:
-        meta = json.loads(f.read_text())
-    except FileNotFoundError:
-        raise CheckpointError(f"{f}: missing (not a setdlm checkpoint, or an incomplete copy)") from None
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise CheckpointError(f"{f}: unreadable or truncated ({type(e).__name__}: {str(e)[:80]})") from None
-    if not isinstance(meta, dict):
-        raise CheckpointError(f"{f}: not a setdlm checkpoint's metadata")
-    return meta

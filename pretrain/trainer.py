@@ -14,19 +14,21 @@ from megatron.core import parallel_state
 from data_pipeline.loader import build_loader
 from data_pipeline.mixture import source_configs
 from data_pipeline.tokenizers import load_tokenizer
-from model import fp8 as fp8_layers
 from model.noise import TRAIN, VAL, SampleNoise
 from model.objectives import build_objective, summarize
-from model.transformer import parameter_count
+from model.shapes import parameter_count
 
-from . import checkpoint, init_from
+from . import fp8, init_from
+from .checkpoint import resume, rng, rundir
+from .checkpoint.save import clean_partial, save as save_checkpoint
 from .config import RecipeConfig, save_config
 from .ema import EMA
 from .engine import build_engine, resolve_precision, zero3_init, zero3_notes
 from .flops import device_peak_tflops, step_flops
 from .logger import MetricsLogger
 from .parallel import ensure_model_parallel, ensure_process_group
-from .pipeline import StepRunner, add_metrics, build_stage, prepare_model
+from .parallelize import build_stage, prepare_model
+from .pipeline import StepRunner, add_metrics
 from .preemption import active_handler, release_handler
 
 
@@ -42,7 +44,7 @@ class Trainer:
         self.tokenizer = load_tokenizer(cfg.data.tokenizer, add_mask=cfg.data.add_mask_token)
         cfg.resolve_vocab(self.tokenizer)
         cfg.validate(self.world)
-        fp8_layers.check_available(cfg.model.fp8)  # Transformer Engine + an FP8 GPU, or a clear error now
+        fp8.check_available(cfg.model.fp8)  # Transformer Engine + an FP8 GPU, or a clear error now
         p = cfg.parallel
         ensure_model_parallel(p.tp, p.pp)
         self.dp_rank = parallel_state.get_data_parallel_rank()
@@ -51,20 +53,19 @@ class Trainer:
         self.dp_group = parallel_state.get_data_parallel_group()
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
         self.run_dir = cfg.run_dir
-        self.ckpt_root = self.run_dir / "checkpoints"
+        self.ckpt_root = rundir.checkpoints_dir(self.run_dir)
 
         torch.manual_seed(cfg.run.seed)
         self.precision = resolve_precision(cfg, self.device)
         # ZeRO-3: built inside deepspeed.zero.Init, each rank holding only its partition (pretrain/engine.py)
         zero_init = zero3_init(cfg, self.world, self.precision) if cfg.model.fp8 == "none" else None
-        # this rank's TP shard of its PP stage, allocated and initialised on the device (model/init.py)
+        # this rank's TP shard of its PP stage, allocated and initialised on the device, then FP8,
+        # activation checkpointing and torch.compile (pretrain/parallelize.py)
         model = build_stage(cfg.model, p.tp, p.pp, device=self.device, sequence_parallel=p.sequence_parallel,
                             zero_init=zero_init)
-        if cfg.model.fp8 != "none":
-            fp8_layers.convert_block_linears(model)
-        self.notes = prepare_model(model, cfg)  # sequence-parallel RNG, activation checkpointing, torch.compile
+        self.notes = prepare_model(model, cfg)
         self.notes += zero3_notes(model, cfg)
-        self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len)
+        self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len, cross_entropy=model.tp.cross_entropy)
         if self.precision == "bf16" and p.zero_stage == 0:
             # DeepSpeed's bf16 path without ZeRO (its unfused FP16 wrapper) drifts from fp32 after the
             # first step; its ZeRO-1 bf16 optimizer tracks fp32 (docs/architecture.md). ZeRO-1 is the
@@ -93,33 +94,32 @@ class Trainer:
                 "data": self.train_loader.record()}  # per source: samples, tokens, epochs (`setdlm data inspect RUN`)
 
     def save(self) -> Path:
-        extra = {"rng": checkpoint.rng_state(), "data": self.train_loader.state_dict(), "step": self.step}
-        return checkpoint.save(self.engine, self.ckpt_root, self.step, meta=self.meta(), extra=extra,
+        extra = {"rng": rng.rng_state(), "data": self.train_loader.state_dict(), "step": self.step}
+        return save_checkpoint(self.engine, self.ckpt_root, self.step, meta=self.meta(), extra=extra,
                                ema_state=self.ema.state_dict() if self.ema else None, keep_last=self.cfg.train.keep_last,
                                mp_rank=self.mp_rank, dp_rank=self.dp_rank, rank=self.rank)
 
     def maybe_resume(self) -> bool:
         if self.rank == 0:
-            checkpoint.clean_partial(self.ckpt_root)
+            clean_partial(self.ckpt_root)
         dist.barrier()
-        path = checkpoint.latest_checkpoint(self.ckpt_root, notes=self.notes) if self.ckpt_root.is_dir() else None
+        path = rundir.latest_checkpoint(self.ckpt_root, notes=self.notes) if self.ckpt_root.is_dir() else None
         if path is None:
             return False
-        saved_meta = checkpoint.read_meta(path)
-        checkpoint.check_compatible(saved_meta, self.cfg, path)  # another model size or objective: refused
-        saved = saved_meta["layout"]
-        if (saved["tp"], saved["pp"], saved["dp"], saved.get("zero_stage", 0)) == (
-                self.cfg.parallel.tp, self.cfg.parallel.pp, self.dp_size, self.cfg.parallel.zero_stage):
-            meta, extra, ema = checkpoint.load(self.engine, path, rank=self.rank, mp_rank=self.mp_rank)
+        saved_meta = rundir.read_meta(path)
+        resume.check_compatible(saved_meta, self.cfg, path)  # another model size or objective: refused
+        p = self.cfg.parallel
+        if resume.same_layout(saved_meta, p.tp, p.pp, self.dp_size, p.zero_stage):
+            meta, extra, ema = resume.load(self.engine, path, rank=self.rank, mp_rank=self.mp_rank)
             if self.ema is not None and ema is not None:
                 self.ema.load_state_dict(ema)
-        else:  # another layout: continue from the consolidated checkpoint (pretrain/consolidate.py)
-            meta, extra, notes = checkpoint.load_relayout(self.engine, path, ema=self.ema, dp_rank=self.dp_rank,
-                                                          dp_size=self.dp_size)
-            checkpoint.set_scheduler_step(self.scheduler, meta["step"])
-            self.relayout_notes = [f"re-layout: {saved} -> this run's layout, from {path}/consolidated.pt", *notes]
+        else:  # another layout: continue from the consolidated checkpoint (pretrain/checkpoint/relayout.py)
+            meta, extra, notes = resume.load_relayout(self.engine, path, ema=self.ema)
+            resume.set_scheduler_step(self.scheduler, meta["step"])
+            self.relayout_notes = [f"re-layout: {saved_meta['layout']} -> this run's layout, from "
+                                   f"{path}/{rundir.CONSOLIDATED}", *notes]
         self.step, self.tokens_seen, self.wandb_id = meta["step"], meta["tokens_seen"], meta.get("wandb_id")
-        checkpoint.set_rng_state(extra["rng"])
+        rng.set_rng_state(extra["rng"])
         if "data" in extra:
             self.train_loader.load_state_dict(extra["data"])
             self.notes += self.train_loader.notes  # a mixture's new schedule (other weights or global batch)
@@ -225,7 +225,7 @@ class Trainer:
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
-            tok_dir = self.run_dir / "tokenizer"
+            tok_dir = rundir.tokenizer_dir(self.run_dir)
             if not tok_dir.is_dir():
                 self.tokenizer.save(tok_dir)
         self.logger = MetricsLogger(self.run_dir, cfg, enabled=self.rank == 0, total_steps=t.max_steps,

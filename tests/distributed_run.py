@@ -118,6 +118,7 @@ def _join(processes, timeout: float, grace: float = 10.0) -> dict[int, tuple[int
     deadline = time.monotonic() + timeout
     waiting = {p.sentinel: r for r, p in enumerate(processes)}
     failed: dict[int, tuple[int, float]] = {}
+    first = 0.0  # when the first failure was seen
     while waiting:
         end = min(deadline, first + grace) if failed else deadline
         ready = wait(list(waiting), timeout=max(0.0, end - time.monotonic()))

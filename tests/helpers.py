@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,18 @@ def kill_after_checkpoint(recipe, out, run_name: str, step: int, timeout: float 
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     return latest.read_text()
+
+
+def run_as_of(run: Path, dest: Path, step: int) -> Path:
+    """A copy of run directory `run` at `dest` as it was after its checkpoint `step` was saved: the later
+    checkpoints and metrics rows left out, `latest` naming that step."""
+    shutil.copytree(run, dest)
+    metrics = dest / "metrics.jsonl"
+    metrics.write_text("".join(line for line in metrics.read_text().splitlines(keepends=True)
+                               if json.loads(line)["step"] <= step))
+    root = dest / "checkpoints"
+    for ckpt in root.glob("step_*"):
+        if int(ckpt.name[len("step_"):]) > step:
+            shutil.rmtree(ckpt)
+    (root / "latest").write_text(f"step_{step:08d}")
+    return dest

@@ -12,9 +12,9 @@ from helpers import write_recipe
 
 
 def prepare(*args) -> int:
-    from data_pipeline.cli import main
+    from launch.cli import main
 
-    return main(["prepare", *map(str, args)])
+    return main(["data", "prepare", *map(str, args)])
 
 
 def only_error_line(capsys) -> str:

@@ -9,9 +9,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from megatron.core import tensor_parallel
-
 from model.config import ModelConfig, ObjectiveConfig
+from model.layers import vocab_cross_entropy
 from model.masks import build_mask
 from model.objectives import build_objective
 from model.schedule import SlidingWindow
@@ -29,7 +28,7 @@ def tiny(seed=0):
 
 
 def ce(logits, targets):
-    return tensor_parallel.vocab_parallel_cross_entropy(logits.float().clone(), targets)
+    return vocab_cross_entropy(logits.float().clone(), targets)
 
 
 def pattern_weight(k: int, n: int) -> float:
@@ -56,7 +55,7 @@ def masked_ce(model, ids, positions, mask, out_slice, targets):
     return ce(logits, targets)
 
 
-def test_mdlm_bound_matches_enumeration(model_parallel):
+def test_mdlm_bound_matches_enumeration():
     L = 6
     model = tiny(1)
     obj = build_objective(ObjectiveConfig(name="mdlm"), model.cfg, L)
@@ -78,7 +77,7 @@ def test_mdlm_bound_matches_enumeration(model_parallel):
 
 
 @pytest.mark.parametrize("bs", [2, 3])
-def test_bd3lm_bound_matches_enumeration(model_parallel, bs):
+def test_bd3lm_bound_matches_enumeration(bs):
     L = 6
     model = tiny(2)
     obj = build_objective(ObjectiveConfig(name="bd3lm", block_size=bs), model.cfg, L)
@@ -100,7 +99,7 @@ def test_bd3lm_bound_matches_enumeration(model_parallel, bs):
     assert se < 0.02 * exact
 
 
-def test_training_draw_is_not_the_bound(model_parallel):
+def test_training_draw_is_not_the_bound():
     """The training draws (forced mask, t >= eps) carry no NLL weight: nothing of them can leak into val/nll."""
     model = tiny(0)
     for cfg in (ObjectiveConfig(name="mdlm"), ObjectiveConfig(name="bd3lm", block_size=2)):
@@ -128,7 +127,7 @@ def order_probabilities(sched: SlidingWindow, grid: int = 200000) -> dict:
 
 
 @pytest.mark.parametrize("set_size,s_max", [(2, None), (2, 3)])
-def test_setdlm_bound_matches_enumeration(model_parallel, set_size, s_max):
+def test_setdlm_bound_matches_enumeration(set_size, s_max):
     L = 4
     model = tiny(3)
     obj = build_objective(ObjectiveConfig(name="setdlm", set_size=set_size, s_max=s_max), model.cfg, L)

@@ -20,10 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO, cli_env, read_metrics, write_recipe
-from pretrain import checkpoint
+from helpers import REPO, cli_env, read_metrics, run_as_of, write_recipe
+from pretrain.checkpoint import rundir
 from pretrain.config import load_config
-from pretrain.consolidate import main as consolidate_main
+from pretrain.checkpoint.consolidate import main as consolidate_main
 from pretrain.trainer import Trainer
 
 pytestmark = pytest.mark.slow
@@ -81,15 +81,9 @@ def tp2_run(tmp_path_factory):
 
 def _from_step_2(run: Path, dest: Path) -> Path:
     """A copy of `run` as it was after its step-2 save, with that checkpoint consolidated."""
-    shutil.copytree(run, dest)
-    metrics = dest / "metrics.jsonl"
-    metrics.write_text("".join(line for line in metrics.read_text().splitlines(keepends=True)
-                               if json.loads(line)["step"] <= 2))
-    root = dest / "checkpoints"
-    shutil.rmtree(root / "step_00000004")
-    (root / checkpoint.LATEST).write_text("step_00000002")
+    run_as_of(run, dest, 2)
     assert consolidate_main(["--checkpoint", str(dest)]) == 0
-    assert (root / "step_00000002" / "consolidated.pt").is_file()
+    assert (dest / "checkpoints" / "step_00000002" / "consolidated.pt").is_file()
     return dest
 
 
@@ -134,14 +128,14 @@ def test_tp2_checkpoint_loads_and_decodes_without_a_process_group(tp2_run, tmp_p
     os.environ unchanged; nothing is written into the checkpoint."""
     import torch
 
-    from pretrain.consolidate import consolidated_state
+    from pretrain.checkpoint.consolidate import consolidated_state
 
     _, run = tp2_run
     code = (
         "import os, sys, torch\n"
-        "import pretrain.checkpoint, model.sampling\n"
+        "import pretrain.checkpoint.inference, model.sampling\n"
         "before = dict(os.environ)\n"
-        "m, tok, cfg = pretrain.checkpoint.load_model(sys.argv[1])\n"
+        "m, tok, cfg = pretrain.checkpoint.inference.load_model(sys.argv[1])\n"
         "out = model.sampling.generate(m, [tok.encode('The')], model.sampling.SamplingConfig(family='setdlm',\n"
         "    window=4, max_new_tokens=4), mask_id=cfg.model.mask_id, tokenizer=tok)[0]\n"
         "assert len(out.tokens) == 4 and not torch.distributed.is_initialized() and dict(os.environ) == before\n"
@@ -150,7 +144,7 @@ def test_tp2_checkpoint_loads_and_decodes_without_a_process_group(tp2_run, tmp_p
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
     got = torch.load(tmp_path / "w.pt", weights_only=True)
-    ckpt = checkpoint.latest_checkpoint(run / "checkpoints")
+    ckpt = rundir.latest_checkpoint(run / "checkpoints")
     assert not (ckpt / "consolidated.pt").exists()
     want = consolidated_state(ckpt, optimizer=False)
     want = {**want["module"], **want["ema"]}

@@ -12,7 +12,6 @@ truncated meta.json and a `latest` naming a missing or incomplete step are check
 from __future__ import annotations
 
 import errno
-import json
 import os
 import shutil
 import subprocess
@@ -124,21 +123,21 @@ def test_eval_refuses_a_planted_ema_file(run, tmp_path, capsys):
 
 @pytest.mark.parametrize("command", ["to-hf", "consolidate"])
 def test_convert_refuses_a_planted_model_file(run, tmp_path, capsys, command):
-    from pretrain.hf_convert import main
+    from launch.cli import main
 
     marker = tmp_path / "ran"
     plant(step(run[1]) / "mp_rank_00_model_states.pt", marker)
     args = ["--checkpoint", str(run[1])] + (["--out", str(tmp_path / "hf")] if command == "to-hf" else [])
     if command == "consolidate":  # an unsharded checkpoint consolidates from the same file
         args += ["--out", str(tmp_path / "c.pt")]
-    code = main([command, *args])
+    code = main(["convert", command, *args])
     one_line_error(capsys, code, "mp_rank_00_model_states.pt", "refused")
     assert not marker.exists() and not (tmp_path / "hf").exists() and not (tmp_path / "c.pt").exists()
 
 
 def test_load_model_refuses_a_planted_consolidated_file(run, tmp_path):
-    from pretrain.checkpoint import load_model
-    from pretrain.consolidate import consolidate
+    from pretrain.checkpoint.inference import load_model
+    from pretrain.checkpoint.consolidate import consolidate
     from pretrain.safe_load import CheckpointError
 
     marker = tmp_path / "ran"
@@ -165,7 +164,7 @@ def test_from_reference_reads_the_weights_of_a_lightning_checkpoint_and_runs_not
     """A Lightning .ckpt whose hyper-parameters hold a payload and an object of a foreign class: the
     weights are imported, the objects are replaced by inert stand-ins (named on stderr), the payload
     never runs."""
-    from pretrain.hf_convert import main
+    from launch.cli import main
     from test_convert_reference import L, _compare, synthetic_dit
 
     marker = tmp_path / "ran"
@@ -173,7 +172,7 @@ def test_from_reference_reads_the_weights_of_a_lightning_checkpoint_and_runs_not
     f = tmp_path / "last.ckpt"
     torch.save({"state_dict": {"backbone." + k: v for k, v in sd.items()},
                 "hyper_parameters": {"config": LightningConfig(tmp_path / "setstate"), "hook": Planted(marker)}}, f)
-    code = main(["from-reference", "--model", str(f), "--out", str(tmp_path / "run"), "--family", "ar",
+    code = main(["convert", "from-reference", "--model", str(f), "--out", str(tmp_path / "run"), "--family", "ar",
                  "--seq-len", str(L)])
     err = capsys.readouterr().err
     assert code == 0, err
@@ -183,14 +182,14 @@ def test_from_reference_reads_the_weights_of_a_lightning_checkpoint_and_runs_not
 
 
 def test_from_reference_refuses_objects_in_place_of_weights(tmp_path, capsys):
-    from pretrain.hf_convert import main
+    from launch.cli import main
     from test_convert_reference import synthetic_dit
 
     marker = tmp_path / "ran"
     sd = {"backbone." + k: v for k, v in synthetic_dit(adaln=False).items()}
     sd["backbone.blocks.0.attn_qkv.weight"] = Planted(marker)
     torch.save({"state_dict": sd}, tmp_path / "last.ckpt")
-    code = main(["from-reference", "--model", str(tmp_path / "last.ckpt"), "--out", str(tmp_path / "run"),
+    code = main(["convert", "from-reference", "--model", str(tmp_path / "last.ckpt"), "--out", str(tmp_path / "run"),
                  "--family", "ar"])
     one_line_error(capsys, code, "last.ckpt", "refused", "blocks.0.attn_qkv.weight")
     assert not marker.exists() and not (tmp_path / "run").exists()
@@ -333,9 +332,9 @@ def test_load_model_needs_no_process_group(trained, tmp_path):
     torch.distributed is still uninitialised and os.environ is exactly as before."""
     code = (
         "import os, sys, torch\n"
-        "import pretrain.checkpoint, model.sampling  # imports first: megatron sets a cache path at import\n"
+        "import pretrain.checkpoint.inference, model.sampling  # imports first: megatron sets a cache path at import\n"
         "before = dict(os.environ)\n"
-        "from pretrain.checkpoint import load_model\n"
+        "from pretrain.checkpoint.inference import load_model\n"
         "from model.sampling import SamplingConfig, generate\n"
         "m, tok, cfg = load_model(sys.argv[1])\n"
         "out = generate(m, [tok.encode('The for statement')], SamplingConfig(family='setdlm', window=4,\n"
@@ -349,6 +348,41 @@ def test_load_model_needs_no_process_group(trained, tmp_path):
     r = subprocess.run([sys.executable, "-c", code, str(trained[1])], cwd=REPO, env=env, capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0 and "decoded" in r.stdout, r.stdout[-2000:] + r.stderr[-3000:]
+
+
+def test_inference_loads_need_neither_megatron_nor_deepspeed(trained):
+    """With megatron-core and DeepSpeed unimportable, a TP=1 checkpoint's run directory, meta.json,
+    tokenizer and full weights (EMA included) are read, equal to what the full stack reads, and the model
+    loads and decodes."""
+    code = (
+        "import sys, torch\n"
+        "for name in ('megatron', 'megatron.core', 'deepspeed'):\n"
+        "    sys.modules[name] = None\n"
+        "from pretrain.checkpoint import inference, rundir\n"
+        "ckpt = rundir.resolve_checkpoint(sys.argv[1])\n"
+        "meta = rundir.read_meta(ckpt)\n"
+        "cfg = rundir.read_recipe(ckpt, meta)\n"
+        "tok = rundir.checkpoint_tokenizer(ckpt, meta, cfg.data.tokenizer)\n"
+        "weights, used_ema = inference.checkpoint_weights(ckpt, meta)\n"
+        "assert used_ema and tok.sha256 == meta['tokenizer_sha256']\n"
+        "torch.save(weights, sys.argv[2])\n"
+        "from model.sampling import SamplingConfig, generate\n"
+        "m, tok, cfg = inference.load_model(sys.argv[1])\n"
+        "out = generate(m, [tok.encode('The for statement')], SamplingConfig(family='setdlm', window=4,\n"
+        "               max_new_tokens=6), mask_id=cfg.model.mask_id, tokenizer=tok)[0]\n"
+        "assert len(out.tokens) == 6 and 'deepspeed' not in {k.split('.')[0] for k, v in sys.modules.items() if v}\n"
+        "print('decoded')\n")
+    out = trained[1].parent / "weights-without-megatron.pt"
+    r = subprocess.run([sys.executable, "-c", code, str(trained[1]), str(out)], cwd=REPO, env=cli_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    from pretrain.checkpoint import inference, rundir
+
+    ckpt = rundir.resolve_checkpoint(trained[1])
+    want, _ = inference.checkpoint_weights(ckpt, rundir.read_meta(ckpt))
+    got = torch.load(out, weights_only=True)
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert "decoded" in r.stdout, r.stdout[-2000:]
 
 
 def test_cli_prints_one_line_and_debug_keeps_the_traceback(run, tmp_path):

@@ -32,7 +32,7 @@ def test_overrides_are_yaml_and_presets_yield_to_explicit_keys(tmp_path):
 
 def test_qwen3_preset_shape():
     from model.config import ModelConfig, apply_preset
-    from model.transformer import parameter_count
+    from model.shapes import parameter_count
 
     cfg = ModelConfig(**{**apply_preset({"preset": "qwen3-1.7b"}), "vocab_size": 151936, "mask_id": 151935})
     assert 1.6e9 < parameter_count(cfg) < 2.2e9

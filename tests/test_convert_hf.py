@@ -88,11 +88,11 @@ def _inputs(cfg, seed: int):
 def world(tmp_path_factory, model_parallel):
     """Checkpoints of all four families, their exports, re-imports and the plain-transformers results."""
     from model.sampling import Infill, SamplingConfig, generate
-    from pretrain.checkpoint import load_model
+    from pretrain.checkpoint.inference import load_model
     from pretrain.config import load_config
     from pretrain.hf_convert import export_checkpoint, import_hf, write_run
     from pretrain.trainer import Trainer
-    from model.transformer import Transformer, megatron_config
+    from model.transformer import Transformer
     from data_pipeline.tokenizers import load_tokenizer
 
     tmp = tmp_path_factory.mktemp("convert")
@@ -111,7 +111,7 @@ def world(tmp_path_factory, model_parallel):
         c = load_config(recipe, over)
         c.resolve_vocab(tok)
         torch.manual_seed(len(fam))
-        m = Transformer(c.model, megatron_config())
+        m = Transformer(c.model)
         write_run(tmp / fam, c, m.state_dict(), tok, info={}, log=lambda s: None)
         w["runs"][fam] = tmp / fam
         shard = "200KB" if fam == "bd3lm" else "5GB"  # bd3lm: a sharded export with an index
@@ -160,7 +160,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> None:
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_logits_agree_training_hf_reimported(world, family):
-    from pretrain.checkpoint import load_model
+    from pretrain.checkpoint.inference import load_model
 
     ref = world["ref"][family]
     assert ref.shape[-1] == 50258 and torch.isinf(ref[..., 50257]).all()

@@ -105,7 +105,7 @@ def _setdlm_inputs(mask_id):
 
 def _compare(run_dir, sd, sigma=0.0):
     from model.transformer import full_logits
-    from pretrain.checkpoint import load_model
+    from pretrain.checkpoint.inference import load_model
 
     model, tok, cfg = load_model(run_dir)
     ids, pos, mask = _setdlm_inputs(tok.mask_id)
@@ -187,7 +187,7 @@ def test_missing_information_is_asked_for(tmp_path, model_parallel):
 def test_imported_model_samples_with_the_stack(tmp_path, model_parallel):
     """An imported reference model decodes with this stack's sampler (S_max = 2D, window D)."""
     from model.sampling import SamplingConfig, generate
-    from pretrain.checkpoint import load_model
+    from pretrain.checkpoint.inference import load_model
     from pretrain.hf_convert import import_reference
 
     sd = synthetic_dit(adaln=False, seed=4)
@@ -203,7 +203,7 @@ def test_imported_model_samples_with_the_stack(tmp_path, model_parallel):
 def test_schedule_is_read_from_the_reference_config(tmp_path, model_parallel):
     """D and S_max come from the reference's own config.json (noise_config), no --set-size needed."""
     from model.convert.reference import schedule_from_config
-    from pretrain.checkpoint import load_model
+    from pretrain.checkpoint.inference import load_model
     from pretrain.hf_convert import import_reference
 
     sd = synthetic_dit(adaln=False)

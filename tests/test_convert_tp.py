@@ -12,8 +12,8 @@ from test_convert_hf import _close, _inputs, _logits, _run_hf
 
 @pytest.mark.slow
 def test_tp2_checkpoint_round_trip(tmp_path, model_parallel):
-    from pretrain.checkpoint import load_model
-    from pretrain.consolidate import consolidate
+    from pretrain.checkpoint.inference import load_model
+    from pretrain.checkpoint.consolidate import consolidate
     from pretrain.hf_convert import export_checkpoint, import_hf
 
     recipe = write_recipe(tmp_path / "r.yaml", model={"n_heads": 4, "tie_embeddings": False},

@@ -11,7 +11,7 @@ import pytest  # noqa: E402
 import torch  # noqa: E402
 
 from data_pipeline import prepare as prep  # noqa: E402
-from data_pipeline.cli import main as cli_main  # noqa: E402
+from data_pipeline import shard_writer  # noqa: E402
 from data_pipeline.config import DataConfig  # noqa: E402
 from data_pipeline.corpus import builtin_text  # noqa: E402
 from data_pipeline.loader import build_loader  # noqa: E402
@@ -20,6 +20,13 @@ from data_pipeline.sources import ShardError  # noqa: E402
 from data_pipeline.tokenizers import load_tokenizer  # noqa: E402
 
 QUIET = {"log": lambda msg: None}
+
+
+def cli_main(argv: list) -> int:
+    """`setdlm data ARGV` as the command line runs it (one-line errors, exit status 2)."""
+    from launch.cli import main
+
+    return main(["data", *map(str, argv)])
 
 
 @pytest.fixture(scope="module")
@@ -75,7 +82,7 @@ def test_lm1b_round_trip_bert(tmp_path):
     (tmp_path / "train" / "b.txt").write_text("\n".join(lines[150:-40]) + "\n")
     (tmp_path / "test.txt").write_text("\n".join(lines[-40:]) + "\n")
     out = tmp_path / "lm1b"
-    assert prep.main(["--input", str(tmp_path / "train"), "--output", str(out), "--preset", "lm1b",
+    assert cli_main(["prepare", "--input", str(tmp_path / "train"), "--output", str(out), "--preset", "lm1b",
                       "--val-input", str(tmp_path / "test.txt"), "--samples-per-shard", "16", "--num-proc", "1"]) == 0
     m = read_manifest(str(out))
     assert (m["seq_len"], m["packing"], m["tokenizer"]["name"]) == (128, "wrapped_bos_eos", "bert-base-uncased")
@@ -98,7 +105,7 @@ def test_prepare_resume_and_rerun(tmp_path, owt_dir, monkeypatch, docs):
     out = tmp_path / "again"
     kw = dict(tokenizer="gpt2", seq_len=64, packing="wrapped", val_docs=3, samples_per_shard=40,
               num_proc=1, docs_per_task=4)
-    real_write, calls = prep._SplitWriter._write, []
+    real_write, calls = shard_writer.SplitWriter._write, []
 
     def dying_write(self, rows, next_doc):
         if len(calls) == 3:
@@ -106,10 +113,10 @@ def test_prepare_resume_and_rerun(tmp_path, owt_dir, monkeypatch, docs):
         calls.append(1)
         real_write(self, rows, next_doc)
 
-    monkeypatch.setattr(prep._SplitWriter, "_write", dying_write)
+    monkeypatch.setattr(shard_writer.SplitWriter, "_write", dying_write)
     with pytest.raises(KeyboardInterrupt):
         prep.prepare(str(src), str(out), **kw, **QUIET)
-    monkeypatch.setattr(prep._SplitWriter, "_write", real_write)
+    monkeypatch.setattr(shard_writer.SplitWriter, "_write", real_write)
     assert not (out / "manifest.json").exists() and (out / "manifest.partial.json").exists()
     with pytest.raises(ValueError, match="unfinished"):
         build_loader(DataConfig(source=str(out), seq_len=64), split="train", tokenizer=load_tokenizer("gpt2"),

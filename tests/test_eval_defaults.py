@@ -124,7 +124,7 @@ def test_impossible_options_fail_before_loading_and_leave_no_out(runs, tmp_path,
     assert not out.exists()
 
 
-def test_generate_refuses_to_decode_past_max_seq_len(model_parallel):
+def test_generate_refuses_to_decode_past_max_seq_len():
     from model.sampling import SamplingConfig, generate
     from model.sampling.testing import tiny_model
 

@@ -22,7 +22,7 @@ def test_mask_mod_equals_dense_mask(kind, L, bs):
 
 
 @pytest.mark.parametrize("objective", ["ar", "mdlm", "bd3lm", "setdlm"])
-def test_flex_backend_matches_sdpa(model_parallel, objective):
+def test_flex_backend_matches_sdpa(objective):
     torch.manual_seed(0)
     cfg = ModelConfig(n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, vocab_size=50, mask_id=49,
                       dropout=0.0, max_seq_len=64, attention_backend="sdpa")

@@ -43,18 +43,18 @@ def test_setdlm_attention_is_about_two_causal_attentions_not_a_dense_2L():
     assert attention_pairs("setdlm", L) < 0.26 * (2 * L) ** 2
 
 
-def test_linear_flops_match_torch_flop_counter(model_parallel):
+def test_linear_flops_match_torch_flop_counter():
     """The matmul part equals what torch's FlopCounterMode counts on the real model's forward + backward."""
     from torch.utils.flop_counter import FlopCounterMode
 
     from model.objectives import build_objective
     from model.config import ObjectiveConfig
-    from model.transformer import Transformer, megatron_config
+    from model.transformer import Transformer
 
     cfg = ModelConfig(n_layers=2, hidden=16, n_heads=2, ffn_hidden=32, vocab_size=100, mask_id=99, dropout=0.0,
                       activation="swiglu", norm="rmsnorm", tie_embeddings=False)
     torch.manual_seed(0)
-    model = Transformer(cfg, megatron_config())
+    model = Transformer(cfg)
     for name in ("ar", "setdlm"):
         L = 6
         objective = build_objective(ObjectiveConfig(name=name), cfg, L)

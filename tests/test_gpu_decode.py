@@ -19,7 +19,7 @@ CASES = [("setdlm", dict(window=4)), ("setdlm", dict(window=4, threshold=0.6)), 
 
 
 @pytest.fixture(scope="module")
-def cuda_model(model_parallel):
+def cuda_model():
     saved = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     yield tiny_model(seed=1).cuda()

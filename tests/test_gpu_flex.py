@@ -121,7 +121,7 @@ def test_flex_grouped_query_attention(device, dtype):
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=ON_GPU)])
 @pytest.mark.parametrize("objective", ["ar", "mdlm", "bd3lm", "setdlm"])
-def test_model_flex_matches_sdpa_with_padding(model_parallel, device, objective):
+def test_model_flex_matches_sdpa_with_padding(device, objective):
     """Padded batches through the whole model: flex backend == SDPA backend (logits, loss and, on
     CUDA, every parameter gradient), and both == the same weights on the CPU. AR and SetDLM keep the
     static mask under padding (padding comes last in the order); MDLM and BD3-LM fall back to the dense
@@ -182,7 +182,7 @@ def test_model_flex_matches_sdpa_with_padding(model_parallel, device, objective)
             assert diff <= 1e-3 * float(dense[2][n].double().norm()) + 1e-6 * total, n
 
 
-def test_auto_backend_keeps_sdpa_when_attention_dropout_is_on(model_parallel):
+def test_auto_backend_keeps_sdpa_when_attention_dropout_is_on():
     """`attention_backend: auto` picks flex on CUDA only where it computes the same thing: flex has no
     attention-probability dropout, so with model.attention_dropout > 0 the SDPA path stays."""
     cfg = ModelConfig(n_layers=1, hidden=32, n_heads=2, ffn_hidden=64, vocab_size=50, mask_id=49, max_seq_len=32)

@@ -42,10 +42,12 @@ def import_rank(hf_dir: Path, target: Path, tp: int = 1, pp: int = 1) -> None:
     from model.objectives import build_objective
     from pretrain.parallel import ensure_model_parallel, ensure_process_group
     from model.transformer import full_logits
-    from pretrain import checkpoint, init_from
+    from pretrain import init_from
+    from pretrain.checkpoint.rng import rng_state
+    from pretrain.checkpoint.save import save
     from pretrain.config import from_dict, save_config
     from pretrain.engine import _skip_cpu_shm_op, build_engine
-    from pretrain.pipeline import build_stage
+    from pretrain.parallelize import build_stage
 
     ensure_process_group()
     _skip_cpu_shm_op()
@@ -89,8 +91,8 @@ def import_rank(hf_dir: Path, target: Path, tp: int = 1, pp: int = 1) -> None:
             "objective": "ar", "config": cfg.to_dict(),
             "layout": {"world": dist.get_world_size(), "tp": tp, "pp": pp,
                        "dp": parallel_state.get_data_parallel_world_size(), "zero_stage": 0}}
-    checkpoint.save(engine, run / "checkpoints", 0, meta=meta, extra={"rng": checkpoint.rng_state()}, ema_state=None,
-                    keep_last=1, mp_rank=mp_rank, dp_rank=parallel_state.get_data_parallel_rank(), rank=dist.get_rank())
+    save(engine, run / "checkpoints", 0, meta=meta, extra={"rng": rng_state()}, ema_state=None,
+         keep_last=1, mp_rank=mp_rank, dp_rank=parallel_state.get_data_parallel_rank(), rank=dist.get_rank())
 
 
 def _worker(model, run, tp: int):
@@ -102,14 +104,14 @@ def test_imported_logits_match_transformers_one_process(hf_dirs, tmp_path, arch)
     from data_pipeline.tokenizers import load_tokenizer
     from model.objectives import build_objective
     from pretrain.parallel import ensure_model_parallel
-    from model.transformer import Transformer, full_logits, megatron_config
+    from model.transformer import Transformer, full_logits
     from pretrain import init_from
 
     cfg, source = _prepare(tmp_path, hf_dirs[arch], objective="ar")
     cfg.resolve_vocab(load_tokenizer(cfg.data.tokenizer, add_mask=cfg.data.add_mask_token))
     cfg.validate(1)
     ensure_model_parallel(1, 1)
-    model = Transformer(cfg.model, megatron_config()).eval()
+    model = Transformer(cfg.model).eval()
     _load_strict(model, init_from.weights(source, cfg.model).state_dict())
     ids = ids_for_test()
     inputs = build_objective(cfg.objective, cfg.model, ids.shape[1]).prepare({"input_ids": ids})
@@ -142,14 +144,14 @@ def test_imported_logits_match_transformers_under_tp2_and_survive_export(hf_dirs
     # init_from a setdlm checkpoint of another layout (TP=2 shards, consolidated on the fly), in one process.
     from data_pipeline.tokenizers import load_tokenizer
     from pretrain.parallel import ensure_model_parallel
-    from model.transformer import Transformer, full_logits, megatron_config
+    from model.transformer import Transformer, full_logits
     from pretrain import init_from
 
     cfg, source = _prepare(tmp_path, run, objective="ar")
     assert source.kind == "checkpoint" and cfg.model.n_layers == 2 and cfg.data.tokenizer == str(run / "tokenizer")
     cfg.resolve_vocab(load_tokenizer(cfg.data.tokenizer, add_mask=cfg.data.add_mask_token))
     ensure_model_parallel(1, 1)
-    model = Transformer(cfg.model, megatron_config()).eval()
+    model = Transformer(cfg.model).eval()
     _load_strict(model, init_from.weights(source, cfg.model))
     with torch.no_grad():
         again = full_logits(model, model(ids, torch.arange(ids.shape[1]).expand_as(ids),

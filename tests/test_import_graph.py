@@ -26,10 +26,7 @@ ORDER = ("common", "data_pipeline", "model", "pretrain", "eval", "launch")
 # Circles through imports inside functions, in packages other helpers of issue 19 are reworking; the
 # integrator removes this list after merging their branches (a circle not listed here, or a listed one
 # that is gone, fails the test). None is at module level.
-KNOWN_DEFERRED_CYCLES: set[frozenset[str]] = {
-    # pretrain/checkpoint.py <-> pretrain/consolidate.py: removed by the checkpoint-layer split (its own helper)
-    frozenset({"pretrain.checkpoint", "pretrain.consolidate"}),
-}
+KNOWN_DEFERRED_CYCLES: set[frozenset[str]] = set()
 
 
 def imported_packages(path: Path, root: Path) -> set[tuple[str, int]]:

@@ -24,7 +24,7 @@ def build_rank() -> dict:
 
     from model.config import ModelConfig
     from pretrain.parallel import ensure_model_parallel, ensure_process_group
-    from pretrain.pipeline import build_stage
+    from pretrain.parallelize import build_stage
 
     ensure_process_group()
     tp = dist.get_world_size()

@@ -14,7 +14,8 @@ import pytest
 from helpers import REPO, cli_env
 from launch.cli import main as cli_main
 from model.config import ModelConfig, apply_preset
-from model.transformer import Transformer, parameter_count
+from model.shapes import parameter_count
+from model.transformer import Transformer
 from pretrain.config import load_config
 
 RECIPE = REPO / "configs" / "qwen3-8b-setdlm.yaml"
@@ -59,7 +60,7 @@ def test_parameter_count_is_what_the_model_holds(variant):
 def test_hf_qwen3_8b_config_derives_the_preset(layout):
     """init_from of a Qwen3-8B directory: the architecture read from config.json is the preset's, so a
     recipe naming the preset merges without a disagreement and keeps every value."""
-    from model.convert.hf_import import ARCH_FIELDS, model_section
+    from model.convert.hf_stock import ARCH_FIELDS, model_section
     from pretrain.init_from import _merge_model
 
     config = dict(QWEN3_8B_CONFIG)
@@ -81,7 +82,7 @@ def test_hf_qwen3_8b_config_derives_the_preset(layout):
 
 def test_one_rank_of_qwen3_8b_at_tp8_pp2_holds_what_the_plan_says():
     """Two of the 16 ranks of a TP=8 x PP=2 qwen3-8b (stage 0 TP rank 0, stage 1 TP rank 7), each built
-    on `meta` by pretrain.pipeline.build_stage in a fake 16-rank process group: their parameters are
+    on `meta` by pretrain.parallelize.build_stage in a fake 16-rank process group: their parameters are
     pretrain/plan.py's per-rank counts, the two stages cover the whole model once, nothing is allocated,
     and the host holds about one initialisation unit (1/8 of the embedding) at a time, not the model."""
     pytest.importorskip("torch.testing._internal.distributed.fake_pg")

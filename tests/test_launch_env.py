@@ -1,9 +1,9 @@
-"""launch.env.detect_env from synthetic launcher environments (no processes started)."""
+"""common.env.detect_env from synthetic launcher environments (no processes started)."""
 from __future__ import annotations
 
 import pytest
 
-from launch.env import (
+from common.env import (
     DistEnv,
     LauncherEnvError,
     detect_env,
@@ -34,8 +34,8 @@ def test_init_distributed_single_process_group():
     code = ("import os, torch.distributed as dist\n"
             "for k in [k for k in os.environ if k.startswith(('RANK','WORLD_SIZE','LOCAL_','MASTER_','SLURM_','OMPI_','PMI'))]:\n"
             "    del os.environ[k]\n"
-            "from launch.env import init_distributed\n"
-            "e = init_distributed(); e2 = init_distributed()\n"
+            "from common.dist import init_process_group\n"
+            "e = init_process_group(); e2 = init_process_group()\n"
             "assert dist.is_initialized() and dist.get_world_size() == 1 and dist.get_backend() == 'gloo'\n"
             "assert e.launcher == 'single' and e.master_port > 0 and os.environ['RANK'] == '0'\n"
             "assert (e2.rank, e2.world_size) == (0, 1)\n"

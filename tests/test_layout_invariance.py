@@ -15,18 +15,15 @@ A run saved under DP=2 continues under DP=1 (after consolidation), and a run con
 
 from __future__ import annotations
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
 from distributed_run import run_distributed
-from helpers import read_metrics, write_recipe
-from pretrain import checkpoint
+from helpers import read_metrics, run_as_of, write_recipe
 from pretrain.config import load_config
-from pretrain.consolidate import main as consolidate_main
+from pretrain.checkpoint.consolidate import main as consolidate_main
 from pretrain.trainer import Trainer
 
 pytestmark = pytest.mark.slow
@@ -125,13 +122,7 @@ def test_zero3_ema_matches_one_process(runs):
 
 
 def _from_step_2(run: Path, dest: Path, consolidate: bool) -> Path:
-    shutil.copytree(run, dest)
-    metrics = dest / "metrics.jsonl"
-    metrics.write_text("".join(line for line in metrics.read_text().splitlines(keepends=True)
-                               if json.loads(line)["step"] <= 2))
-    root = dest / "checkpoints"
-    shutil.rmtree(root / "step_00000003")
-    (root / checkpoint.LATEST).write_text("step_00000002")
+    run_as_of(run, dest, 2)
     if consolidate:
         assert consolidate_main(["--checkpoint", str(dest)]) == 0
     return dest

@@ -40,7 +40,7 @@ def test_draws_follow_the_sample_not_the_batch():
 
 
 @pytest.mark.parametrize("name", ["mdlm", "bd3lm", "setdlm"])
-def test_prepare_is_the_same_in_any_micro_batch(name, model_parallel):
+def test_prepare_is_the_same_in_any_micro_batch(name):
     L = 16
     model = ModelConfig(n_layers=1, hidden=16, n_heads=2, ffn_hidden=32, vocab_size=100, mask_id=99, max_seq_len=L)
     obj = build_objective(ObjectiveConfig(name=name, set_size=2, block_size=4), model, L)

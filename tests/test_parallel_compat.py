@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from pretrain import compat_cpu
-from pretrain.pipeline import stage_layers
+from pretrain.parallelize import stage_layers
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the layer is used only without CUDA")

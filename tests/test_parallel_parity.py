@@ -20,7 +20,8 @@ import pytest
 import torch
 
 from distributed_run import run_distributed
-from pretrain.consolidate import consolidate, merge
+from pretrain.checkpoint.consolidate import consolidate
+from pretrain.checkpoint.shards import merge
 
 pytestmark = pytest.mark.slow
 
@@ -36,7 +37,7 @@ PARAM_ATOL = 3e-5
 # weights must equal the one-process reference. LAYOUT is `tp{T}pp{P}z{Z}` (the data-parallel size is
 # N / (T * P)); `ref` is tp1pp1z0 on one process. Writes OUT/V-LAYOUT.json (rank 0), OUT/V-LAYOUT_mp{XX}.pt
 # (one per TP x PP shard, data-parallel rank 0: shard info + weights) and a sharded checkpoint
-# OUT/ckpt-V-LAYOUT/ (pretrain/checkpoint.py) for the consolidation checks.
+# OUT/ckpt-V-LAYOUT/ (pretrain/checkpoint/save.py) for the consolidation checks.
 MODELS = {
     # Qwen-style: GQA, RMSNorm, SwiGLU, QK-norm, no biases, tied embeddings; 3 layers (uneven PP split)
     "qwen": dict(n_layers=3, hidden=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, norm="rmsnorm", activation="swiglu",
@@ -103,10 +104,11 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
 
     from model.objectives import build_objective, summarize
     from pretrain.parallel import ensure_model_parallel
-    from pretrain.checkpoint import save, shard_info
+    from pretrain.checkpoint.save import save, shard_info
     from pretrain.config import from_dict
     from pretrain.engine import build_engine, zero3_init
-    from pretrain.pipeline import StepRunner, build_stage, prepare_model
+    from pretrain.parallelize import build_stage, prepare_model
+    from pretrain.pipeline import StepRunner
 
     tp, pp, zero = parse(layout)
     world = dist.get_world_size()
@@ -119,7 +121,7 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
                         zero_init=zero3_init(cfg, world, cfg.train.precision))  # ZeRO-3: as the trainer builds it
     prepare_model(model, cfg)  # activation checkpointing / compile, as the trainer does
     engine, _, _ = build_engine(model, cfg, world, cfg.train.precision)
-    objective = build_objective(cfg.objective, cfg.model, SEQ)
+    objective = build_objective(cfg.objective, cfg.model, SEQ, cross_entropy=model.tp.cross_entropy)
     stepper = StepRunner(engine, objective, cfg)
     per_rank = GLOBAL // dp
     mine = slice(dp_rank * per_rank, (dp_rank + 1) * per_rank)
@@ -130,7 +132,7 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
         m, gnorm = stepper.train_step(micro)
         red = stepper.reduce(m)
         result["losses"].append(red["loss_sum"] / red["loss_count"])
-        result["grad_norms"].append(gnorm)
+        result["grad_norms"].append(None if gnorm is None else float(gnorm))  # the engine's norm: a tensor
     engine.module.eval()
     val = global_inputs(objective, 99)
     red = stepper.reduce(stepper.eval_step([_rows(val, i, i + MICRO) for i in range(mine.start, mine.stop, MICRO)]))
@@ -286,7 +288,7 @@ MISSING = {
 def test_consolidation_refuses_a_checkpoint_with_a_missing_shard(results, tmp_path, capsys, what):
     import shutil
 
-    from pretrain.consolidate import main as consolidate_main
+    from launch.cli import main as cli_main
 
     layout, name = MISSING[what]
     src = results / f"ckpt-qwen-{layout}"
@@ -297,7 +299,7 @@ def test_consolidation_refuses_a_checkpoint_with_a_missing_shard(results, tmp_pa
     step = next(ckpt.glob("step_*"))
     (step / name).unlink()
     out = tmp_path / "consolidated.pt"
-    assert consolidate_main(["--checkpoint", str(ckpt), "--out", str(out)]) == 2
+    assert cli_main(["convert", "consolidate", "--checkpoint", str(ckpt), "--out", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "Traceback" not in err, err
     assert "incomplete" in err and name in err, err

@@ -8,7 +8,8 @@ import torch
 from helpers import write_recipe
 from launch.cli import main as cli_main
 from pretrain.config import load_config
-from pretrain.plan import bytes_per_param, estimate_memory, plan, rank_groups, stage_params
+from pretrain.memory import bytes_per_param, estimate_memory, stage_params
+from pretrain.plan import plan, rank_groups
 
 
 def test_dry_run_of_a_64_gpu_layout(tmp_path, capsys):
@@ -42,15 +43,15 @@ def test_groups_partition_the_world():
     dict(tie_embeddings=True, norm="rmsnorm", activation="swiglu", qk_norm=True, bias=False, n_kv_heads=2),
     dict(tie_embeddings=False, norm="layernorm", activation="gelu", bias=True, head_bias=True),
 ])
-def test_parameter_counts_match_the_built_stages(tmp_path, model_parallel, variant):
-    from model.transformer import Transformer, megatron_config
-    from pretrain.pipeline import stage_layers
+def test_parameter_counts_match_the_built_stages(tmp_path, variant):
+    from model.transformer import Transformer
+    from pretrain.parallelize import stage_layers
 
     cfg = load_config(write_recipe(tmp_path / "r.yaml", model={"n_layers": 5, "n_heads": 4, **variant}),
                       ["model.vocab_size=300", "model.mask_id=299"])
     pp = 3
     for sp in stage_params(cfg.model, pp):
-        stage = Transformer(cfg.model, megatron_config(), pre_process=sp.stage == 0, post_process=sp.stage == pp - 1,
+        stage = Transformer(cfg.model, pre_process=sp.stage == 0, post_process=sp.stage == pp - 1,
                             layers=stage_layers(cfg.model.n_layers, pp, sp.stage))
         sharded = sum(p.numel() for p in stage.parameters() if getattr(p, "tensor_model_parallel", False))
         replicated = sum(p.numel() for p in stage.parameters() if not getattr(p, "tensor_model_parallel", False))
@@ -129,7 +130,7 @@ def test_checkpointing_and_sequence_parallel_shrink_activations(tmp_path):
 
 
 def test_micro_batch_fit_answers_for_qwen3_on_80gb(tmp_path):
-    from pretrain.plan import micro_batch_fit
+    from pretrain.memory import micro_batch_fit
 
     for seq_len, none_fits in ((1024, 16), (4096, 4)):
         cfg = load_config("configs/qwen3-1.7b-setdlm.yaml", ["model.vocab_size=151936", "model.mask_id=151935",
@@ -166,7 +167,7 @@ def _model(tmp_path, **model):
     (SWIGLU_RMS, "none", 700, 524), (SWIGLU_RMS, "selective", 596, 420),
 ])
 def test_saved_bytes_per_token_match_a_hand_count(tmp_path, block, mode, eager, compiled):
-    from pretrain.plan import activation_bytes_per_token_layer
+    from pretrain.memory import activation_bytes_per_token_layer
 
     m = _model(tmp_path, **block)
     assert activation_bytes_per_token_layer(m, 1, 64, 4, "cpu", mode) == eager
@@ -174,7 +175,7 @@ def test_saved_bytes_per_token_match_a_hand_count(tmp_path, block, mode, eager, 
 
 
 def test_compiled_backward_working_set_matches_a_hand_count(tmp_path):
-    from pretrain.plan import backward_working_set
+    from pretrain.memory import backward_working_set
 
     m = _model(tmp_path, **GELU_LN)
     # eager: output gradient h + fc1-output gradient f = 24 elements; compiled: + fc2-input gradient f = 40;
@@ -194,7 +195,7 @@ def test_compiled_backward_working_set_matches_a_hand_count(tmp_path):
 def test_compiled_estimate_differs_from_eager_as_modelled(tmp_path, mode):
     """estimate_memory(train.compile) = eager + layers x tokens x (saved difference) + tokens x (working-set
     difference), and the CPU float mask moves into the working set where the compiled backward rebuilds it."""
-    from pretrain.plan import activation_bytes_per_token_layer, backward_working_set
+    from pretrain.memory import activation_bytes_per_token_layer, backward_working_set
 
     cfg = load_config(write_recipe(tmp_path / "r.yaml", model={"n_layers": 3, **GELU_LN}),
                       ["model.vocab_size=300", "model.mask_id=299", f"train.activation_checkpointing={mode}"])
@@ -215,11 +216,11 @@ def test_compiled_estimate_differs_from_eager_as_modelled(tmp_path, mode):
 
 
 @pytest.mark.parametrize("block", [GELU_LN, SWIGLU_RMS, QWEN3_GQA, dict(QWEN3_GQA, n_kv_heads=None)])
-def test_eager_saved_bytes_are_what_autograd_saves(tmp_path, model_parallel, block):
+def test_eager_saved_bytes_are_what_autograd_saves(tmp_path, block):
     """The eager per-layer count against the tensors autograd really saves in a tiny model on CPU: the
     saved storages (parameters excluded) of a 2-layer model minus those of a 1-layer model."""
     from model.transformer import Transformer
-    from pretrain.plan import activation_bytes_per_token_layer
+    from pretrain.memory import activation_bytes_per_token_layer
 
     B, T = 2, 16
 

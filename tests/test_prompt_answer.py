@@ -32,7 +32,7 @@ def _position_logits(inputs):
 
 
 @pytest.mark.parametrize("name", ["ar", "mdlm", "bd3lm", "setdlm"])
-def test_prompt_and_padding_tokens_never_reach_the_loss_or_the_bound(model_parallel, name):
+def test_prompt_and_padding_tokens_never_reach_the_loss_or_the_bound(name):
     from model.config import ModelConfig, ObjectiveConfig
     from model.objectives import build_objective
 
@@ -171,8 +171,9 @@ def test_packed_rows_hold_whole_examples_with_the_same_masks():
 
 
 def test_cli_errors_name_the_option(tmp_path, capsys):
-    from data_pipeline.prepare import main
+    from launch.cli import main as setdlm_main
 
+    main = lambda argv: setdlm_main(["data", "prepare", *argv])  # noqa: E731 - as the command line runs it
     f = tmp_path / "x.jsonl"
     f.write_text(json.dumps({"prompt": "a", "answer": "b"}) + "\n")
     assert main(["--format", "chat", "--input", str(f), "--output", str(tmp_path / "o"), "--tokenizer", "gpt2"]) == 2

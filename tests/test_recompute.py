@@ -1,5 +1,6 @@
 """Activation checkpointing and per-block torch.compile give the plain model's losses and gradients
-(model/recompute.py); multi-process TP=2 / PP=2 checks are in test_recompute_parallel.py."""
+(pretrain/recompute.py, pretrain/block_compile.py) on a TP=1 model, no process group; multi-process
+TP=2 / PP=2 checks are in test_recompute_parallel.py."""
 
 from __future__ import annotations
 
@@ -8,7 +9,8 @@ import torch
 
 from model.config import ModelConfig
 from model.masks import build_mask
-from model.recompute import apply_activation_checkpointing, apply_compile, apply_training_features
+from pretrain.block_compile import apply_compile
+from pretrain.recompute import apply_activation_checkpointing
 
 QWEN = dict(n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, norm="rmsnorm", activation="swiglu",
             qk_norm=True, bias=False, tie_embeddings=True)
@@ -17,12 +19,14 @@ GPT = dict(n_layers=2, hidden=32, n_heads=2, ffn_hidden=64, norm="layernorm", ac
 
 
 def run(shape: dict, mode: str = "none", compile: bool = False, dropout: float = 0.0):
-    from model.transformer import Transformer, megatron_config
+    from model.transformer import Transformer
 
     cfg = ModelConfig(**shape, vocab_size=250, mask_id=249, dropout=dropout, attention_dropout=dropout)
     torch.manual_seed(0)
-    model = Transformer(cfg, megatron_config())
-    apply_training_features(model, mode, compile)
+    model = Transformer(cfg)
+    apply_activation_checkpointing(model, mode)
+    if compile:
+        apply_compile(model)
     L = 8
     x = torch.randint(0, 249, (2, 2 * L), generator=torch.Generator().manual_seed(1))
     pos = torch.cat([torch.randperm(L, generator=torch.Generator().manual_seed(2))] * 2).expand(2, -1)
@@ -42,19 +46,19 @@ def assert_same(a, b, rtol: float):
 
 @pytest.mark.parametrize("shape", [QWEN, GPT], ids=["qwen", "gpt"])
 @pytest.mark.parametrize("mode", ["selective", "full"])
-def test_checkpointing_matches_the_plain_model_with_dropout(model_parallel, shape, mode):
+def test_checkpointing_matches_the_plain_model_with_dropout(shape, mode):
     """Recomputation replays the RNG: dropout masks (hidden and attention) are redrawn identically."""
     ref = run(shape, dropout=0.1)
     assert_same(run(shape, mode, dropout=0.1), ref, rtol=1e-6)
     assert abs(run(shape, dropout=0.0)[0] - ref[0]) > 1e-4  # dropout is active, so the test can fail
 
 
-def test_checkpointing_is_off_without_autograd(model_parallel):
-    from model.transformer import Transformer, megatron_config
+def test_checkpointing_is_off_without_autograd():
+    from model.transformer import Transformer
 
     cfg = ModelConfig(**GPT, vocab_size=250, mask_id=249, dropout=0.0)
     torch.manual_seed(0)
-    model = Transformer(cfg, megatron_config())
+    model = Transformer(cfg)
     x = torch.randint(0, 249, (1, 8))
     with torch.no_grad():
         plain = model(x, torch.arange(8)[None], build_mask("causal", 8))
@@ -66,7 +70,7 @@ def test_checkpointing_is_off_without_autograd(model_parallel):
 
 
 @pytest.mark.parametrize("mode", ["none", "full"])
-def test_compiled_blocks_match_the_plain_model(model_parallel, mode):
+def test_compiled_blocks_match_the_plain_model(mode):
     """inductor on CPU (a tiny model: compiling takes tens of seconds); dropout off because inductor
     draws its own random numbers."""
     from torch._dynamo.utils import counters
@@ -77,13 +81,13 @@ def test_compiled_blocks_match_the_plain_model(model_parallel, mode):
     assert sum(counters["graph_break"].values()) == breaks, dict(counters["graph_break"])  # one graph per block
 
 
-def test_compile_falls_back_with_a_message_without_a_compiler(model_parallel, monkeypatch):
+def test_compile_falls_back_with_a_message_without_a_compiler(monkeypatch):
     import shutil
 
-    from model.transformer import Transformer, megatron_config
+    from model.transformer import Transformer
 
     monkeypatch.setattr(shutil, "which", lambda name: None)
-    model = Transformer(ModelConfig(**GPT, vocab_size=250, mask_id=249), megatron_config())
+    model = Transformer(ModelConfig(**GPT, vocab_size=250, mask_id=249))
     note = apply_compile(model, torch.device("cpu"))
     assert "C++ compiler" in note and "eager" in note
     assert not any(getattr(b, "_compiled_call_impl", None) for b in model.layers.values())

@@ -3,8 +3,6 @@ train exactly like the plain one-process model (CPU, gloo, fp32; the runs of tes
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 
 import pytest
 import torch

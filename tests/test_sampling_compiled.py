@@ -11,7 +11,7 @@ PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], Infill([1, 2], 6, [3, 4]), [9]]
 
 
 @pytest.fixture(scope="module")
-def model(model_parallel):
+def model():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield tiny_model(seed=0)
@@ -43,7 +43,7 @@ def test_compile_refused_for_mdlm():
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (CUDA-graph decode step)")
 @pytest.mark.parametrize("family,kw", [("setdlm", dict(window=4, threshold=0.6)), ("bd3lm", dict(block_size=4)),
                                         ("ar", {})])
-def test_cuda_graph_step_equals_eager(model_parallel, family, kw):
+def test_cuda_graph_step_equals_eager(family, kw):
     """On a GPU, compile=True captures the step in a CUDA graph (refills keep it, shrinking recaptures)."""
     from model.sampling.api import decoder_class
     from model.sampling.engine import to_requests

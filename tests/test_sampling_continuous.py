@@ -12,7 +12,7 @@ PROMPTS = [[1, 2, 3], Infill([4, 5], 6, [7, 8, 9]), [11], [12, 13, 14, 15, 16, 1
 
 
 @pytest.fixture(scope="module")
-def model(model_parallel):
+def model():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield tiny_model(seed=3)

@@ -64,7 +64,7 @@ def one_thread():
 
 
 @pytest.mark.parametrize("family", ["setdlm", "bd3lm", "mdlm", "ar"])
-def test_seeded_sampling_is_reproducible(model_parallel, one_thread, family):
+def test_seeded_sampling_is_reproducible(one_thread, family):
     model = tiny_model(seed=3)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
     cfg = SamplingConfig(family=family, max_new_tokens=12, window=4, threshold=0.8, temperature=1.2, top_k=20,
@@ -97,7 +97,7 @@ def test_from_objective():
     assert SamplingConfig.from_objective({"name": "bd3lm", "block_size": 16}).block_size == 16
 
 
-def test_prompts_must_be_a_list_of_prompts(model_parallel):
+def test_prompts_must_be_a_list_of_prompts():
     model = tiny_model()
     with pytest.raises(TypeError, match="list of prompts"):
         generate(model, [1, 2, 3])

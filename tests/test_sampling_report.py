@@ -11,7 +11,7 @@ from model.sampling.testing import CharTokenizer, tiny_model
 
 
 @pytest.fixture(scope="module")
-def model(model_parallel):
+def model():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     yield tiny_model(seed=0, sharpness=3.0)

@@ -12,7 +12,7 @@ INFILL = [Infill([1, 2, 3], 6, [7, 8, 9]), Infill([4], 9, [5, 6]), Infill([1, 2,
 
 
 @pytest.fixture(scope="module")
-def model(model_parallel):
+def model():
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny matmuls: threads only add contention on shared CPUs
     yield tiny_model(seed=0)

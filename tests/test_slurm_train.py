@@ -32,7 +32,7 @@ def _submit(slurm: SlurmCluster, tmp_path: Path, name: str, launcher: str, steps
 
 
 def test_two_task_training_job_completes(slurm, tmp_path):
-    """srun starts 2 tasks; launch.env reads SLURM_PROCID/SLURM_NTASKS; the run trains 6 steps."""
+    """srun starts 2 tasks; common.env reads SLURM_PROCID/SLURM_NTASKS; the run trains 6 steps."""
     # launcher variables of the submitting shell are exported by sbatch: the template must drop them
     stale = {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "10.255.255.1", "MASTER_PORT": "1"}
     job, run_dir, log = _submit(slurm, tmp_path, "slurm-2task", "srun", steps=6, save_every=3, **stale)

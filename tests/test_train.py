@@ -73,7 +73,7 @@ def test_bf16_autocast_and_ema_train(tmp_path, model_parallel):
     ckpt = tmp_path / "tiny" / "checkpoints" / "step_00000004"
     assert (ckpt / "ema_mp_rank_00.pt").is_file()
     # EMA weights differ from the raw weights after a few steps, and load_model picks them.
-    from pretrain.checkpoint import load_model
+    from pretrain.checkpoint.inference import load_model
 
     ema_model, _, _ = load_model(ckpt, ema=True)
     raw_model, _, _ = load_model(ckpt, ema=False)

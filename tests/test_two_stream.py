@@ -20,7 +20,7 @@ def tiny_model(seed=0, **kw):
 
 
 @pytest.mark.parametrize("variant", [dict(), dict(n_kv_heads=2, norm="rmsnorm", activation="swiglu", qk_norm=True, bias=False, tie_embeddings=True)])
-def test_setdlm_query_logits_match_separate_forwards(model_parallel, variant):
+def test_setdlm_query_logits_match_separate_forwards(variant):
     model = tiny_model(**variant)
     cfg = model.cfg
     obj = build_objective(ObjectiveConfig(name="setdlm", set_size=4), cfg, L)
@@ -38,7 +38,7 @@ def test_setdlm_query_logits_match_separate_forwards(model_parallel, variant):
                 torch.testing.assert_close(joint[b, r], alone, atol=1e-5, rtol=1e-5)
 
 
-def test_bd3lm_block_logits_match_separate_forwards(model_parallel):
+def test_bd3lm_block_logits_match_separate_forwards():
     model = tiny_model(seed=3)
     bs = 4
     obj = build_objective(ObjectiveConfig(name="bd3lm", block_size=bs), model.cfg, L)
@@ -58,7 +58,7 @@ def test_bd3lm_block_logits_match_separate_forwards(model_parallel):
             torch.testing.assert_close(joint[:, blk * bs : n], alone, atol=1e-5, rtol=1e-5)
 
 
-def test_mdlm_padding_is_invisible(model_parallel):
+def test_mdlm_padding_is_invisible():
     model = tiny_model(seed=4)
     obj = build_objective(ObjectiveConfig(name="mdlm"), model.cfg, L)
     x = torch.randint(0, 49, (1, L), generator=torch.Generator().manual_seed(1))
@@ -72,7 +72,7 @@ def test_mdlm_padding_is_invisible(model_parallel):
     assert inp.loss_weight[:, 8:].sum() == 0
 
 
-def test_ar_logits_are_causal(model_parallel):
+def test_ar_logits_are_causal():
     model = tiny_model(seed=5)
     obj = build_objective(ObjectiveConfig(name="ar"), model.cfg, L)
     x = torch.randint(0, 49, (1, L))
@@ -83,7 +83,7 @@ def test_ar_logits_are_causal(model_parallel):
     torch.testing.assert_close(full[:, :5], prefix, atol=1e-5, rtol=1e-5)
 
 
-def test_mask_and_padding_logits_are_excluded(model_parallel):
+def test_mask_and_padding_logits_are_excluded():
     model = tiny_model()
     logits = model(torch.randint(0, 49, (1, 4)), torch.arange(4)[None], build_mask("causal", 4))
     assert logits.shape[-1] == model.cfg.padded_vocab_size

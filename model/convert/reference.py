@@ -40,7 +40,8 @@ import re
 
 import torch
 
-from .hf_format import ConvertError
+from .errors import ConvertError
+from .hf_map import group_qkv
 
 _ROOT = re.compile(r"(vocab_embed\.|sigma_map\.|rotary_emb\.|blocks\.\d+\.|output_layer\.)")
 BUFFERS = ("rotary_emb.inv_freq",)
@@ -158,7 +159,7 @@ def dit_to_training(sd: dict, arch: dict, sigma: float = 0.0) -> dict[str, torch
         qkv = sd[src + "attn_qkv.weight"]
         if qkv.shape != (3 * H, H):
             raise ConvertError(f"reference checkpoint: {src}attn_qkv.weight has shape {tuple(qkv.shape)}, expected {(3 * H, H)}")
-        out[dst + "attn.qkv.weight"] = qkv.view(3, nH, d, H).transpose(0, 1).reshape(3 * H, H).contiguous()
+        out[dst + "attn.qkv.weight"] = group_qkv(*qkv.view(3, nH * d, H), nH, 1, d).contiguous()  # MHA: 1 q per kv head
         out[dst + "attn.qkv.bias"] = zeros(3 * H, qkv)
         proj = sd[src + "attn_out.weight"]
         out[dst + "attn.proj.weight"] = proj if gate_msa is None else (proj.double() * gate_msa[:, None]).to(proj.dtype)

@@ -9,9 +9,11 @@ from .setdlm import SetDiffusionObjective
 _REGISTRY = {c.name: c for c in (AutoregressiveObjective, MaskedDiffusionObjective, BlockDiffusionObjective, SetDiffusionObjective)}
 
 
-def build_objective(cfg, model_cfg, seq_len: int) -> Objective:
+def build_objective(cfg, model_cfg, seq_len: int, cross_entropy=None) -> Objective:
+    """`cross_entropy`: the per-token loss of the model's logits (a tensor-parallel model's
+    `model.tp.cross_entropy`; default: over the full vocabulary)."""
     cfg.validate(seq_len)
-    return _REGISTRY[cfg.name](cfg, model_cfg, seq_len)
+    return _REGISTRY[cfg.name](cfg, model_cfg, seq_len, cross_entropy)
 
 
 __all__ = ["build_objective", "Objective", "ModelInputs", "summarize", "AutoregressiveObjective",

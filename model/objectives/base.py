@@ -1,4 +1,4 @@
-"""What every objective shares: the model-input bundle and the vocab-parallel loss."""
+"""What every objective shares: the model-input bundle and the (vocab-parallel) loss."""
 
 from __future__ import annotations
 
@@ -36,9 +36,12 @@ class Objective:
 
     name = "base"
 
-    def __init__(self, cfg, model_cfg, seq_len: int):
+    def __init__(self, cfg, model_cfg, seq_len: int, cross_entropy=None):
         self.cfg, self.model_cfg, self.seq_len = cfg, model_cfg, seq_len
         self.mask_id = model_cfg.mask_id
+        # per-token CE of the logits the model returns: over the full vocabulary by default; a
+        # tensor-parallel model's own (`model.tp.cross_entropy`) for its vocabulary slices
+        self.cross_entropy = cross_entropy or vocab_cross_entropy
 
     # Subclasses implement prepare(). bound=False: the training draw (loss_weight; variance
     # reductions allowed, nll_weight may be zero). bound=True: the draw whose nll_weight-weighted CE
@@ -65,7 +68,10 @@ class Objective:
         step's gradient is that of the CE summed over the global batch / its predicted-token count),
         or the micro-batch's own weighted mean when no scale is set. Metrics are sums: `loss_sum` /
         `loss_count` is the token-weighted mean CE of whatever was summed."""
-        ce = vocab_cross_entropy(logits.float(), inputs.targets)
+        if self.cross_entropy is vocab_cross_entropy and logits.size(-1) < self.model_cfg.vocab_size:
+            raise RuntimeError(f"objective loss: logits of {logits.size(-1)} columns for a vocabulary of "
+                               f"{self.model_cfg.vocab_size}: a vocab-split model needs its own cross_entropy")
+        ce = self.cross_entropy(logits.float(), inputs.targets)
         lw, nw = inputs.loss_weight, inputs.nll_weight
         count = lw.sum()
         total = (ce * lw).sum()

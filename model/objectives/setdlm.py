@@ -18,8 +18,8 @@ class SetDiffusionObjective(Objective):
     name = "setdlm"
     mask_kind = "setdlm"
 
-    def __init__(self, cfg, model_cfg, seq_len):
-        super().__init__(cfg, model_cfg, seq_len)
+    def __init__(self, cfg, model_cfg, seq_len, cross_entropy=None):
+        super().__init__(cfg, model_cfg, seq_len, cross_entropy)
         self.schedule = SlidingWindow.build(seq_len, cfg.set_size, cfg.s_max, cfg.k)
 
     def prepare(self, batch, generator=None, bound: bool = False) -> ModelInputs:

@@ -25,8 +25,8 @@ import torch
 
 
 def _compile(fn):
-    # megatron-core's linear layers call warnings.warn (a deprecation notice) on every forward when a
-    # process group exists; without this each layer would be a graph break (many small graphs).
+    # a layer that calls warnings.warn on every forward (a multi-rank linear's deprecation notice)
+    # would otherwise break the graph at each call (many small graphs).
     cfg = torch._dynamo.config
     if warnings.warn not in cfg.reorderable_logging_functions:
         cfg.reorderable_logging_functions.add(warnings.warn)

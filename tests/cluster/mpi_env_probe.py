@@ -1,4 +1,4 @@
-"""Run under mpirun: print what launch.env detects, with and without the OMPI_COMM_WORLD_* variables.
+"""Run under mpirun: print what common.env detects, with and without the OMPI_COMM_WORLD_* variables.
 
 Without them only PMIX_RANK is left, so world size and local rank must come from mpi4py. Each rank
 writes its JSON to $PROBE_DIR/rank<N>.json (mpirun's merged stdout can interleave the ranks' lines).
@@ -10,7 +10,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
-from launch.env import detect_env  # noqa: E402
+from common.env import detect_env  # noqa: E402
 
 full = detect_env()
 stripped = {k: v for k, v in os.environ.items()

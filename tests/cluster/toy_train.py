@@ -1,6 +1,6 @@
 """A tiny stand-in for `setdlm pretrain` used by the launcher tests.
 
-Initialises torch.distributed through launch.env, all-reduces once per "step", installs the
+Initialises torch.distributed through common.dist, all-reduces once per "step", installs the
 PreemptionHandler, checkpoints (a JSON step counter) on a stop signal, requeues under Slurm and
 resumes from the checkpoint when started again. Writes into the run directory (--out, or --out/--name like `setdlm pretrain`):
   env-rank{r}.json   the DistEnv each rank detected (+ a few launcher variables)
@@ -35,11 +35,11 @@ def main() -> int:
     import torch
     import torch.distributed as dist
 
-    from launch.env import destroy_distributed, init_distributed
+    from common.dist import destroy_process_group, init_process_group
     from pretrain.preemption import PreemptionHandler
 
     handler = PreemptionHandler().install()
-    env = init_distributed(timeout_s=120)
+    env = init_process_group(timeout_s=120)
     out = Path(args.out) / args.name if args.name else Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     info = env.to_dict()
@@ -71,11 +71,11 @@ def main() -> int:
                 os.replace(tmp, ckpt)
             print(f"[toy] rank {env.rank}: stopped at step {step + 1} (signal {handler.received})", flush=True)
             handler.requeue()
-            destroy_distributed()
+            destroy_process_group()
             return 0
     if env.rank == 0:
         (out / "done.json").write_text(json.dumps({"steps": args.steps}))
-    destroy_distributed()
+    destroy_process_group()
     return 0
 
 

@@ -1,11 +1,12 @@
 """FP8 training with Transformer Engine on Hopper-class GPUs (H100/H200): `model.fp8: hybrid | e4m3`.
 
-With FP8 on, the tensor-parallel linears of every block become Transformer Engine `Linear` layers
-(column / row parallel over megatron's TP group) and the blocks run under `fp8_autocast` with a
+With FP8 on (pretrain/parallelize.py, after the model is built), the linears of every block become
+Transformer Engine `Linear` layers (column / row parallel over megatron's TP group) and the blocks run
+under `fp8_autocast` (the model's `block_context`) with a
 delayed-scaling recipe whose amax is reduced over megatron's amax-reduction group. Embeddings, norms,
-attention and the output head stay in bf16, as in Megatron-LM's FP8 recipes. Weights are initialised
-exactly as the non-FP8 layers (full master tensor on the CPU, then sliced), and parameter names and
-shapes are the same, so checkpoints move freely between FP8 and bf16 runs.
+attention and the output head stay in bf16, as in Megatron-LM's FP8 recipes. The TE layers take the
+weights the model was initialised with (model/init.py), and parameter names and shapes are the same,
+so checkpoints move freely between FP8 and bf16 runs.
 
 Transformer Engine cannot be installed on a CPU machine (it needs CUDA headers); it ships in the NGC
 PyTorch image (see the Dockerfile). Where it or an FP8-capable GPU is missing, `check_available`
@@ -15,8 +16,11 @@ raises before any work starts. Not run in this project's CI: only the error path
 from __future__ import annotations
 
 import contextlib
+import functools
 
 import torch
+
+from common.schema import ConfigError
 
 FP8_MODES = ("none", "hybrid", "e4m3")
 
@@ -26,35 +30,35 @@ def check_available(mode: str) -> None:
     if mode == "none":
         return
     if mode not in FP8_MODES:
-        raise ValueError(f"model.fp8: unknown mode {mode!r}; valid: {', '.join(FP8_MODES)}")
+        raise ConfigError(f"model.fp8: unknown mode {mode!r}; valid: {', '.join(FP8_MODES)}")
     if not torch.cuda.is_available():
-        raise ValueError(f"model.fp8={mode}: FP8 needs a CUDA GPU with FP8 tensor cores (H100/H200 or newer); "
+        raise ConfigError(f"model.fp8={mode}: FP8 needs a CUDA GPU with FP8 tensor cores (H100/H200 or newer); "
                            "no CUDA device is visible. Use model.fp8=none here.")
     cap = torch.cuda.get_device_capability()
     if cap < (8, 9):
-        raise ValueError(f"model.fp8={mode}: {torch.cuda.get_device_name()} (compute capability {cap[0]}.{cap[1]}) "
+        raise ConfigError(f"model.fp8={mode}: {torch.cuda.get_device_name()} (compute capability {cap[0]}.{cap[1]}) "
                            "has no FP8 tensor cores; FP8 needs 8.9 (Ada) or 9.0 (Hopper) and newer")
     try:
         import transformer_engine.pytorch  # noqa: F401
     except ImportError as e:
-        raise ValueError(f"model.fp8={mode}: Transformer Engine is not installed ({e}); it ships in the NGC "
+        raise ConfigError(f"model.fp8={mode}: Transformer Engine is not installed ({e}); it ships in the NGC "
                            "PyTorch image this project's Dockerfile builds on") from None
 
 
 class TELinear(torch.nn.Module):
-    """A Transformer Engine Linear with megatron's `(output, bias)` interface and TP attributes.
+    """A Transformer Engine Linear with the model's `(output, bias)` interface and layout attributes.
 
-    Built from an already initialised megatron ColumnParallelLinear / RowParallelLinear so the weights
-    are identical to the non-FP8 model's."""
+    Built from an already initialised linear of the model (column or row parallel) so the weights are
+    identical to the non-FP8 model's."""
 
-    def __init__(self, megatron_linear: torch.nn.Module, parallel_mode: str):
+    def __init__(self, linear: torch.nn.Module, parallel_mode: str):
         super().__init__()
         import transformer_engine.pytorch as te
         from megatron.core import parallel_state
 
-        w = megatron_linear.weight
+        w = linear.weight
         tp = parallel_state.get_tensor_model_parallel_world_size()
-        has_bias = getattr(megatron_linear, "bias", None) is not None
+        has_bias = getattr(linear, "bias", None) is not None
         out_local, in_local = w.shape
         in_features = in_local * (tp if parallel_mode == "row" else 1)
         out_features = out_local * (tp if parallel_mode == "column" else 1)
@@ -64,7 +68,7 @@ class TELinear(torch.nn.Module):
         with torch.no_grad():
             self.linear.weight.copy_(w)
             if has_bias:
-                self.linear.bias.copy_(megatron_linear.bias)
+                self.linear.bias.copy_(linear.bias)
         dim = 0 if parallel_mode == "column" else 1
         for name, p in self.linear.named_parameters():
             parallel = name == "weight" or parallel_mode == "column"
@@ -82,7 +86,7 @@ class TELinear(torch.nn.Module):
         return self.linear(x), None
 
     def _save_to_state_dict(self, destination, prefix, keep_vars):
-        # Same keys as the megatron layer it replaces (weight, bias): FP8 and bf16 checkpoints interchange.
+        # Same keys as the layer it replaces (weight, bias): FP8 and bf16 checkpoints interchange.
         for name, p in self.linear.named_parameters():
             destination[prefix + name] = p if keep_vars else p.detach()
 
@@ -96,19 +100,20 @@ class TELinear(torch.nn.Module):
                 missing_keys.append(key)
 
 
-def convert_block_linears(module: torch.nn.Module) -> None:
-    """Replace the attention and MLP linears of every block with TE layers (call on a CUDA model)."""
-    from .layers import is_column, is_row
+_BLOCK_LINEARS = {"qkv": "column", "fc1": "column", "proj": "row", "fc2": "row"}
 
-    for m in module.modules():
-        if hasattr(m, "layers") and hasattr(m, "cfg"):
-            m.fp8_active = True  # the Transformer enters fp8_autocast only once its linears are TE layers
-    for parent in list(module.modules()):
-        for name, child in list(parent.named_children()):
-            if is_column(child) and name in ("qkv", "fc1"):
-                setattr(parent, name, TELinear(child, "column"))
-            elif is_row(child) and name in ("proj", "fc2"):
-                setattr(parent, name, TELinear(child, "row"))
+
+def apply_fp8(model: torch.nn.Module, mode: str) -> None:
+    """Replace the attention and MLP linears of every block with TE layers and run the blocks under
+    `fp8_autocast` (call on a CUDA model; mode "none" leaves it as it is)."""
+    if mode == "none":
+        return
+    for block in model.layers.values():
+        for parent in (block.attn, block.mlp):
+            for name, child in list(parent.named_children()):
+                if name in _BLOCK_LINEARS:
+                    setattr(parent, name, TELinear(child, _BLOCK_LINEARS[name]))
+    model.block_context = functools.partial(autocast, mode)
 
 
 def autocast(mode: str):

@@ -1,31 +1,32 @@
-"""Stock Hugging Face causal-LM directories (Qwen3, Llama, Mistral) mapped onto our Transformer.
+"""Stock Hugging Face causal-LM directories (Qwen3, Llama, Mistral) read as our Transformer's weights.
 
 Pure file and tensor code (no process groups, no recipes): `read_config` checks a directory and says
 what is wrong with it, `model_section` derives the `model:` recipe fields from its config.json, and
 `HFWeights` is a lazy mapping from our parameter names (tp=1 layout, model/transformer.py) to full
-tensors, read one at a time from the safetensors files (never pickle), so importing a large model
-under tensor parallelism holds one full tensor at a time beside this rank's shard.
+tensors, read one at a time from the safetensors files (never pickle) through the name map of
+hf_map.py, so importing a large model under tensor parallelism holds one full tensor at a time
+beside this rank's shard. Each point of the mapping is checked against `transformers`' own forward
+in tests/test_hf_import.py.
 
-Layout mapping (each checked against `transformers`' own forward in tests/test_hf_import.py):
-- q_proj / k_proj / v_proj rows -> our fused QKV, grouped per KV head ([q_0..q_{g-1}, k, v] per group);
-- gate_proj / up_proj -> our SwiGLU fc1 with alternating rows (2j gate j, 2j+1 up j);
-- HF's rotate_half rotary (first half / second half of each head) is the convention of model/rotary.py,
-  with the same inverse frequencies; QK-norm (Qwen3) is an RMSNorm over each head before rotary, as ours;
-- the vocabulary is the tokenizer's: rows of the HF embedding/head beyond it (HF pads vocab_size) are
-  dropped, and a MASK token the tokenizer lacked gets a new row initialised to the mean of the
-  tokenizer's embedding rows (the head's MASK row too, though its logit is always -inf); rows added
-  to pad the vocabulary to `vocab_pad_multiple` are zero (their logits are -inf as well).
+The vocabulary is the tokenizer's: rows of the HF embedding/head beyond it (HF pads vocab_size) are
+dropped, and a MASK token the tokenizer lacked gets a new row initialised to the mean of the
+tokenizer's embedding rows (the head's MASK row too, though its logit is always -inf); rows added to
+pad the vocabulary to `vocab_pad_multiple` are zero (their logits are -inf as well).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
-from .hf_format import SAFE_INDEX, SAFE_SINGLE, ConvertError
+from ..shapes import model_params
+from .errors import ConvertError
+from .hf_files import read_json, weight_files
+from .hf_map import TOP, fuse, hf_names
+
+__all__ = ["SUPPORTED", "ARCH_FIELDS", "read_config", "model_section", "embedding_rows", "HFWeights", "rope_theta"]
 
 # model_type -> what it needs beyond the common Llama layout
 SUPPORTED = {"qwen3": {"qk_norm": True}, "llama": {"qk_norm": False}, "mistral": {"qk_norm": False}}
@@ -49,12 +50,7 @@ def read_config(d) -> dict:
     f = d / "config.json"
     if not f.is_file():
         raise ConvertError(f"{d}: no config.json; not a Hugging Face model directory")
-    try:
-        config = json.loads(f.read_text())
-    except ValueError as e:
-        raise ConvertError(f"{f}: not valid JSON ({e})") from None
-    if not isinstance(config, dict):
-        raise ConvertError(f"{f}: expected a JSON object")
+    config = read_json(f, "the model's config")
     archs = config.get("architectures") or []
     mtype = config.get("model_type")
     if mtype == "setdlm":
@@ -113,40 +109,6 @@ def embedding_rows(config: dict) -> int:
     return int(config.get("vocab_size") or 0)
 
 
-def weight_files(d) -> list[Path]:
-    """The safetensors files of a directory (single file or the shards its index names)."""
-    d = Path(d)
-    if (d / SAFE_INDEX).is_file():
-        try:
-            index = json.loads((d / SAFE_INDEX).read_text())
-        except ValueError as e:
-            raise ConvertError(f"{d / SAFE_INDEX}: not valid JSON ({e})") from None
-        files = sorted({d / f for f in (index.get("weight_map") or {}).values()})
-        if not files:
-            raise ConvertError(f"{d / SAFE_INDEX}: no weight_map, the index is corrupt")
-        for f in files:
-            if not f.is_file():
-                raise ConvertError(f"{d}: weight file {f.name} named in {SAFE_INDEX} is missing (incomplete download?)")
-        return files
-    if (d / SAFE_SINGLE).is_file():
-        return [d / SAFE_SINGLE]
-    if any(d.glob("*.bin")) or any(d.glob("*.pt")):
-        raise ConvertError(f"{d}: only pickle weights (*.bin / *.pt), which can execute code when loaded; convert "
-                           "them to safetensors first (transformers: model.save_pretrained(dir, safe_serialization=True))")
-    raise ConvertError(f"{d}: no weights ({SAFE_SINGLE} or {SAFE_INDEX})")
-
-
-def group_qkv(q, k, v, groups: int, q_per_group: int, head_dim: int) -> torch.Tensor:
-    tail = q.shape[1:]
-    qkv = torch.cat((q.reshape(groups, q_per_group, head_dim, *tail), k.reshape(groups, 1, head_dim, *tail),
-                     v.reshape(groups, 1, head_dim, *tail)), 1)
-    return qkv.reshape(groups * (q_per_group + 2) * head_dim, *tail)
-
-
-def interleave(gate, up) -> torch.Tensor:
-    return torch.stack((gate, up), 1).reshape(2 * up.shape[0], *up.shape[1:])
-
-
 class HFWeights(Mapping):
     """Our tp=1 parameter name -> full float32 tensor, computed on access from the safetensors files.
 
@@ -168,34 +130,11 @@ class HFWeights(Mapping):
                         self._rows = h.get_slice("model.embed_tokens.weight").get_shape()[0]
             except Exception as e:  # noqa: BLE001 - safetensors raises several types
                 raise ConvertError(f"{f}: not a readable safetensors file ({type(e).__name__}: {e})") from None
-        self._names = self._our_names()
+        self._names = list(model_params(cfg))
         self._check()
 
-    # -- names ---------------------------------------------------------------------------------
-    def _our_names(self) -> list[str]:
-        c = self.cfg
-        names = ["embed.weight"]
-        for i in range(c.n_layers):
-            p = f"layers.{i}."
-            names += [p + "norm1.weight", p + "norm2.weight", p + "attn.qkv.weight", p + "attn.proj.weight",
-                      p + "mlp.fc1.weight", p + "mlp.fc2.weight"]
-            if c.bias:
-                names += [p + "attn.qkv.bias", p + "attn.proj.bias", p + "mlp.fc1.bias", p + "mlp.fc2.bias"]
-            if c.qk_norm:
-                names += [p + "attn.q_norm.weight", p + "attn.k_norm.weight"]
-        names.append("final_norm.weight")
-        if not c.tie_embeddings:
-            names.append("head.weight")
-        return names
-
     def _check(self) -> None:
-        need = {"model.embed_tokens.weight", "model.norm.weight"}
-        if not self.cfg.tie_embeddings:
-            need.add("lm_head.weight")
-        missing = sorted(n for n in need if n not in self._where)
-        for i in range(self.cfg.n_layers):
-            if f"model.layers.{i}.self_attn.q_proj.weight" not in self._where:
-                missing.append(f"model.layers.{i}.self_attn.q_proj.weight")
+        missing = [n for name in self._names for n in hf_names(name, self.cfg) if n not in self._where]
         extra = sorted(k for k in self._where if k.startswith("model.layers.")
                        and int(k.split(".")[2]) >= self.cfg.n_layers)
         if missing:
@@ -204,10 +143,9 @@ class HFWeights(Mapping):
         if extra:
             raise ConvertError(f"{self.dir}: weights hold more layers than config.json's num_hidden_layers "
                                f"(first extra: {extra[0]!r})")
-        rows = self._rows
-        if rows < self.n_real:
-            raise ConvertError(f"{self.dir}: the embedding has {rows} rows, fewer than the tokenizer's {self.n_real} "
-                               "tokens (tokenizer/model vocabulary mismatch)")
+        if self._rows < self.n_real:
+            raise ConvertError(f"{self.dir}: the embedding has {self._rows} rows, fewer than the tokenizer's "
+                               f"{self.n_real} tokens (tokenizer/model vocabulary mismatch)")
 
     def __iter__(self):
         return iter(self._names)
@@ -218,14 +156,10 @@ class HFWeights(Mapping):
     def __contains__(self, name) -> bool:
         return name in self._names
 
-    # -- tensors -------------------------------------------------------------------------------
     def _open(self, hf_name: str):
         from safetensors import safe_open
 
-        f = self._where.get(hf_name)
-        if f is None:
-            raise ConvertError(f"{self.dir}: tensor {hf_name!r} is missing from the weights")
-        return safe_open(str(f), framework="pt")
+        return safe_open(str(self._where[hf_name]), framework="pt")
 
     def _get(self, hf_name: str) -> torch.Tensor:
         with self._open(hf_name) as h:
@@ -245,31 +179,10 @@ class HFWeights(Mapping):
     def __getitem__(self, name: str) -> torch.Tensor:
         if name not in self._names:
             raise KeyError(name)
-        c = self.cfg
-        if name == "embed.weight":
-            return self._vocab("model.embed_tokens.weight")
-        if name == "head.weight":
-            return self._vocab("lm_head.weight")
-        if name == "final_norm.weight":
-            return self._get("model.norm.weight")
-        _, i, rest = name.split(".", 2)
-        p = f"model.layers.{i}."
-        part, suffix = rest.rsplit(".", 1)
-        direct = {"norm1": "input_layernorm", "norm2": "post_attention_layernorm", "attn.proj": "self_attn.o_proj",
-                  "mlp.fc2": "mlp.down_proj", "attn.q_norm": "self_attn.q_norm", "attn.k_norm": "self_attn.k_norm"}
-        if part in direct:
-            return self._get(p + f"{direct[part]}.{suffix}")
-        if part == "attn.qkv":
-            q, k, v = (self._get(p + f"self_attn.{n}_proj.{suffix}") for n in "qkv")
-            return group_qkv(q, k, v, c.kv_heads, c.n_heads // c.kv_heads, c.dim_head)
-        if part == "mlp.fc1":
-            return interleave(self._get(p + f"mlp.gate_proj.{suffix}"), self._get(p + f"mlp.up_proj.{suffix}"))
-        raise KeyError(name)  # pragma: no cover
+        if name in ("embed.weight", "head.weight"):
+            return self._vocab(f"{TOP[name.split('.')[0]]}.weight")
+        return fuse(name, [self._get(n) for n in hf_names(name, self.cfg)], self.cfg)
 
     def state_dict(self) -> dict[str, torch.Tensor]:
         """Every tensor, materialised (tests and small models)."""
         return {n: self[n] for n in self._names}
-
-
-__all__ = ["SUPPORTED", "ARCH_FIELDS", "read_config", "model_section", "embedding_rows", "weight_files", "HFWeights",
-           "group_qkv", "interleave", "rope_theta"]

@@ -1,52 +1,34 @@
-"""Consolidate a sharded checkpoint (any TP x PP x DP layout, ZeRO 0-3) into one unsharded state dict.
-
-    setdlm convert consolidate --checkpoint RUN_OR_CKPT [--out FILE] [--no-optimizer] [--overwrite]
-
-writes CKPT/consolidated.pt (atomically) holding
-
-    module     {name: full fp32 tensor}  the TP=1, PP=1 state dict of the whole model
-    ema        {name: full tensor} or None
-    optimizer  {"step": int, "exp_avg": {name: full}, "exp_avg_sq": {name: full}} or None (AdamW moments)
-    meta       step, tokens seen, the layout it came from
+"""Reading the shard files of one checkpoint (any TP x PP x DP layout, ZeRO 0-3) and merging them
+into full (TP=1, PP=1) tensors.
 
 Sources, per TP x PP shard (DeepSpeed names files by the model-parallel rank, `mp_rank_XX`):
 - weights: the fp32 master partitions of the ZeRO-1/2 (and DeepSpeed bf16) optimizer files, cut per
   parameter by their `param_slice_mappings` and concatenated over data-parallel ranks; otherwise the
   module weights of `mp_rank_XX_model_states.pt`; ZeRO-3 through DeepSpeed's `zero_to_fp32`;
 - tensor-parallel shards are concatenated along each parameter's split dimension, recorded at save
-  time in the model file (`shard`, see pretrain/checkpoint.py: no name patterns), which is exact
-  because the model's weight layouts do not depend on the TP size (model/transformer.py);
+  time in the model file (`shard`, see save.py: no name patterns), which is exact because the model's
+  weight layouts do not depend on the TP size (model/transformer.py);
 - pipeline stages are a union (layer names are global); the last stage's copy of a tied embedding
   equals the first stage's and is dropped.
 
 Every shard the layout implies must be present (each TP x PP model file, each data-parallel rank's
 ZeRO optimizer file, each EMA file): a checkpoint with one missing is refused, naming it, rather
-than merged into a smaller model. Files are read as weights only (pretrain/safe_load.py).
-
-`load_model` (inference, eval, HF export) reads consolidated.pt, or merges the shards in memory when
-there is none, and `setdlm pretrain` continues training from it under a different TP/PP/DP layout
-(pretrain/checkpoint.py: `load_consolidated`).
+than merged into a smaller model. Files are read as weights only (pretrain/safe_load.py); DeepSpeed
+is imported only for ZeRO-3 files.
 """
 
 from __future__ import annotations
 
 import contextlib
 import io
-import json
-import os
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-from common.cli import ArgumentParser as CLIParser
-
 import torch
 
-from common.io import atomic_save
+from ..safe_load import CheckpointError, load as safe_load, restricted_torch_load
+from .rundir import ema_file
 
-from .safe_load import CheckpointError, load as safe_load, read_meta_json, restricted_torch_load
-
-CONSOLIDATED = "consolidated.pt"
 MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
@@ -144,11 +126,9 @@ def _torch_moments(optimizer_state: dict, order: list[str] | None) -> tuple[dict
     return out, step
 
 
-def read_meta(ckpt: Path) -> dict:
-    meta = read_meta_json(ckpt)
-    if not isinstance(meta.get("layout", {}), dict):
-        raise CheckpointError(f"{Path(ckpt) / 'meta.json'}: not a setdlm checkpoint's metadata")
-    return meta
+def _ema_shadow(ckpt: Path, mp_rank: int) -> dict | None:
+    f = ema_file(ckpt, mp_rank)
+    return _part(_load(f), "shadow", f) if f.is_file() else None
 
 
 def _int(layout: dict, key: str) -> int:
@@ -178,10 +158,10 @@ def check_complete(ckpt: Path, layout: dict, ema: bool) -> None:
                               "copy the whole checkpoint directory")
 
 
-def read_shards(ckpt: Path, *, optimizer: bool = True):
-    """Per TP x PP shard: (info, weights, ema or None, moments or None, step)."""
+def read_shards(ckpt: Path, meta: dict, *, optimizer: bool = True):
+    """Per TP x PP shard of checkpoint `ckpt` (its meta.json: `meta`): (info, weights, ema or None,
+    moments or None, step)."""
     ckpt = Path(ckpt)
-    meta = read_meta(ckpt)
     layout = meta.get("layout", {})
     has_ema = any(ckpt.glob("ema_mp_rank_*.pt")) or float((meta.get("config") or {}).get("train", {}).get("ema") or 0) > 0
     check_complete(ckpt, layout, has_ema)
@@ -212,8 +192,7 @@ def read_shards(ckpt: Path, *, optimizer: bool = True):
             if got is not None:
                 moments, step = got
         weights = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in weights.items()}
-        ema_file = ckpt / f"ema_mp_rank_{mp}.pt"
-        ema = _part(_load(ema_file), "shadow", ema_file) if ema_file.is_file() else None
+        ema = _ema_shadow(ckpt, int(mp))
         out.append((info, weights, ema, moments if optimizer else None, step))
     _check_grid(ckpt, [s[0] for s in out], layout)
     return out
@@ -233,7 +212,7 @@ def _check_grid(ckpt: Path, infos: list[dict], layout: dict) -> None:
 def _single_shard_info(module_state: dict, layout: dict) -> dict:
     if _int(layout, "tp") != 1 or _int(layout, "pp") != 1:
         raise CheckpointError("checkpoint: sharded (tp/pp > 1) but written without shard information "
-                         "(saved by an older setdlm); it cannot be consolidated")
+                              "(saved by an older setdlm); it cannot be consolidated")
     return {"tp": 1, "pp": 1, "tp_rank": 0, "pp_rank": 0, "partition": {}, "copies": []}
 
 
@@ -253,72 +232,6 @@ def _read_zero3(ckpt: Path, meta: dict):
             raise
         raise CheckpointError(f"checkpoint {ckpt}: its ZeRO-3 shards cannot be merged ({type(e).__name__}: {e})") from None
     weights.update({k: v.float() for k, v in full.items()})
-    ema_file = ckpt / "ema_mp_rank_00.pt"
-    ema = _part(_load(ema_file), "shadow", ema_file) if ema_file.is_file() else None
+    ema = _ema_shadow(ckpt, 0)
     info = state.get("shard") or _single_shard_info(weights, meta.get("layout", {}))
     return [(info, weights, ema, None, 0)]
-
-
-# -- the command ------------------------------------------------------------------------------------
-def consolidated_state(ckpt: Path, *, optimizer: bool = True) -> dict:
-    """The consolidated state dict of one checkpoint folder, in memory (see the module doc)."""
-    ckpt = Path(ckpt)
-    meta = read_meta(ckpt)
-    shards = read_shards(ckpt, optimizer=optimizer)
-    module = merge([(s[0], s[1]) for s in shards])
-    ema = merge([(s[0], s[2]) for s in shards]) if all(s[2] is not None for s in shards) else None
-    opt = None
-    if optimizer and shards and all(s[3] for s in shards):
-        opt = {"step": max(s[4] for s in shards)}
-        for k in MOMENTS:
-            opt[k] = merge([(s[0], s[3][k]) for s in shards])
-    layout = meta.get("layout", {})
-    return {"module": module, "ema": ema, "optimizer": opt,
-            "meta": {"step": meta.get("step"), "tokens_seen": meta.get("tokens_seen"), "layout": layout,
-                     "source": str(ckpt)}}
-
-
-def consolidate(path, *, out=None, optimizer: bool = True, overwrite: bool = True, log=print) -> Path:
-    """Write the consolidated state dict of checkpoint `path` (a run dir, its checkpoints/ or one
-    checkpoint); returns the file written."""
-    from .checkpoint import resolve_checkpoint
-
-    ckpt = resolve_checkpoint(path)
-    target = Path(out) if out else ckpt / CONSOLIDATED
-    if target.exists() and not overwrite:
-        raise FileExistsError(f"{target} exists (pass --overwrite to replace it)")
-    state = consolidated_state(ckpt, optimizer=optimizer)
-    module, ema, opt, layout = state["module"], state["ema"], state["optimizer"], state["meta"]["layout"]
-    meta = state["meta"]
-    try:
-        atomic_save(target, lambda f: torch.save(state, f))
-    except OSError as e:
-        raise CheckpointError(f"{target}: cannot be written ({e.strerror or e}); nothing was changed") from None
-    n = sum(v.numel() for v in module.values() if torch.is_tensor(v))
-    log(f"setdlm convert consolidate: {ckpt} (tp={layout.get('tp', 1)} pp={layout.get('pp', 1)} "
-        f"dp={layout.get('dp', 1)} ZeRO-{layout.get('zero_stage', 0)}, step {meta.get('step')}) -> {target}: "
-        f"{len(module)} tensors, {n / 1e6:.2f}M parameters, EMA {'yes' if ema else 'no'}, "
-        f"optimizer moments {'yes' if opt else 'no'}")
-    return target
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = CLIParser(prog="setdlm convert consolidate",
-                                     description="Merge a sharded (TP/PP/DP, ZeRO 0-3) checkpoint into one state dict.")
-    parser.add_argument("--checkpoint", required=True, help="run directory, its checkpoints/ folder, or one checkpoint")
-    parser.add_argument("--out", help="output file (default: CHECKPOINT/consolidated.pt, read by load_model and re-layout)")
-    parser.add_argument("--no-optimizer", action="store_true", help="leave out the Adam moments (weights and EMA only)")
-    parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
-    args = parser.parse_args(argv)
-    try:
-        consolidate(args.checkpoint, out=args.out, optimizer=not args.no_optimizer, overwrite=args.overwrite or not args.out)
-    except (FileNotFoundError, FileExistsError, ValueError, RuntimeError) as e:
-        if os.environ.get("SETDLM_DEBUG"):
-            raise
-        print(f"setdlm convert consolidate: error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

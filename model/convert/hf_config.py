@@ -1,0 +1,130 @@
+"""config.json of a setdlm Hugging Face export, both ways: `hf_config` writes it from a recipe's
+model and objective sections (with the schedule in `set_diffusion`, `schedule_fields`), and
+`configs_from_hf` reads those sections back. The tensors are mapped by hf_map.py, stored by
+hf_files.py; the model code the export ships is hf_code/.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import ConvertError
+
+__all__ = ["HF_CODE_DIR", "CODE_FILES", "AUTO_MAP", "ARCHITECTURE", "RECIPE_FILE", "FORMAT_VERSION",
+           "schedule_fields", "hf_config", "configs_from_hf"]
+
+HF_CODE_DIR = Path(__file__).resolve().parent / "hf_code"
+CODE_FILES = ("configuration_setdlm.py", "modeling_setdlm.py")
+AUTO_MAP = {
+    "AutoConfig": "configuration_setdlm.SetDLMConfig",
+    "AutoModel": "modeling_setdlm.SetDLMForMaskedLM",
+    "AutoModelForMaskedLM": "modeling_setdlm.SetDLMForMaskedLM",
+}
+ARCHITECTURE = "SetDLMForMaskedLM"
+RECIPE_FILE = "setdlm_recipe.json"
+FORMAT_VERSION = 1
+
+
+def schedule_fields(objective, seq_len: int) -> dict:
+    """The objective's schedule, as recorded in config.json's `set_diffusion` section."""
+    out = {"family": objective.name, "length": int(seq_len), "block_size": int(objective.block_size),
+           "eps": float(objective.eps)}
+    if objective.name == "setdlm":
+        from ..schedule import SlidingWindow
+
+        sw = SlidingWindow.build(seq_len, objective.set_size, objective.s_max, objective.k)
+        out.update(set_size=sw.set_size, s_max=sw.s_max, k=sw.k, b=sw.b, order=objective.order,
+                   expected_budget=sw.expected_budget, k_explicit=objective.k is not None,
+                   s_max_explicit=objective.s_max is not None)
+    elif objective.name == "ar":
+        out.update(set_size=1)
+    elif objective.name == "bd3lm":
+        out.update(set_size=int(objective.block_size))
+    return out
+
+
+def hf_config(model_cfg, objective, seq_len: int, *, tokenizer_meta: dict | None = None, dtype: str = "fp32",
+              extra: dict | None = None) -> dict:
+    """config.json for an export of a model trained with `objective` at sequence length `seq_len`."""
+    m = model_cfg
+    tok = tokenizer_meta or {}
+    sd = schedule_fields(objective, seq_len)
+    sd["mask_token_id"] = int(m.mask_id)
+    sd["vocab_pad_multiple"] = int(m.vocab_pad_multiple)
+    cfg = {
+        "architectures": [ARCHITECTURE],
+        "auto_map": dict(AUTO_MAP),
+        "model_type": "setdlm",
+        "vocab_size": int(m.vocab_size),
+        "hidden_size": int(m.hidden),
+        "intermediate_size": int(m.ffn_hidden),
+        "num_hidden_layers": int(m.n_layers),
+        "num_attention_heads": int(m.n_heads),
+        "num_key_value_heads": int(m.kv_heads),
+        "head_dim": int(m.dim_head),
+        "norm_type": m.norm,
+        "norm_eps": float(m.norm_eps),
+        "mlp_type": m.activation,
+        "qk_norm": bool(m.qk_norm),
+        "bias": bool(m.bias),
+        "lm_head_bias": bool(getattr(m, "head_bias", False)),
+        "rope_theta": float(m.rope_base),
+        "max_position_embeddings": int(m.max_seq_len),
+        "hidden_dropout": float(m.dropout),
+        "attention_dropout": float(m.attention_dropout),
+        "initializer_range": float(m.init_std),
+        "tie_word_embeddings": bool(m.tie_embeddings),
+        "mask_token_id": int(m.mask_id),
+        "bos_token_id": tok.get("bos_id"),
+        "eos_token_id": tok.get("eos_id"),
+        "pad_token_id": tok.get("pad_id"),
+        "dtype": {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}[dtype],
+        "set_diffusion": sd,
+        "setdlm_format_version": FORMAT_VERSION,
+    }
+    if extra:
+        cfg.update(extra)
+    return cfg
+
+
+def configs_from_hf(config: dict) -> tuple[dict, dict, int]:
+    """(model section, objective section, seq_len) of a recipe, from an export's config.json."""
+    def need(key):
+        if key not in config:
+            raise ConvertError(f"config.json: missing field {key!r}")
+        return config[key]
+
+    sd = dict(config.get("set_diffusion") or {})
+    vocab = int(need("vocab_size"))
+    heads = int(need("num_attention_heads"))
+    model = {
+        "n_layers": int(need("num_hidden_layers")), "hidden": int(need("hidden_size")), "n_heads": heads,
+        "n_kv_heads": int(config.get("num_key_value_heads") or heads), "head_dim": config.get("head_dim"),
+        "ffn_hidden": int(need("intermediate_size")), "norm": config.get("norm_type", "layernorm"),
+        "norm_eps": float(config.get("norm_eps", 1e-5)), "activation": config.get("mlp_type", "gelu"),
+        "qk_norm": bool(config.get("qk_norm", False)), "bias": bool(config.get("bias", True)),
+        "head_bias": bool(config.get("lm_head_bias", False)), "rope_base": float(config.get("rope_theta", 10000.0)),
+        "dropout": float(config.get("hidden_dropout", 0.0)), "attention_dropout": float(config.get("attention_dropout", 0.0)),
+        "vocab_size": vocab, "mask_id": int(config.get("mask_token_id", sd.get("mask_token_id", -1))),
+        "vocab_pad_multiple": int(sd.get("vocab_pad_multiple", 128)),
+        "max_seq_len": int(config.get("max_position_embeddings", sd.get("length", 1024))),
+        "tie_embeddings": bool(config.get("tie_word_embeddings", False)),
+        "init_std": float(config.get("initializer_range", 0.02)),
+    }
+    if model["n_kv_heads"] == heads:
+        model["n_kv_heads"] = None
+    if model["head_dim"] is not None:
+        model["head_dim"] = int(model["head_dim"])
+        if model["head_dim"] * heads == model["hidden"]:
+            model["head_dim"] = None
+    family = sd.get("family", "setdlm")
+    objective = {"name": family, "block_size": int(sd.get("block_size", 4)), "eps": float(sd.get("eps", 1e-3))}
+    if family == "setdlm":
+        objective["set_size"] = int(sd.get("set_size", 4))
+        objective["order"] = sd.get("order", "sliding_window")
+        if sd.get("s_max_explicit") or ("s_max" in sd and int(sd["s_max"]) != 2 * objective["set_size"]):
+            objective["s_max"] = int(sd["s_max"])
+        if sd.get("k_explicit"):
+            objective["k"] = float(sd["k"])
+    seq_len = int(sd.get("length", model["max_seq_len"]))
+    return model, objective, seq_len

@@ -1,0 +1,95 @@
+"""Loading a trained model for inference in this process, from a checkpoint of any layout.
+
+`load_model(path)` gives (model, tokenizer, recipe config): a TP=1 Transformer of plain torch layers
+(model/layers.py), with no process group created, nothing in os.environ set and torch.distributed
+left uninitialised. `checkpoint_weights` gives the full (TP=1, PP=1) weights alone (HF export,
+`train.init_from`). A TP=1 checkpoint needs neither megatron-core nor DeepSpeed here: those are
+imported only to merge the shards of another layout (consolidate.py) or to read ZeRO-3 files.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+
+from ..safe_load import CheckpointError, load as safe_load
+from . import rundir
+
+MODEL_FILE = "mp_rank_00_model_states.pt"  # DeepSpeed's model file of an unsharded (TP=1, PP=1) run
+
+
+def _sharded(meta: dict) -> bool:
+    layout = meta.get("layout") or {}
+    return (layout.get("tp") or 1) != 1 or (layout.get("pp") or 1) != 1 or (layout.get("zero_stage") or 0) >= 3
+
+
+def checkpoint_weights(ckpt: Path, meta: dict, *, ema: bool = True) -> tuple[dict, bool]:
+    """The full (TP=1, PP=1) weights of checkpoint `ckpt`, whatever layout saved it, and whether they
+    are the EMA weights: consolidated.pt when present, the model file of an unsharded run, else the
+    shards merged in memory (consolidate.py, which refuses an incomplete checkpoint)."""
+    ckpt = Path(ckpt)
+    cons = ckpt / rundir.CONSOLIDATED
+    if cons.is_file():
+        state, where = safe_load(cons), cons
+    elif _sharded(meta):
+        from .consolidate import consolidated_state
+
+        state, where = consolidated_state(ckpt, optimizer=False), ckpt
+    else:
+        where = ckpt / MODEL_FILE
+        model_state = safe_load(where)
+        ema_file = rundir.ema_file(ckpt, 0)
+        shadow = safe_load(ema_file) if ema and ema_file.is_file() else None
+        state = {"module": model_state.get("module") if isinstance(model_state, dict) else None,
+                 "ema": shadow.get("shadow") if isinstance(shadow, dict) else None}
+    if not isinstance(state, dict) or not isinstance(state.get("module"), dict):
+        raise CheckpointError(f"{where}: holds no model weights (`module`): not a setdlm checkpoint file")
+    weights, used_ema = dict(state["module"]), False
+    if ema and isinstance(state.get("ema"), dict) and state["ema"]:
+        weights.update(state["ema"])
+        used_ema = True
+    return {k: v for k, v in weights.items() if torch.is_tensor(v)}, used_ema
+
+
+def build_model(model_cfg) -> torch.nn.Module:
+    """The one place inference builds a model: a TP=1 Transformer of `model_cfg` (its initial values
+    are overwritten by the caller; the caller's RNG is left alone)."""
+    from model.transformer import Transformer
+
+    with torch.random.fork_rng(devices=[]):
+        return Transformer(model_cfg)
+
+
+def model_with_weights(model_cfg, weights: dict, where) -> torch.nn.Module:
+    """A TP=1 model of `model_cfg` holding `weights` (every parameter and buffer, checked by name and
+    shape; CheckpointError naming `where` otherwise)."""
+    model = build_model(model_cfg)
+    own = model.state_dict()
+    wrong = [f"{k} has shape {tuple(v.shape)}, the model expects {tuple(own[k].shape)}" for k, v in weights.items()
+             if k in own and torch.is_tensor(own[k]) and tuple(own[k].shape) != tuple(v.shape)]
+    if wrong:
+        raise CheckpointError(f"{where}: weights of another model shape: {'; '.join(wrong[:2])} (a different model "
+                              "configuration?)")
+    missing, unexpected = model.load_state_dict(weights, strict=False)
+    missing = [k for k in missing if not k.endswith("_extra_state")]
+    if missing or unexpected:
+        raise CheckpointError(f"{where}: weights do not match the model (missing {missing[:3]}, "
+                              f"unexpected {unexpected[:3]})")
+    return model
+
+
+def load_model(path: str | os.PathLike, *, ema: bool = True, device: str | torch.device = "cpu"):
+    """Load a trained model for inference in this process: (model, tokenizer, recipe config).
+
+    `path` is a run directory, its checkpoints/ folder or one checkpoint. Any checkpoint works, whatever
+    TP x PP x DP layout and ZeRO stage saved it (sharded ones are merged in memory; `setdlm convert
+    consolidate` writes the merge once for repeated use)."""
+    ckpt = rundir.resolve_checkpoint(path)
+    meta = rundir.read_meta(ckpt)
+    cfg = rundir.read_recipe(ckpt, meta)
+    weights, _ = checkpoint_weights(ckpt, meta, ema=ema)
+    tokenizer = rundir.checkpoint_tokenizer(ckpt, meta, cfg.data.tokenizer)
+    model = model_with_weights(cfg.model, weights, f"checkpoint {ckpt}")
+    return model.to(device).eval(), tokenizer, cfg

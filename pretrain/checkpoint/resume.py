@@ -1,0 +1,99 @@
+"""Continuing a run from its checkpoint: the same layout through DeepSpeed's own loader, another
+TP/PP/DP layout from the checkpoint's consolidated.pt (relayout.py).
+
+The trainer asks `check_compatible` first, so a checkpoint of another model shape or objective is
+refused before DeepSpeed reads any of it. DeepSpeed's own `torch.load` calls run inside
+`restricted_torch_load` (weights only, pretrain/safe_load.py).
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+from ..safe_load import CheckpointError, load as safe_load, restricted_torch_load
+from . import rundir
+from .relayout import load_consolidated
+
+# the recipe fields that define a checkpoint's weights and what they are trained for
+_IDENTITY = {"model": ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "norm", "activation",
+                       "qk_norm", "bias", "vocab_size", "mask_id", "vocab_pad_multiple", "tie_embeddings", "head_bias"),
+             "objective": ("name",)}
+
+
+def check_compatible(meta: dict, cfg, path: Path) -> None:
+    """Refuse to resume `cfg` from a checkpoint of another model shape or objective (naming the
+    fields that differ), before DeepSpeed loads any of it."""
+    saved, now = meta.get("config", {}), cfg.to_dict()
+    diffs = []
+    for section, keys in _IDENTITY.items():
+        a, b = saved.get(section) or {}, now.get(section) or {}
+        diffs += [f"{section}.{k}: checkpoint {a[k]!r}, recipe {b[k]!r}" for k in keys
+                  if k in a and k in b and a[k] != b[k]]
+    if diffs:
+        raise CheckpointError(f"checkpoint {path} holds another model or objective (" + "; ".join(diffs[:3])
+                              + "); continue it with its own recipe, or use a new run.name for a new model")
+
+
+def same_layout(meta: dict, tp: int, pp: int, dp: int, zero_stage: int) -> bool:
+    """Whether the checkpoint was saved under this TP x PP x DP layout and ZeRO stage."""
+    saved = meta["layout"]
+    return (saved["tp"], saved["pp"], saved["dp"], saved.get("zero_stage", 0)) == (tp, pp, dp, zero_stage)
+
+
+def set_scheduler_step(scheduler, step: int) -> None:
+    """Put a fresh LR scheduler at optimizer step `step` (as if it had stepped `step` times)."""
+    scheduler.last_epoch = step - 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "lr_scheduler.step() before optimizer.step()"
+        scheduler.step()
+
+
+def load(engine, path: Path, *, rank: int, mp_rank: int) -> tuple[dict, dict, dict | None]:
+    """Restore engine state from `path` (saved under this layout); returns (meta, this rank's extra,
+    EMA state or None)."""
+    path = Path(path)
+    meta = rundir.read_meta(path)
+    if not sorted(path.glob("*model_states.pt")):
+        raise CheckpointError(f"checkpoint {path}: no DeepSpeed model files (*model_states.pt): an incomplete copy")
+    try:
+        with restricted_torch_load():  # DeepSpeed's own torch.load calls: weights only
+            load_path, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_optimizer_states=True,
+                                                  load_lr_scheduler_states=True)
+    except (FileNotFoundError, AssertionError) as e:  # DeepSpeed: a shard of this rank is absent
+        raise CheckpointError(f"checkpoint {path}: a file DeepSpeed needs is missing ({e}); the checkpoint is "
+                              "incomplete") from None
+    except (KeyError, RuntimeError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        raise CheckpointError(f"checkpoint {path}: DeepSpeed cannot load it into this model "
+                              f"({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+    if load_path is None:
+        raise CheckpointError(f"checkpoint {path}: DeepSpeed found no engine state to load")
+    extra, ema = rundir.extra_file(path, rank), rundir.ema_file(path, mp_rank)
+    return meta, safe_load(extra) if extra.is_file() else {}, safe_load(ema) if ema.is_file() else None
+
+
+def load_relayout(engine, path: Path, *, ema) -> tuple[dict, dict, list[str]]:
+    """Continue a run saved under another TP/PP/DP layout from its consolidated.pt: weights, fp32
+    masters, Adam moments, EMA (relayout.load_consolidated); returns (meta, extra, notes) where extra
+    holds the RNG state of the old rank 0 and the data position (valid under any data-parallel size)."""
+    path = Path(path)
+    meta = rundir.read_meta(path)
+    cons = path / rundir.CONSOLIDATED
+    saved = meta["layout"]
+    if not cons.is_file():
+        raise CheckpointError(f"checkpoint {path}: saved with tp={saved['tp']} pp={saved['pp']} dp={saved['dp']}; to "
+                              f"continue under another layout consolidate it first (setdlm convert consolidate "
+                              f"--checkpoint {path})")
+    notes = load_consolidated(engine, safe_load(cons), ema=ema)
+    extras = [safe_load(f) for f in sorted(path.glob("extra_rank*.pt"))]
+    extra = {"rng": extras[0]["rng"]} if extras else {}
+    # The data order is one global sequence (data_pipeline/order.py): any rank's loader state continues
+    # it under any data-parallel size.
+    data = [e["data"] for e in extras if isinstance(e.get("data"), dict)]
+    if data:
+        extra["data"] = data[0]
+    else:
+        notes.append("no data position in the checkpoint: the data order starts from the beginning")
+    return meta, extra, notes

@@ -1,0 +1,200 @@
+"""The run directory's files: where each thing lives, which checkpoint is current, and its metadata.
+
+    RUN/config.yaml                 resolved recipe
+    RUN/tokenizer/                  the tokenizer the run trained with
+    RUN/checkpoints/latest          name of the newest complete checkpoint (replaced atomically)
+    RUN/checkpoints/step_00000100/  one checkpoint: meta.json, COMPLETE, and the files of save.py
+
+Everything that reads a run directory (resume, `train.init_from`, consolidate, convert, sample,
+eval) finds checkpoints, `meta.json` and the tokenizer through this module. A `latest` pointer that
+names a missing or incomplete step is not trusted: the newest complete checkpoint is used instead,
+and the fallback is reported. Every problem is a `CheckpointError` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from common.io import atomic_write_text
+
+from ..safe_load import CheckpointError
+
+CHECKPOINTS = "checkpoints"
+LATEST = "latest"
+COMPLETE = "COMPLETE"
+META = "meta.json"
+CONSOLIDATED = "consolidated.pt"
+TOKENIZER = "tokenizer"
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def checkpoints_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / CHECKPOINTS
+
+
+def tokenizer_dir(run_dir: str | os.PathLike) -> Path:
+    return Path(run_dir) / TOKENIZER
+
+
+def extra_file(ckpt: str | os.PathLike, rank: int) -> Path:
+    """Rank `rank`'s RNG states and data position (save.py)."""
+    return Path(ckpt) / f"extra_rank{rank:05d}.pt"
+
+
+def ema_file(ckpt: str | os.PathLike, mp_rank: int) -> Path:
+    """The EMA weights of model-parallel rank `mp_rank` (save.py)."""
+    return Path(ckpt) / f"ema_mp_rank_{mp_rank:02d}.pt"
+
+
+def run_of(ckpt: str | os.PathLike) -> Path:
+    """The run directory that holds checkpoint folder `ckpt` (RUN/checkpoints/step_N)."""
+    return Path(ckpt).parent.parent
+
+
+# -- meta.json -------------------------------------------------------------------------------------
+def read_meta(ckpt: str | os.PathLike, *, require: tuple[str, ...] = ("step", "config")) -> dict:
+    """`meta.json` of checkpoint folder `ckpt`; CheckpointError when it is missing, truncated, not an
+    object, or lacks a key of `require` (setdlm's checkpoints have `step` and `config`)."""
+    f = Path(ckpt) / META
+    try:
+        meta = json.loads(f.read_text())
+    except FileNotFoundError:
+        raise CheckpointError(f"{f}: missing (not a setdlm checkpoint, or an incomplete copy)") from None
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise CheckpointError(f"{f}: unreadable or truncated ({type(e).__name__}: {str(e)[:80]})") from None
+    if not isinstance(meta, dict) or not isinstance(meta.get("layout", {}), dict):
+        raise CheckpointError(f"{f}: not a setdlm checkpoint's metadata")
+    if any(k not in meta for k in require) or ("config" in require and not isinstance(meta["config"], dict)):
+        need = " and ".join(f"`{k}`" for k in require)
+        raise CheckpointError(f"{f}: not a setdlm checkpoint's metadata (needs {need})")
+    return meta
+
+
+def write_meta(ckpt: str | os.PathLike, meta: dict) -> None:
+    atomic_write_text(Path(ckpt) / META, json.dumps(meta, indent=1, default=str))
+
+
+def read_recipe(ckpt: str | os.PathLike, meta: dict):
+    """The RecipeConfig a checkpoint was trained with (from its meta.json)."""
+    from ..config import from_dict
+
+    try:
+        return from_dict(meta["config"])
+    except (TypeError, ValueError) as e:
+        raise CheckpointError(f"{Path(ckpt) / META}: its recipe is not valid here ({e})") from None
+
+
+# -- which checkpoint --------------------------------------------------------------------------------
+def is_complete(ckpt: str | os.PathLike) -> bool:
+    """A finished save: the COMPLETE marker and a readable meta.json."""
+    if not (Path(ckpt) / COMPLETE).is_file():
+        return False
+    try:
+        read_meta(ckpt, require=())
+    except CheckpointError:
+        return False
+    return True
+
+
+def mark_complete(ckpt: str | os.PathLike) -> None:
+    (Path(ckpt) / COMPLETE).touch()
+
+
+def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
+    """The complete step_* checkpoints under `root` (a checkpoints/ folder), oldest first."""
+    return sorted(p for p in Path(root).glob("step_*") if p.is_dir() and is_complete(p))
+
+
+def latest_tag(root: str | os.PathLike) -> str | None:
+    """What `latest` says (None when there is no readable pointer)."""
+    try:
+        return (Path(root) / LATEST).read_text().strip() or None
+    except (OSError, UnicodeDecodeError):
+        return None
+
+
+def point_latest(root: str | os.PathLike, tag: str) -> None:
+    atomic_write_text(Path(root) / LATEST, tag)
+
+
+def latest_checkpoint(root: str | os.PathLike, notes: list[str] | None = None) -> Path | None:
+    """The checkpoint `latest` names; when that is missing or incomplete, the newest complete one
+    (saying so in `notes`, a list the caller prints). None when there is no `latest` pointer."""
+    root = Path(root)
+    pointer = root / LATEST
+    if not pointer.is_file():
+        return None
+    tag = latest_tag(root) or ""
+    path = root / tag
+    if tag and "/" not in tag and is_complete(path):
+        return path
+    why = ("is empty or unreadable" if not tag else
+           f"names {tag}, which is missing" if not path.is_dir() else
+           f"names {tag}, which is incomplete (no {COMPLETE} marker or unreadable {META})")
+    done = complete_checkpoints(root)
+    if not done:
+        raise CheckpointError(f"{pointer}: {why}, and there is no complete checkpoint in {root}; "
+                              f"remove {root} to start the run afresh")
+    if notes is not None:
+        notes.append(f"checkpoint: {pointer} {why}; using the newest complete checkpoint, {done[-1]}")
+    return done[-1]
+
+
+def resolve_checkpoint(path: str | os.PathLike, notes: list[str] | None = None) -> Path:
+    """One checkpoint folder from a run directory, its checkpoints/ folder, or the folder itself. When
+    `latest` is broken, the newest complete checkpoint is used and the fallback is reported in `notes`
+    (printed to stderr when no list is given)."""
+    p = Path(path)
+    if not p.exists():
+        raise CheckpointError(f"checkpoint {p}: no such file or directory")
+    if (p / META).is_file():
+        return p
+    for root in (checkpoints_dir(p), p):
+        if (root / LATEST).is_file():
+            said: list[str] = []
+            found = latest_checkpoint(root, notes=said)
+            if notes is not None:
+                notes += said
+            else:
+                for line in said:
+                    print(f"setdlm: {line}", file=sys.stderr)
+            if found is not None:
+                return found
+    raise CheckpointError(f"checkpoint {p}: not a run directory or checkpoint (no {CHECKPOINTS}/{LATEST} or {META})")
+
+
+# -- the tokenizer ---------------------------------------------------------------------------------
+def tokenizer_location(ckpt: str | os.PathLike, recipe_tokenizer: str) -> str:
+    """Where the tokenizer of checkpoint `ckpt` is: its run's saved copy (RUN/tokenizer), else the
+    recipe's `data.tokenizer`."""
+    d = tokenizer_dir(run_of(ckpt))
+    return str(d) if d.is_dir() else recipe_tokenizer
+
+
+def check_tokenizer(tokenizer, meta: dict, ckpt: str | os.PathLike) -> None:
+    """CheckpointError when `tokenizer` is not the one the checkpoint was trained with (sha256 in meta)."""
+    want = meta.get("tokenizer_sha256")
+    if want and tokenizer.sha256 != want:
+        raise CheckpointError(f"checkpoint {ckpt}: tokenizer {tokenizer.name!r} (sha256 {tokenizer.sha256[:12]}) is "
+                              f"not the one it was trained with ({want[:12]})")
+
+
+def checkpoint_tokenizer(ckpt: str | os.PathLike, meta: dict, recipe_tokenizer: str):
+    """The tokenizer checkpoint `ckpt` was trained with, checked against its sha256. A built-in one
+    (`gpt2`, ...) named by the recipe is used when it matches (built from package files, cached)."""
+    from data_pipeline.tokenizers import BUILTIN, load_tokenizer
+
+    want = meta.get("tokenizer_sha256")
+    if want and recipe_tokenizer in BUILTIN:
+        tok = load_tokenizer(recipe_tokenizer)
+        if tok.sha256 == want:
+            return tok
+    tok = load_tokenizer(tokenizer_location(ckpt, recipe_tokenizer))
+    check_tokenizer(tok, meta, ckpt)
+    return tok
