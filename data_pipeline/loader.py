@@ -6,7 +6,9 @@ With workers, torch's `DataLoader` hands batches out round-robin over its worker
 the rank's batches ``j0 + i, j0 + i + n, ...``, so the batches, and which samples they hold, do not
 depend on ``data.num_workers``. A loader's state is a start position and a batch count; a loader
 restored from it, under any data-parallel size, micro-batch or worker count, continues the global
-order exactly where it stopped (at an optimizer-step boundary when the layout changed).
+order exactly where it stopped (at an optimizer-step boundary when the layout changed). A mixture
+(`data.mixture`) is one source whose train positions go through its schedule (blend.py,
+mixture_state.py): the state then also holds the schedule and the samples consumed per source.
 """
 from __future__ import annotations
 
@@ -47,7 +49,10 @@ class TokenLoader:
     batches per rank, all full; ``loader.dropped_samples`` are left out), so every layout evaluates the
     same samples. ``epoch`` is the epoch of the latest sample delivered. Bad shards skipped under
     ``skip_bad_shards`` are counted in ``skipped_shards`` / ``skipped_samples`` and logged; their samples
-    are left out of their micro-batches (a shorter batch, empty if all its samples were bad).
+    are left out of their micro-batches (a shorter batch, empty if all its samples were bad). A mixture's
+    train loader has ``mixture`` (its schedule), ``record()`` (per-source samples and tokens),
+    ``source_epochs()``; under ``data.on_exhausted: stop`` it ends before the first step that would
+    reread a source and names it in ``exhausted``.
     """
 
     def __init__(self, source, cfg: DataConfig, *, split: str, micro_batch: int, dp_rank: int,
