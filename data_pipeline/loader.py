@@ -6,15 +6,15 @@ With workers, torch's `DataLoader` hands batches out round-robin over its worker
 the rank's batches ``j0 + i, j0 + i + n, ...``, so the batches, and which samples they hold, do not
 depend on ``data.num_workers``. A loader's state is a start position and a batch count; a loader
 restored from it, under any data-parallel size, micro-batch or worker count, continues the global
-order exactly where it stopped (at an optimizer-step boundary when the layout changed).
+order exactly where it stopped (at an optimizer-step boundary when the layout changed). A mixture
+(`data.mixture`) is one source whose train positions go through its schedule (blend.py,
+mixture_state.py): the state then also holds the schedule and the samples consumed per source.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
-from collections import OrderedDict
-from dataclasses import dataclass, field
 
-import numpy as np
 import torch
 
 from common.errors import Error
@@ -22,7 +22,10 @@ from common.schema import ConfigError
 
 from . import order
 from .config import DataConfig
-from .sources import BuiltinSource, ShardError, check_split
+from .mixture import MixtureSource, open_source
+from .mixture_state import MixtureSchedule
+from .reader import Plan, WorkerStreams, batches, clean_worker_errors
+from .sources import check_split
 
 
 class LoaderStateError(Error):
@@ -31,128 +34,6 @@ class LoaderStateError(Error):
 
 log = logging.getLogger("setdlm.data")
 STATE_VERSION = 2
-
-
-@dataclass
-class _Plan:
-    """Everything a reader needs (picklable, sent to worker processes)."""
-    source: object
-    split: str
-    micro_batch: int
-    global_batch: int
-    dp_rank: int
-    dp_size: int
-    n_workers: int  # >= 1 (0 workers means one reader in the main process)
-    seed: int
-    shuffle: bool
-    window: int
-    skip_bad: bool
-    with_ids: bool
-    n_batches: int | None  # val: batches per rank in one pass; train: None (infinite)
-
-
-@dataclass
-class _Stats:
-    shards: int = 0
-    samples: int = 0
-    names: list = field(default_factory=list)
-
-
-class _Reader:
-    """Reads rows at global positions, keeping the units of the latest windows in memory."""
-
-    def __init__(self, plan: _Plan, stats: _Stats):
-        self.plan, self.stats = plan, stats
-        counts = plan.source.counts(plan.split)
-        self.order = order.GlobalOrder(counts, plan.seed, plan.shuffle, plan.window)
-        self.counts, self.first = counts, plan.source.first_ids(plan.split)
-        self.cache: OrderedDict = OrderedDict()  # unit -> rows (None: bad unit)
-        self.bad: set = set()
-
-    def _unit(self, u: int):
-        if u in self.cache:
-            self.cache.move_to_end(u)
-            return self.cache[u]
-        rows = None
-        if u not in self.bad:
-            try:
-                rows = self.plan.source.read_unit(self.plan.split, u)
-                if len(rows) != int(self.counts[u]):
-                    raise ShardError(f"{self.plan.source.unit_name(self.plan.split, u)}: holds {len(rows)} samples, "
-                                     f"the manifest says {int(self.counts[u])}")
-            except ShardError as e:
-                if not self.plan.skip_bad:
-                    raise
-                self.bad.add(u)
-                self.stats.shards += 1
-                self.stats.samples += int(self.counts[u])
-                self.stats.names.append(self.plan.source.unit_name(self.plan.split, u))
-                log.warning("skipping bad shard (data.skip_bad_shards=true; %d shards, %d samples skipped so far "
-                            "by this reader): %s", self.stats.shards, self.stats.samples, e)
-                rows = None
-        self.cache[u] = rows
-        while len(self.cache) > 2 * self.plan.window + 2:
-            self.cache.popitem(last=False)
-        return rows
-
-    def batch(self, positions: np.ndarray):
-        epochs, _, units, rows_in = self.order.locate(positions)
-        keep, rows = [], []
-        for i, (u, r) in enumerate(zip(units.tolist(), rows_in.tolist())):
-            data = self._unit(u)
-            if data is not None:
-                keep.append(i)
-                rows.append(data[r])
-        keep = np.array(keep, dtype=np.int64)
-        return rows, positions[keep], (self.first[units] + rows_in)[keep], epochs[keep]
-
-
-def _batches(plan: _Plan, start: int, first: int, stride: int):
-    """Micro-batches (tensors, meta) of this rank: batches first, first + stride, ... (from `start`)."""
-    stats = _Stats()
-    reader = _Reader(plan, stats)
-    j = first
-    while plan.n_batches is None or j < plan.n_batches:
-        pos = order.rank_positions(j, start, plan.global_batch, plan.micro_batch, plan.dp_rank, plan.dp_size)
-        wanted = pos
-        rows, pos, ids, epochs = reader.batch(wanted)
-        tokens = np.stack(rows) if rows else np.zeros((0, plan.source.seq_len))  # all in bad shards: empty
-        if tokens.ndim == 3:  # prompt/answer shards: (ids, context mask, valid mask) per row
-            batch = {"input_ids": torch.from_numpy(tokens[:, 0].astype(np.int64)),
-                     "context_mask": torch.from_numpy(tokens[:, 1] != 0),
-                     "valid_mask": torch.from_numpy(tokens[:, 2] != 0)}
-        else:
-            batch = {"input_ids": torch.from_numpy(tokens.astype(np.int64))}
-        batch["sample_index"] = torch.from_numpy(pos.copy())
-        if plan.with_ids:
-            batch["sample_id"] = torch.from_numpy(ids.astype(np.int64))
-            batch["epoch"] = torch.from_numpy(epochs.astype(np.int64))
-        epoch = int(epochs.max()) if len(epochs) else int(wanted[-1]) // reader.order.n
-        yield batch, {"batch": j, "epoch": epoch, "bad": sorted(reader.bad)}
-        j += stride
-
-
-class _WorkerStreams(torch.utils.data.IterableDataset):
-    """DataLoader dataset: DataLoader worker i builds the rank's batches first + i, first + i + n, ..."""
-
-    def __init__(self, plan: _Plan, start: int, first: int):
-        self.plan, self.start, self.first = plan, start, first
-
-    def __iter__(self):
-        info = torch.utils.data.get_worker_info()
-        i = 0 if info is None else info.id
-        return _batches(self.plan, self.start, self.first + i, self.plan.n_workers)
-
-
-def _clean_worker_errors(it):
-    """Re-raise a worker's ShardError with its own message (not torch's traceback dump)."""
-    try:
-        yield from it
-    except ShardError as e:
-        msg = str(e)
-        if "Original Traceback" in msg:
-            msg = msg.rstrip().splitlines()[-1].split("ShardError: ", 1)[-1]
-        raise ShardError(msg) from None
 
 
 class TokenLoader:
@@ -168,7 +49,10 @@ class TokenLoader:
     batches per rank, all full; ``loader.dropped_samples`` are left out), so every layout evaluates the
     same samples. ``epoch`` is the epoch of the latest sample delivered. Bad shards skipped under
     ``skip_bad_shards`` are counted in ``skipped_shards`` / ``skipped_samples`` and logged; their samples
-    are left out of their micro-batches (a shorter batch, empty if all its samples were bad).
+    are left out of their micro-batches (a shorter batch, empty if all its samples were bad). A mixture's
+    train loader has ``mixture`` (its schedule), ``record()`` (per-source samples and tokens),
+    ``source_epochs()``; under ``data.on_exhausted: stop`` it ends before the first step that would
+    reread a source and names it in ``exhausted``.
     """
 
     def __init__(self, source, cfg: DataConfig, *, split: str, micro_batch: int, dp_rank: int,
@@ -193,7 +77,10 @@ class TokenLoader:
                                   f"{global_batch}); lower the batch or use a larger validation split")
             n_batches = n_eval // global_batch * self.accum
             self.dropped_samples = self.num_samples - n_eval
-        self._plan = _Plan(source, split, micro_batch, global_batch, dp_rank, dp_size, max(1, cfg.num_workers), seed,
+        # a mixture's train split: which source each position reads (its val split: the sources' end to end)
+        self.mixture = MixtureSchedule(source, global_batch, self.seq_len) \
+            if isinstance(source, MixtureSource) and split == "train" else None
+        self._plan = Plan(source, split, micro_batch, global_batch, dp_rank, dp_size, max(1, cfg.num_workers), seed,
                            cfg.shuffle and split == "train", cfg.shuffle_window, cfg.skip_bad_shards,
                            cfg.with_sample_ids, n_batches)
         self._num_batches = n_batches
@@ -202,6 +89,8 @@ class TokenLoader:
         self.epoch = 0
         self._bad: set = set()  # units found bad (skip_bad_shards)
         self._resume_pending = False
+        self.exhausted: str | None = None  # data.on_exhausted=stop: the source that ran out (iteration ended)
+        self.notes: list[str] = []  # what a resume changed (a new mixture schedule)
 
     @property
     def skipped_shards(self) -> int:
@@ -226,14 +115,23 @@ class TokenLoader:
             self._batches = 0
         self._resume_pending = False
         first = self._batches
+        plan, stop = self._plan, None
+        if self.mixture is not None:
+            plan = dataclasses.replace(plan, blend=self.mixture.blend)
+            if self.cfg.on_exhausted == "stop":
+                steps, stop = self.mixture.stop_step(self._start)
+                plan.n_batches = steps * self.accum
         if self.cfg.num_workers == 0:
-            it = _batches(self._plan, self._start, first, 1)
+            it = batches(plan, self._start, first, 1)
         else:
             it = iter(torch.utils.data.DataLoader(
-                _WorkerStreams(self._plan, self._start, first), batch_size=None,
+                WorkerStreams(plan, self._start, first), batch_size=None,
                 num_workers=self.cfg.num_workers, prefetch_factor=self.cfg.prefetch_factor,
-                persistent_workers=False))
-        for batch, meta in _clean_worker_errors(it):
+                persistent_workers=False,
+                # its own generator: the workers' base seed must not draw from the global RNG, or the
+                # training's dropout would depend on num_workers and on when the iterator was made
+                generator=torch.Generator().manual_seed(self.seed)))
+        for batch, meta in clean_worker_errors(it):
             self._batches = meta["batch"] + 1
             self.epoch = meta["epoch"]
             new = set(meta["bad"]) - self._bad
@@ -242,6 +140,24 @@ class TokenLoader:
                 log.warning("data loader (rank %d, split %s): %d bad shards / %d samples skipped so far",
                             self.dp_rank, self.split, self.skipped_shards, self.skipped_samples)
             yield batch
+        if stop is not None:
+            self.exhausted = stop
+
+    # -- what was read -----------------------------------------------------------------------------
+    def record(self) -> dict:
+        """Per source: samples and tokens consumed before `position`, completed epochs (meta.json's `data`)."""
+        pos = self.position
+        if self.mixture is not None:
+            sources = self.mixture.record(pos)
+        else:
+            n = int(self._counts.sum())
+            sources = {"data": {"source": self.cfg.source, "weight": 1.0, "share": 1.0, "samples": pos,
+                                "tokens": pos * self.seq_len, "epochs": pos // n, "train_samples": n}}
+        return {"position": pos, "seq_len": self.seq_len, "sources": sources}
+
+    def source_epochs(self) -> dict[str, int]:
+        """A mixture's completed epochs per source at `position` ({} for one source)."""
+        return self.mixture.epochs(self.position) if self.mixture is not None else {}
 
     # -- checkpointing -----------------------------------------------------------------------------
     def state_dict(self) -> dict:
@@ -251,7 +167,8 @@ class TokenLoader:
                 "micro_batch": self.micro_batch, "global_batch": self.global_batch, "rank": self.dp_rank,
                 "start": self._start, "batches": self._batches, "epoch": self.epoch,
                 "skipped_shards": self.skipped_shards, "skipped_samples": self.skipped_samples,
-                "bad_units": sorted(int(u) for u in self._bad)}
+                "bad_units": sorted(int(u) for u in self._bad),
+                **({"mixture": self.mixture.state(self.position)} if self.mixture is not None else {})}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from `state` (call before iterating). Seed, shuffling and data must match the saved
@@ -267,6 +184,8 @@ class TokenLoader:
             raise LoaderStateError(f"data loader state was saved with {what}={saved!r}, this loader has {what}={now!r}; "
                                    f"resuming would repeat or skip data{hint}")
 
+        if self.mixture is not None:  # names first: a clearer message than the fingerprint's
+            self.mixture.check_sources(state.get("mixture"))
         for key, now in (("split", self.split), ("source", self.source.fingerprint), ("seq_len", self.seq_len),
                          ("seed", self.seed), ("shuffle", self._plan.shuffle),
                          ("shuffle_window", self._plan.window)):
@@ -288,6 +207,9 @@ class TokenLoader:
                 f"{saved_accum} per step); it can only resume under the same global_batch, micro_batch and "
                 f"dp_size ({layout[0]}, {layout[1]}, {layout[2]}), not ({self.global_batch}, "
                 f"{self.micro_batch}, {self.dp_size})")
+        if self.mixture is not None:
+            self.notes = self.mixture.restore(state["mixture"], start + batches // self.accum * self.global_batch,
+                                              batches % self.accum == 0, self.cfg.allow_reweight)
         self._start, self._batches = start, batches
         self._resume_pending = True
         self._bad = {int(u) for u in state.get("bad_units", [])}
@@ -306,17 +228,6 @@ def build_loader(cfg: DataConfig, *, split: str, tokenizer, micro_batch: int, dp
             raise ValueError(f"{name}: must be an integer >= {lo}, got {v!r}")
     if dp_rank >= dp_size:
         raise ValueError(f"dp_rank: {dp_rank} is not below dp_size {dp_size}")
-    if cfg.is_builtin:
-        from .config import EXAMPLE_PACKINGS
-
-        if cfg.packing in EXAMPLE_PACKINGS:
-            raise ConfigError(f"data.packing: {cfg.packing!r} rows come from prompt/answer shards (setdlm data prepare "
-                              "--format prompt_answer); builtin corpora are packed 'wrapped' or 'wrapped_bos_eos'")
-        source = BuiltinSource(cfg.source[len("builtin:"):], tokenizer, cfg.seq_len, cfg.packing,
-                               float(cfg.val_fraction))
-    else:
-        from .shards import ShardSource
-
-        source = ShardSource.open(cfg, tokenizer)
+    source = open_source(cfg, tokenizer)
     return TokenLoader(source, cfg, split=split, micro_batch=micro_batch, dp_rank=dp_rank, dp_size=dp_size,
                        seed=seed, global_batch=global_batch)

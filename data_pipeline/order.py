@@ -88,16 +88,18 @@ class GlobalOrder:
         positions = np.asarray(positions, dtype=np.int64)
         epochs, within = np.divmod(positions, self.n)
         out_w, out_u, out_r = (np.empty_like(positions) for _ in range(3))
-        for e in np.unique(epochs):
-            sel = epochs == e
-            w_units, w_end = self._epoch(int(e))
+        for e in _groups(epochs):
+            sel = slice(None) if e is None else epochs == e
+            e = int(epochs[0]) if e is None else int(e)
+            w_units, w_end = self._epoch(e)
             i = within[sel]
             w = np.searchsorted(w_end, i, side="right")
             out_w[sel] = w
             u_sel, r_sel = np.empty_like(i), np.empty_like(i)
-            for wi in np.unique(w):
-                s = w == wi
-                units, u_end, perm = self._window(int(e), int(wi))
+            for wi in _groups(w):
+                s = slice(None) if wi is None else w == wi
+                wi = int(w[0]) if wi is None else int(wi)
+                units, u_end, perm = self._window(e, wi)
                 start = w_end[wi - 1] if wi > 0 else 0
                 k = perm[i[s] - start]  # sample index inside the window's concatenated units
                 j = np.searchsorted(u_end, k, side="right")
@@ -105,6 +107,13 @@ class GlobalOrder:
                 r_sel[s] = k - (u_end[j] - self.counts[units[j]])
             out_u[sel], out_r[sel] = u_sel, r_sel
         return epochs, out_w, out_u, out_r
+
+
+def _groups(values: np.ndarray):
+    """The distinct values to loop over; [None] (meaning: all of them, one value) in the common case."""
+    if len(values) and values.min() == values.max():
+        return [None]
+    return np.unique(values)
 
 
 def rank_positions(batch: int, start: int, global_batch: int, micro_batch: int, dp_rank: int,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from data_pipeline.loader import build_loader
+from data_pipeline.mixture import source_configs
 from data_pipeline.tokenizers import load_tokenizer
 from model.noise import TRAIN, VAL, SampleNoise
 from model.objectives import build_objective, summarize
@@ -88,7 +90,8 @@ class Trainer:
         return {"step": self.step, "tokens_seen": self.tokens_seen, "wandb_id": self.logger.wandb_id,
                 "layout": {"world": self.world, "tp": p.tp, "pp": p.pp, "dp": self.dp_size, "zero_stage": p.zero_stage},
                 "tokenizer": self.tokenizer.name, "tokenizer_sha256": self.tokenizer.sha256,
-                "objective": self.cfg.objective.name, "config": self.cfg.to_dict()}
+                "objective": self.cfg.objective.name, "config": self.cfg.to_dict(),
+                "data": self.train_loader.record()}  # per source: samples, tokens, epochs (`setdlm data inspect RUN`)
 
     def save(self) -> Path:
         extra = {"rng": rng.rng_state(), "data": self.train_loader.state_dict(), "step": self.step}
@@ -119,6 +122,7 @@ class Trainer:
         rng.set_rng_state(extra["rng"])
         if "data" in extra:
             self.train_loader.load_state_dict(extra["data"])
+            self.notes += self.train_loader.notes  # a mixture's new schedule (other weights or global batch)
         return True
 
     # -- evaluation ----------------------------------------------------------------------------
@@ -130,8 +134,7 @@ class Trainer:
         cfg = self.cfg
         V = cfg.model.vocab_size
 
-        def count(split: str, limit: int) -> torch.Tensor:
-            loader = self._loader(split)
+        def count(loader, limit: int) -> torch.Tensor:
             c = torch.zeros(V, dtype=torch.float64)
             for i, batch in enumerate(loader):
                 if limit and i >= limit:
@@ -145,38 +148,62 @@ class Trainer:
             return c
 
         accum = cfg.grad_accum(self.world)
-        train = count("train", max_train_batches * accum)
-        val = count("val", cfg.train.eval_batches * accum)
+        train = count(self._loader("train"), max_train_batches * accum)
         logp = ((train + 0.5) / (train.sum() + 0.5 * V)).log()
-        return float(-(val * logp).sum() / val.sum().clamp(min=1))
+        nll = 0.0
+        for _, share, loader in self._val_loaders():  # a mixture: the weighted mean, as val/nll
+            val = count(loader, cfg.train.eval_batches * accum)
+            nll += share * float(-(val * logp).sum() / val.sum().clamp(min=1))
+        return nll
 
     @torch.no_grad()
     def validate(self) -> dict:
-        cfg = self.cfg
-        loader = self._loader("val")
-        limit = cfg.train.eval_batches * cfg.grad_accum(self.world)  # eval_batches global batches
+        """val/nll, val/bpt, val/ppl, val/tokens; a mixture adds val/nll/NAME and val/tokens/NAME per source
+        (each source's val split scored as a one-source run scores it) and its totals are the weighted means."""
+        parts = self._val_loaders()
         ema = self.ema.applied(self.model) if self.ema is not None else contextlib.nullcontext()
-        acc: dict = {}
         with ema:  # validate the EMA weights, as they are the ones exported
             self.model.eval()
-            micro = []
-            for i, batch in enumerate(loader):
-                if limit and i >= limit:
-                    break
-                micro.append(self._prepare(batch, VAL, bound=True))
-                if len(micro) == 16:  # bounded memory on long validation splits
-                    add_metrics(acc, self.stepper.eval_step(micro))
-                    micro = []
-            add_metrics(acc, self.stepper.eval_step(micro))
+            totals = [self._score(loader) for _, _, loader in parts]
             self.model.train()
-        total = self.stepper.reduce(acc)
-        s = summarize(total)
-        return {"val/nll": s.get("nll"), "val/bpt": s.get("bpt"), "val/ppl": s.get("ppl"),
-                "val/tokens": total.get("nll_tokens", 0.0)}
+        if len(parts) == 1 and parts[0][0] is None:
+            total = totals[0]
+            s = summarize(total)
+            return {"val/nll": s.get("nll"), "val/bpt": s.get("bpt"), "val/ppl": s.get("ppl"),
+                    "val/tokens": total.get("nll_tokens", 0.0)}
+        out, nll = {}, 0.0
+        for (name, share, _), total in zip(parts, totals):
+            s = summarize(total)
+            out[f"val/nll/{name}"], out[f"val/tokens/{name}"] = s.get("nll"), total.get("nll_tokens", 0.0)
+            nll = None if nll is None or s.get("nll") is None else nll + share * s["nll"]
+        return {"val/nll": nll, "val/bpt": None if nll is None else nll / math.log(2),
+                "val/ppl": None if nll is None else math.exp(min(nll, 50.0)),
+                "val/tokens": sum(out[f"val/tokens/{n}"] for n, _, _ in parts), **out}
 
-    def _loader(self, split: str):
+    def _score(self, loader) -> dict:
+        """Summed objective metrics of (train.eval_batches global batches of) a validation loader."""
+        limit = self.cfg.train.eval_batches * self.cfg.grad_accum(self.world)  # eval_batches global batches
+        acc: dict = {}
+        micro = []
+        for i, batch in enumerate(loader):
+            if limit and i >= limit:
+                break
+            micro.append(self._prepare(batch, VAL, bound=True))
+            if len(micro) == 16:  # bounded memory on long validation splits
+                add_metrics(acc, self.stepper.eval_step(micro))
+                micro = []
+        add_metrics(acc, self.stepper.eval_step(micro))
+        return self.stepper.reduce(acc)
+
+    def _val_loaders(self) -> list[tuple[str | None, float, object]]:
+        """(name, share, val loader): one source (name None), or each source of a mixture."""
+        if not self.cfg.data.mixture:
+            return [(None, 1.0, self._loader("val"))]
+        return [(name, share, self._loader("val", one)) for name, share, one in source_configs(self.cfg.data)]
+
+    def _loader(self, split: str, data=None):
         cfg = self.cfg
-        return build_loader(cfg.data, split=split, tokenizer=self.tokenizer, micro_batch=cfg.train.micro_batch,
+        return build_loader(data or cfg.data, split=split, tokenizer=self.tokenizer, micro_batch=cfg.train.micro_batch,
                             dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.run.seed,
                             global_batch=cfg.train.global_batch)
 
@@ -231,8 +258,13 @@ class Trainer:
         window_t, window_steps = time.perf_counter(), 0
         window_loss: dict = {}
         preempted = False
+        epochs = self.train_loader.source_epochs()
         while self.step < t.max_steps:
-            micro = [self._prepare(next(train_iter), TRAIN) for _ in range(accum)]
+            try:
+                micro = [self._prepare(next(train_iter), TRAIN) for _ in range(accum)]
+            except StopIteration:  # data.on_exhausted=stop: a mixture source ran out (at a step boundary)
+                last["exhausted"] = self._end_of_data()
+                break
             m, gnorm = self.stepper.train_step(micro)
             add_metrics(window_loss, m)
             self.step += 1
@@ -253,6 +285,7 @@ class Trainer:
                            "perf/step_s": elapsed / window_steps,
                            **flops.metrics(window_steps / elapsed, peak, self.world)}
                 window_t, window_steps, window_loss = time.perf_counter(), 0, {}
+                epochs = self._log_epochs(epochs, metrics)
             if t.eval_every > 0 and (self.step % t.eval_every == 0 or self.step == t.max_steps):
                 metrics.update(self.validate())
             if metrics:
@@ -278,6 +311,26 @@ class Trainer:
         last["preempted"] = preempted
         last["step"] = self.step
         return last
+
+    def _log_epochs(self, before: dict, metrics: dict) -> dict:
+        """A mixture (data.on_exhausted=repeat): each source's completed epochs in the row, a line when one grows."""
+        now = self.train_loader.source_epochs()
+        for name, e in now.items():
+            metrics[f"data/epochs/{name}"] = e
+            if e > before.get(name, 0):
+                self.logger.write(f"data.mixture: source {name!r} read whole {e} time{'s' if e > 1 else ''} by step "
+                                  f"{self.step}; it repeats (data.on_exhausted=repeat), reshuffled")
+        return now
+
+    def _end_of_data(self) -> str:
+        """data.on_exhausted=stop: say which source ran out, save, and let the run end cleanly."""
+        name = self.train_loader.exhausted
+        rec = self.train_loader.record()["sources"].get(name, {})
+        self.logger.write(f"data.mixture: source {name!r} ran out (its {rec.get('train_samples')} train samples read, "
+                          f"data.on_exhausted=stop): the run ends at step {self.step}")
+        if self.step and self.step % self.cfg.train.save_every:
+            self.logger.write(f"saved checkpoint {self.save()}")
+        return name
 
     def print_sample(self) -> None:
         from model.sampling import SamplingConfig

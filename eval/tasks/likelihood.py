@@ -85,8 +85,8 @@ class LikelihoodTask(Task):
     def _data_cfg(self):
         d = dataclasses.replace(self.cfg.data, num_workers=0, with_sample_ids=True)
         if self.args.data:
-            d.source = self.args.data
-        if not d.is_builtin and not self.args.text:
+            d.mixture, d.source = [], self.args.data  # one source in place of the run's (or its mixture)
+        if not d.is_builtin and not d.mixture and not self.args.text:  # a mixture: every source's val split
             from data_pipeline.shards import read_manifest
 
             try:
