@@ -141,9 +141,13 @@ def test_load_mixed_clients_with_disconnects(served, server):
     assert settled(server)  # nothing left decoding, waiting or being answered
     counted = {o: metric(server, f'setdlm_requests_total{{endpoint="/v1/completions",outcome="{o}"}}')
                for o in ("200", "400", "disconnected")}
-    assert counted == {"200": kinds["ok"], "400": kinds["error"], "disconnected": kinds["disconnected"]}
-    assert kinds["disconnected"] >= 8 and kinds["error"] >= 4
-    assert 1 <= metric(server, "setdlm_cancelled_total") <= kinds["disconnected"]
+    # A client that hangs up after two events may do so after the server has written its whole stream
+    # (a loaded machine, a short output): the server then counts a 200. Every request is counted once.
+    assert counted["400"] == kinds["error"]
+    assert counted["200"] + counted["disconnected"] == kinds["ok"] + kinds["disconnected"]
+    assert kinds["ok"] <= counted["200"] and counted["disconnected"] <= kinds["disconnected"]
+    assert kinds["disconnected"] >= 8 and kinds["error"] >= 4 and counted["disconnected"] >= 1
+    assert 1 <= metric(server, "setdlm_cancelled_total") <= counted["disconnected"]
 
 
 def test_disconnects_free_their_slots(server):
