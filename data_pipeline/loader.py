@@ -95,6 +95,10 @@ class _Reader:
             self.cache.popitem(last=False)
         return rows
 
+    def any_good(self) -> bool:
+        """Whether some unit of the split is readable (reads units until one is: all bad means all read)."""
+        return any(u not in self.bad and self._unit(u) is not None for u in range(len(self.counts)))
+
     def batch(self, positions: np.ndarray):
         epochs, _, units, rows_in = self.order.locate(positions)
         keep, rows = [], []
@@ -116,6 +120,10 @@ def _batches(plan: _Plan, start: int, first: int, stride: int):
         pos = order.rank_positions(j, start, plan.global_batch, plan.micro_batch, plan.dp_rank, plan.dp_size)
         wanted = pos
         rows, pos, ids, epochs = reader.batch(wanted)
+        if not rows and not reader.any_good():
+            raise ShardError(f"data.skip_bad_shards: every shard of the {plan.split} split of {plan.source.description} "
+                             f"is bad ({len(reader.bad)} skipped, e.g. {stats.names[0] if stats.names else '?'}); "
+                             "nothing is left to read: prepare the data again")
         tokens = np.stack(rows) if rows else np.zeros((0, plan.source.seq_len))  # all in bad shards: empty
         if tokens.ndim == 3:  # prompt/answer shards: (ids, context mask, valid mask) per row
             batch = {"input_ids": torch.from_numpy(tokens[:, 0].astype(np.int64)),

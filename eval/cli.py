@@ -22,8 +22,7 @@ from common.options import from_namespace
 from . import api
 from .execute import print_headline
 from .matrix import main as matrix_main
-from .merge import merge
-from .records import read_json
+from .merge import merge, read_run
 from .tasks import TASKS, get_task
 
 __all__ = ["main", "run_task"]
@@ -55,7 +54,7 @@ def merge_main(argv: list[str]) -> int:
 
     def merge_one(d: str) -> int:
         m = merge(d, allow_partial=args.allow_partial, log=_log)
-        task = read_json(f"{d}/run.json")["task"]
+        task = read_run(d)["task"]
         print_headline(task, m, get_task(task))
         return 0
 

@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Literal
 
 from common.cli import ArgumentParser, run_command
 from common.errors import InputFileError
+from common.io import AppendFile, atomic_write_text
 from common.jsonl import read_jsonl
 from common.options import add_flags, describe_options, from_namespace
 from common.schema import Field, PathText, TextList, like
+from common.storage import check_output_file
 
 from .errors import OptionError
 from .options import DecodingOptions, eval_options, infill_window, sampling_config
@@ -107,7 +108,7 @@ def done_lines(path: Path) -> int:
         good += 1
     text = "".join(keep)
     if text != path.read_text(encoding="utf-8"):
-        path.write_text(text, encoding="utf-8")
+        atomic_write_text(path, text)
     return good
 
 
@@ -146,6 +147,8 @@ def _main(argv: list[str]) -> int:
         print(describe_options(SampleOptions, "setdlm sample options"))
         return 0
     opts = from_namespace(SampleOptions, ns)
+    if opts.out:
+        check_output_file(opts.out, "--out")  # a directory, a read-only mount: refused before the model loads
     rows = prompt_rows(opts)
     model, tokenizer, recipe = load_checkpoint(opts)
     cfg = decoding(opts, recipe.objective, infill=any("infill_length" in r for r in rows))
@@ -167,7 +170,7 @@ def run(model, tokenizer, cfg, rows: list[dict], args) -> int:
         start = done_lines(out_path)
         if start:
             print(f"setdlm sample: {out_path} has {start} outputs; resuming", file=sys.stderr)
-    sink = open(out_path, "a", encoding="utf-8") if out_path is not None else None
+    sink = AppendFile(out_path) if out_path is not None else None  # whole lines; a full disk says so
     try:
         for i in range(start, len(rows), args.batch_size):
             batch = rows[i : i + args.batch_size]
@@ -179,10 +182,10 @@ def run(model, tokenizer, cfg, rows: list[dict], args) -> int:
                 else:
                     prompts.append(ids)
             outs = generate(model, prompts, cfg, tokenizer=tokenizer)
+            lines = []
             for r, o in zip(batch, outs):
                 line = {**r, **o.to_dict()}
-                if sink is not None:
-                    sink.write(json.dumps(line, ensure_ascii=False) + "\n")
+                lines.append(json.dumps(line, ensure_ascii=False) + "\n")
                 if args.json:
                     print(json.dumps(line, ensure_ascii=False))
                 elif sink is None:
@@ -191,8 +194,7 @@ def run(model, tokenizer, cfg, rows: list[dict], args) -> int:
                     print(f"-- {o.steps} steps, {o.tokens_per_step:.2f} tokens/step, {len(o.tokens)} tokens, "
                           f"{o.seconds:.2f} s, stop: {o.stop_reason}", file=sys.stderr)
             if sink is not None:
-                sink.flush()
-                os.fsync(sink.fileno())
+                sink.append("".join(lines))
     finally:
         if sink is not None:
             sink.close()

@@ -32,6 +32,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from common.io import remove_temps
+
 from .errors import EvalError
 from .records import RecordReader, RecordWriter, read_json, write_json
 from .shard import Shard
@@ -82,6 +84,7 @@ class EvalRun:
         self.log = log or (lambda msg: print(f"[eval {task} {shard.tag()}] {msg}", file=sys.stderr, flush=True))
         self.started = time.time()
         self.out.mkdir(parents=True, exist_ok=True)
+        remove_temps(self.out)  # what killed writers left (a live writer's file stays: common/io.py)
         run_file = self.out / "run.json"
         if overwrite and shard.rank == 0:
             for p in list(self.out.glob("records.rank*.jsonl")) + list(self.out.glob("failed.rank*.json")) + [
@@ -90,8 +93,12 @@ class EvalRun:
                     p.unlink()
         want = {"format": FORMAT, "version": VERSION, "task": task, "spec": spec}
         if run_file.is_file():
-            have = read_json(run_file)
-            if have.get("format") != FORMAT:
+            try:
+                have = read_json(run_file)
+            except (OSError, UnicodeDecodeError, ValueError) as e:
+                raise EvalError(f"--out: {run_file}: unreadable or truncated ({type(e).__name__}); use another --out "
+                                "or --overwrite") from None
+            if not isinstance(have, dict) or have.get("format") != FORMAT:
                 raise EvalError(f"--out: {self.out} holds a run.json that is not a setdlm eval run")
             cmp_have = {"task": have.get("task"), "spec": have.get("spec", {})}
             cmp_want = {"task": task, "spec": spec}

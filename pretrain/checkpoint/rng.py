@@ -17,6 +17,17 @@ def rng_state() -> dict:
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
 
 
+def check_rng_state(state, where) -> None:
+    """CheckpointError naming `where` (a file) unless `state` is an RNG state of `rng_state()`'s form."""
+    from ..safe_load import CheckpointError
+
+    ok = (isinstance(state, dict) and isinstance(state.get("python"), tuple) and torch.is_tensor(state.get("torch"))
+          and isinstance(state.get("numpy"), (tuple, list)) and len(state["numpy"]) == 5)
+    if not ok:
+        raise CheckpointError(f"{where}: its random-number state is missing or damaged (needs `rng` with python, "
+                              "numpy and torch states); use another step")
+
+
 def set_rng_state(state: dict) -> None:
     random.setstate(state["python"])
     name, keys, *rest = state["numpy"]
