@@ -27,7 +27,8 @@ class InputFileError(Error):
     """An input file that is missing, empty, damaged or of the wrong kind (the message names it)."""
 
 
-class StorageError(Error):
+class StorageError(Error, OSError):
     """An output that cannot be written: a full disk (the message names the path and the space the
     write needs), a read-only file system, or a path of the wrong kind (a file where a directory
-    belongs). Raised before any work where it can be seen then (common/storage.py)."""
+    belongs). Raised before any work where it can be seen then (common/storage.py). Also an OSError,
+    so code that handles a failed write keeps handling it."""

@@ -132,14 +132,17 @@ def is_write_failure(e: BaseException) -> bool:
     return (isinstance(e, RuntimeError) and any(s in text for s in _TORCH_WRITER)) or any(s in text for s in _FULL_TEXT)
 
 
-def disk_full_text(path: str | os.PathLike, needed: int | None) -> str:
-    free = free_bytes(path)
+def disk_full_text(path: str | os.PathLike, needed: int | None, what: str = "the write", free: int | None = None) -> str:
+    """`PATH: No space left on device (the disk is full: F free; WHAT needs about N)`; `free` (bytes)
+    when the caller measured it, else asked now."""
+    free = free_bytes(path) if free is None else free
     have = f"{human_bytes(free)} free" if free is not None else "no space left"
-    need = f"; the write needs about {human_bytes(needed)}" if needed else ""
-    return f"{path}: the disk is full ({have}{need})"
+    need = f"; {what} needs about {human_bytes(needed)}" if needed else ""
+    return f"{path}: No space left on device (the disk is full: {have}{need})"
 
 
-def write_failure(e: BaseException, path: str | os.PathLike, needed: int | None = None) -> StorageError | None:
+def write_failure(e: BaseException, path: str | os.PathLike, needed: int | None = None,
+                  what: str = "the write", free: int | None = None) -> StorageError | None:
     """The StorageError a failed write of `path` (about `needed` bytes) is reported as, or None when
     `e` is not a failed write. The message names the path and, for a full disk, the space."""
     if isinstance(e, StorageError):
@@ -149,14 +152,15 @@ def write_failure(e: BaseException, path: str | os.PathLike, needed: int | None 
     where = getattr(e, "filename", None) or path
     code = getattr(e, "errno", None)
     if code in FULL_ERRNOS or (not isinstance(e, OSError) and any(s in str(e) for s in _FULL_TEXT)):
-        return StorageError(disk_full_text(where, needed))
+        return StorageError(disk_full_text(where, needed, what, free))
     if code == errno.EROFS:
         return StorageError(f"{where}: read-only file system")
     if code in (errno.EACCES, errno.EPERM):
         return StorageError(f"{where}: permission denied")
     if isinstance(e, OSError):
         return None  # another I/O failure: the caller decides (it is not a user's mistake)
-    free = free_bytes(path)  # torch's writer does not say why; the free space does
+    if free is None:
+        free = free_bytes(path)  # torch's writer does not say why; the free space does
     if free is not None and free < max(needed or 0, _SLACK):
-        return StorageError(disk_full_text(path, needed))
+        return StorageError(disk_full_text(path, needed, what, free))
     return StorageError(f"{path}: writing failed ({' '.join(str(e).split())[:120]})")

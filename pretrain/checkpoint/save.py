@@ -29,7 +29,7 @@ import torch.distributed as dist
 
 from common.errors import StorageError
 from common.io import remove_temps
-from common.storage import disk_full_text, free_bytes, human_bytes, is_write_failure, tree_bytes, write_failure
+from common.storage import free_bytes, human_bytes, is_write_failure, tree_bytes, write_failure
 
 from ..safe_load import CheckpointError
 from . import rundir
@@ -83,7 +83,8 @@ def check_space(root: Path, need: int, source: str) -> None:
     (a requeued job on a still-full disk stops here, before any work)."""
     free = free_bytes(root)
     if free is not None and free < need:
-        raise StorageError(f"checkpoint: {disk_full_text(root, need)} for the next checkpoint ({source}); "
+        raise StorageError(f"checkpoint: {root}: No space left on device for the next checkpoint (the disk is full: "
+                           f"{human_bytes(free)} free, a checkpoint needs about {human_bytes(need)}, {source}); "
                            "nothing was trained: free space (or lower train.keep_last) and rerun the same command")
 
 
@@ -138,7 +139,7 @@ def save(engine, root: Path, step: int, *, meta: dict, extra: dict, ema_state: d
     except (OSError, RuntimeError, StorageError) as e:  # RuntimeError: torch's zip writer on a short write
         if not (isinstance(e, StorageError) or is_write_failure(e)):
             raise
-        failure = e
+        failure = e.with_traceback(None)
     _raise_if_any_failed(failure, root, [tmp], step, rank, need)
     final = root / tag
     if rank == 0:
@@ -149,7 +150,7 @@ def save(engine, root: Path, step: int, *, meta: dict, extra: dict, ema_state: d
             os.replace(tmp, final)
             rundir.point_latest(root, tag)
         except (OSError, StorageError) as e:  # `latest` cannot name it: the new step is not published
-            failure = e
+            failure = e.with_traceback(None)
         else:
             prune(root, keep_last)
     _raise_if_any_failed(failure, root, [tmp, final], step, rank, need)  # also the barrier after publishing
@@ -167,15 +168,21 @@ def _raise_if_any_failed(failure: BaseException | None, root: Path, partial: lis
         dist.all_reduce(failed, op=dist.ReduceOp.MAX)
     if not failed.item():
         return
+    free = None
     if rank == 0:
+        # torch's zip writer can keep a failed file open (the space returns when the process exits):
+        # the free space to report is what there is once the partial save is gone
+        before, held = free_bytes(root), sum(tree_bytes(p) for p in partial)
         for p in partial:
             _remove(p)
+        after = free_bytes(root)
+        free = None if before is None or after is None else max(after, before + held)
     _barrier()
     kept = rundir.latest_tag(root)
     if failure is None:
         cause = "another rank could not write its files"
     else:
-        storage = write_failure(failure, root, need)
+        storage = write_failure(failure, root, need, "a checkpoint", free=free)
         cause = str(storage) if storage is not None else f"{type(failure).__name__}: {failure} ({root})"
         if need and "needs" not in cause:
             cause += f" (a checkpoint needs about {human_bytes(need)})"
