@@ -25,6 +25,7 @@ import datetime
 import hashlib
 import json
 import os
+import shutil
 import socket
 import sys
 import time
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from common.errors import StorageError
 from common.io import remove_temps
 
 from .errors import EvalError
@@ -83,6 +85,7 @@ class EvalRun:
         self.task, self.spec, self.shard = task, spec, shard
         self.log = log or (lambda msg: print(f"[eval {task} {shard.tag()}] {msg}", file=sys.stderr, flush=True))
         self.started = time.time()
+        created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
         remove_temps(self.out)  # what killed writers left (a live writer's file stays: common/io.py)
         run_file = self.out / "run.json"
@@ -107,7 +110,12 @@ class EvalRun:
                 raise EvalError(f"--out: {self.out} holds results of a different evaluation, which a restart would mix "
                                 f"with these ({'; '.join(diff[:4])}); use another --out or --overwrite")
         else:
-            write_json(run_file, {**want, "created": provenance(shard)})
+            try:
+                write_json(run_file, {**want, "created": provenance(shard)})
+            except StorageError:  # a full disk: the directory this run made goes again
+                if created:
+                    shutil.rmtree(self.out, ignore_errors=True)
+                raise
 
     # -- units -------------------------------------------------------------------------------
     def set_units(self, units: list[Unit]) -> None:

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from megatron.core import parallel_state
 
 from data_pipeline.loader import build_loader
+from data_pipeline.tokenizer import META_FILE as TOKENIZER_META
 from data_pipeline.tokenizers import load_tokenizer
 from model import fp8 as fp8_layers
 from model.noise import TRAIN, VAL, SampleNoise
@@ -230,7 +231,7 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
             tok_dir = rundir.tokenizer_dir(self.run_dir)
-            if not tok_dir.is_dir():
+            if not (tok_dir / TOKENIZER_META).is_file():  # absent, or cut short by a kill: (re)written
                 self.tokenizer.save(tok_dir)
         self.logger = MetricsLogger(self.run_dir, cfg, enabled=self.rank == 0, total_steps=t.max_steps,
                                     start_step=self.step, wandb_id=self.wandb_id)
