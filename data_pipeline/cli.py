@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 
 from common.cli import ArgumentParser as CLIParser
 from common.cli import run_command
-from common.errors import UsageError
+from common.errors import StorageError, UsageError
 from common.io import remove_temps
 from common.storage import check_output_dir
 
@@ -20,7 +21,7 @@ from .config import PACKINGS
 from .ingest import TXT_UNITS
 from .prepare import prepare
 from .prompt_answer import FORMATS, IM_START, OVERLONG, PLAIN_PROMPT, TEMPLATES, prepare_examples
-from .shards import MANIFEST
+from .shards import MANIFEST, PARTIAL
 
 USAGE = """usage: setdlm data {prepare,inspect} ...
 
@@ -108,6 +109,16 @@ def check_prepare_args(args) -> None:
 def prepare_main(argv: list[str]) -> int:
     args = prepare_parser().parse_args(argv)
     check_prepare_args(args)
+    fresh = not os.path.lexists(args.output)
+    try:
+        return _prepare(args)
+    except StorageError:  # a full disk before any shard was kept: the directory this run made goes again
+        if fresh and not os.path.exists(os.path.join(args.output, PARTIAL)):
+            shutil.rmtree(args.output, ignore_errors=True)
+        raise
+
+
+def _prepare(args) -> int:
     if args.format != "text" or args.packing in ("padded", "packed"):
         if args.format == "text":
             raise UsageError(f"--packing {args.packing}: rows of whole examples need a prompt/answer --format "
