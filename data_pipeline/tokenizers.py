@@ -97,8 +97,8 @@ def asks_remote_code(e: BaseException) -> bool:
 
 
 def remote_code_refused(what: str, instead: str) -> str:
-    """The one-line refusal of code shipped with downloaded files (replacing transformers' advice to
-    pass trust_remote_code=True, which a user must not follow for a file from elsewhere)."""
+    """The one-line refusal of code shipped with downloaded files. It replaces transformers' advice
+    (to trust the remote code), the one advice a user must not follow for files from elsewhere."""
     return (f"{what}: its configuration names classes whose code ships with the files (auto_map); setdlm never "
             f"runs code from a downloaded model or checkpoint. {instead}")
 

@@ -210,7 +210,8 @@ def prune(root: Path, keep_last: int) -> None:
             continue
         gone = root / (PRUNED + p.name)
         try:
-            _remove(gone)
+            if os.path.lexists(gone):
+                _remove(gone)
             os.replace(p, gone)  # atomic: step_N is whole or absent, never half deleted
         except OSError:
             continue
