@@ -28,15 +28,16 @@ from typing import IO, Callable, Iterator
 from .storage import write_failure
 
 __all__ = ["atomic_write_bytes", "atomic_write_text", "atomic_write_json", "atomic_open", "atomic_save", "fsync_dir",
-           "remove_temps", "AppendFile"]
+           "remove_temps", "process_alive", "HOST", "AppendFile"]
 
-_HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40] or "host"
+HOST = re.sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40] or "host"
 # .NAME.HOST.PID.RANDOM.tmp (this module's) or .NAME.RANDOM.tmp (tempfile's default, older setdlm)
 _TEMP = re.compile(r"^\.(?P<name>.+?)\.(?:(?P<host>[A-Za-z0-9-]+)\.(?P<pid>\d+)\.)?[A-Za-z0-9_]{8}\.tmp$")
 FOREIGN_TEMP_AGE_S = 3600.0  # a temporary file of another host (or an older setdlm) is stale after this
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
+    """Whether process `pid` of this host is running."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -62,8 +63,8 @@ def remove_temps(directory: str | os.PathLike, *, all_of_them: bool = False) -> 
         if not m or not e.is_file(follow_symlinks=False):
             continue
         if not all_of_them:
-            if m["host"] == _HOST:
-                if _alive(int(m["pid"])):
+            if m["host"] == HOST:
+                if process_alive(int(m["pid"])):
                     continue
             else:
                 try:
@@ -102,7 +103,7 @@ def atomic_open(path: str | os.PathLike, mode: str = "w", encoding: str | None =
     tmp = None
     written = 0
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{_HOST}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.{HOST}.{os.getpid()}.", suffix=".tmp", dir=path.parent)
         with os.fdopen(fd, mode, encoding=None if mode == "wb" else encoding) as f:
             try:
                 yield f

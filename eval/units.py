@@ -125,8 +125,12 @@ class EvalRun:
             raise EvalError(f"task {self.task}: duplicate example keys (e.g. ids repeated in the data)")
         path = self.out / "units.json"
         if path.is_file():
-            have = read_json(path)
-            if have.get("keys") != keys:
+            try:
+                have = read_json(path)
+            except (OSError, UnicodeDecodeError, ValueError) as e:
+                raise EvalError(f"--out: {path}: unreadable or truncated ({type(e).__name__}); use another --out "
+                                "or --overwrite") from None
+            if not isinstance(have, dict) or have.get("keys") != keys:
                 raise EvalError(f"--out: {self.out}/units.json lists other examples than this run has (the data or "
                                 f"settings changed since the first attempt); use another --out or --overwrite")
         else:
@@ -161,9 +165,12 @@ class EvalRun:
                     last = time.time()
                     self.log(f"{i + 1}/{len(todo)} units done ({time.time() - t0:.1f}s)")
         except BaseException as e:
-            write_json(self.out / f"failed.rank{self.shard.rank:05d}.json",
-                       {"rank": self.shard.rank, "world": self.shard.world, "error": f"{type(e).__name__}: {e}",
-                        "time": time.time()})
+            try:  # best effort: on a full disk the marker fails too, and the error to report is `e`
+                write_json(self.out / f"failed.rank{self.shard.rank:05d}.json",
+                           {"rank": self.shard.rank, "world": self.shard.world, "error": f"{type(e).__name__}: {e}",
+                            "time": time.time()})
+            except StorageError:
+                pass
             raise
         finally:
             writer.close()

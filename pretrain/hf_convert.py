@@ -26,6 +26,7 @@ import torch
 
 from common.cli import ArgumentParser as CLIParser
 from common.errors import StorageError
+from common.io import HOST, process_alive
 from common.jsonl import read_jsonl
 from common.storage import check_output_dir, write_failure
 
@@ -105,7 +106,11 @@ def staging(out: Path, overwrite: bool, what: str, need: int | None = None):
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ConvertError(f"--out {out}: already exists and is not empty; choose another {what} or pass --overwrite")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    for stale in [*out.parent.glob(f".{out.name}.tmp-{HOST}-*"), *out.parent.glob(f".{out.name}.old-{HOST}-*")]:
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not process_alive(int(pid)):  # left by a killed conversion
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = out.parent / f".{out.name}.tmp-{HOST}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
@@ -119,7 +124,7 @@ def staging(out: Path, overwrite: bool, what: str, need: int | None = None):
         raise
     old = None
     if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        old = out.parent / f".{out.name}.old-{HOST}-{os.getpid()}"
         os.replace(out, old)
     os.replace(tmp, out)
     if old is not None:

@@ -45,7 +45,9 @@ def world(tmp_path_factory, model_parallel):
     ev = base / "ev"
     assert main(["eval", "likelihood", "--checkpoint", str(base / "runs" / "tiny"), "--out", str(ev),
                  "--max-batches", "1"]) == 0
-    return {"recipe": recipe, "run": base / "runs" / "tiny", "data": data, "ev": ev}
+    hf = base / "hf"
+    assert main(["convert", "to-hf", "--checkpoint", str(base / "runs" / "tiny"), "--out", str(hf)]) == 0
+    return {"recipe": recipe, "run": base / "runs" / "tiny", "data": data, "ev": ev, "hf": hf}
 
 
 @dataclass
@@ -55,9 +57,11 @@ class Ctx:
     recipe: Path
     run: Path  # a run directory (its own copy)
     data: Path
-    ev: Path
+    ev: Path  # an evaluation output directory (merge writes into it)
+    results: Path  # a merged one (frontier reads it)
+    hf: Path  # a Hugging Face export (from-hf reads it)
     out_dir: Path  # a directory output that does not exist yet
-    out_file: Path  # a file output that does not exist yet
+    out_file: Path  # a file output that does not exist yet (.png: frontier's format comes from it)
     overrides: list = field(default_factory=list)
     env: dict = field(default_factory=dict)
     mounts: object = None
@@ -96,13 +100,15 @@ COMMANDS: dict[str, Callable[[Ctx], list[str]]] = {
     "eval": lambda c: ["eval", "likelihood", "--checkpoint", str(c.run), "--out", str(c.out_dir), "--max-batches", "1"],
     "eval merge": lambda c: ["eval", "merge", str(c.ev)],
     "to-hf": lambda c: ["convert", "to-hf", "--checkpoint", str(c.run), "--out", str(c.out_dir)],
+    "from-hf": lambda c: ["convert", "from-hf", "--model", str(c.hf), "--out", str(c.out_dir)],
+    "eval frontier": lambda c: ["eval", "frontier", str(c.results), "--x", "nll", "--y", "bpt", "--out", str(c.out_file)],
     "consolidate": lambda c: ["convert", "consolidate", "--checkpoint", str(c.run), "--out", str(c.out_file)],
     "data prepare": lambda c: ["data", "prepare", "--input", "builtin:pydoc_topics", "--out", str(c.out_dir),
                                "--seq-len", "32", "--samples-per-shard", "64", "--max-docs", "4", "--num-proc", "1",
                                *c.overrides],
     "data inspect": lambda c: ["data", "inspect", str(c.data), "--verify"],
 }
-WRITERS = ("pretrain", "sample", "eval", "to-hf", "consolidate", "data prepare")
+WRITERS = ("pretrain", "sample", "eval", "to-hf", "from-hf", "consolidate", "data prepare", "eval frontier")
 CHECKPOINT_READERS = ("pretrain", "sample", "eval", "to-hf", "consolidate")
 
 
@@ -125,14 +131,14 @@ def wrong_kind(c: Ctx) -> None:
 
 def read_only(c: Ctx) -> None:
     ro = c.mounts.read_only("ro")
-    c.out_dir, c.out_file = ro / "out", ro / "out.jsonl"
+    c.out_dir, c.out_file = ro / "out", ro / "out.png"
     c.ev = c.mounts.read_only("ro-ev", content=c.ev)  # merge writes its results next to the records
     c.pretrain_run = ro / "tiny"
 
 
 def disk_full(c: Ctx) -> None:
     full = c.mounts.full("full")
-    c.out_dir, c.out_file = full / "out", full / "out.jsonl"
+    c.out_dir, c.out_file = full / "out", full / "out.png"
     c.pretrain_run = full / "tiny"
     ev = c.mounts.tmpfs("ev-full", "2m")
     shutil.copytree(c.ev, ev / "ev")
@@ -287,7 +293,8 @@ def test_fault(world, tmp_path, request, capsys, monkeypatch, fault_name, comman
 
     fault = FAULTS[fault_name]
     ctx = Ctx(tmp=tmp_path, recipe=world["recipe"], run=tmp_path / "runs" / "tiny", data=tmp_path / "data",
-              ev=tmp_path / "ev", out_dir=tmp_path / "out", out_file=tmp_path / "out.jsonl")
+              ev=tmp_path / "ev", results=world["ev"], hf=world["hf"], out_dir=tmp_path / "out",
+              out_file=tmp_path / "out.png")
     shutil.copytree(world["run"], ctx.run)
     shutil.copytree(world["data"], ctx.data)
     shutil.copytree(world["ev"], ctx.ev)

@@ -84,7 +84,7 @@ def test_inspect_lists_a_shard_with_ids_past_the_vocabulary(prepared, tmp_path):
 
     d = tmp_path / "data"
     shutil.copytree(prepared, d)
-    token_id_past_vocab(Ctx(tmp=tmp_path, recipe=None, run=None, data=d, ev=None, out_dir=None, out_file=None))
+    token_id_past_vocab(Ctx(tmp=tmp_path, recipe=None, run=None, data=d, ev=None, results=None, hf=None, out_dir=None, out_file=None))
     r = setdlm("data", "inspect", d, "--verify")
     assert r.returncode == 1 and "Traceback" not in r.stderr, r.stderr
     assert "BAD" in r.stdout and "token id 65535 of sample 1 is outside the vocabulary" in r.stdout, r.stdout
@@ -167,7 +167,7 @@ def _source(prepared, tmp_path, token: int | None = None, verify: bool = False):
     d = tmp_path / "data"
     shutil.copytree(prepared, d)
     if token is not None:
-        token_id_past_vocab(Ctx(tmp=tmp_path, recipe=None, run=None, data=d, ev=None, out_dir=None, out_file=None),
+        token_id_past_vocab(Ctx(tmp=tmp_path, recipe=None, run=None, data=d, ev=None, results=None, hf=None, out_dir=None, out_file=None),
                             token=token)
     return ShardSource(str(d), read_manifest(str(d)), verify=verify)
 

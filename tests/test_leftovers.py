@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -15,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from common.io import HOST
 from helpers import write_recipe
 from test_file_faults import make_checkpoint
 
-HOST = __import__("re").sub(r"[^A-Za-z0-9-]", "-", socket.gethostname())[:40]
 
 
 def dead_pid() -> int:

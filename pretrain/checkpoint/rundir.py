@@ -83,8 +83,9 @@ def _link_problem(p: Path, run: Path) -> str | None:
 
 
 def _refuse_link(p: Path, why: str) -> CheckpointError:
+    fix = "remove the link" if "loops" in why else "replace the link by the directory itself (a copy)"
     return CheckpointError(f"{p}: {why}; setdlm reads, writes and prunes only checkpoints inside the run directory: "
-                           "replace the link by the directory itself (a copy)")
+                           f"{fix}")
 
 
 def check_run_dir(run_dir: str | os.PathLike) -> None:
