@@ -76,6 +76,15 @@ def provenance(shard: Shard) -> dict:
             "launcher": shard.launcher, "time": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
+def _read_saved(path: Path):
+    """A JSON file an earlier attempt wrote into --out (EvalError naming it when it is damaged)."""
+    try:
+        return read_json(path)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise EvalError(f"--out: {path}: unreadable or truncated ({type(e).__name__}); use another --out "
+                        "or --overwrite") from None
+
+
 class EvalRun:
     """One output directory: settings check, unit scheduling, records, markers, merge."""
 
@@ -96,11 +105,7 @@ class EvalRun:
                     p.unlink()
         want = {"format": FORMAT, "version": VERSION, "task": task, "spec": spec}
         if run_file.is_file():
-            try:
-                have = read_json(run_file)
-            except (OSError, UnicodeDecodeError, ValueError) as e:
-                raise EvalError(f"--out: {run_file}: unreadable or truncated ({type(e).__name__}); use another --out "
-                                "or --overwrite") from None
+            have = _read_saved(run_file)
             if not isinstance(have, dict) or have.get("format") != FORMAT:
                 raise EvalError(f"--out: {self.out} holds a run.json that is not a setdlm eval run")
             cmp_have = {"task": have.get("task"), "spec": have.get("spec", {})}
@@ -125,11 +130,7 @@ class EvalRun:
             raise EvalError(f"task {self.task}: duplicate example keys (e.g. ids repeated in the data)")
         path = self.out / "units.json"
         if path.is_file():
-            try:
-                have = read_json(path)
-            except (OSError, UnicodeDecodeError, ValueError) as e:
-                raise EvalError(f"--out: {path}: unreadable or truncated ({type(e).__name__}); use another --out "
-                                "or --overwrite") from None
+            have = _read_saved(path)
             if not isinstance(have, dict) or have.get("keys") != keys:
                 raise EvalError(f"--out: {self.out}/units.json lists other examples than this run has (the data or "
                                 f"settings changed since the first attempt); use another --out or --overwrite")
