@@ -10,6 +10,8 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
+from common.errors import Error
+from common.storage import check_output_dir, tree_bytes
 from data_pipeline.loader import build_loader
 from data_pipeline.tokenizer import META_FILE as TOKENIZER_META
 from data_pipeline.tokenizers import load_tokenizer
@@ -19,9 +21,6 @@ from model.objectives import build_objective, summarize
 from model.shapes import parameter_count
 
 from . import init_from
-from common.errors import Error
-from common.storage import check_output_dir, tree_bytes
-
 from .checkpoint import resume, rng, rundir
 from .checkpoint.save import check_space, clean_partial, estimate_bytes, expected_bytes, save as save_checkpoint
 from .config import RecipeConfig, save_config

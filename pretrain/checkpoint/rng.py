@@ -7,6 +7,8 @@ import random
 import numpy as np
 import torch
 
+from ..safe_load import CheckpointError
+
 
 def rng_state() -> dict:
     """Python, numpy, torch (and CUDA) generator states as plain values and tensors (loadable as
@@ -19,8 +21,6 @@ def rng_state() -> dict:
 
 def check_rng_state(state, where) -> None:
     """CheckpointError naming `where` (a file) unless `state` is an RNG state of `rng_state()`'s form."""
-    from ..safe_load import CheckpointError
-
     ok = (isinstance(state, dict) and isinstance(state.get("python"), tuple) and torch.is_tensor(state.get("torch"))
           and isinstance(state.get("numpy"), (tuple, list)) and len(state["numpy"]) == 5)
     if not ok:

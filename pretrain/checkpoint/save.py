@@ -85,7 +85,7 @@ def check_space(root: Path, need: int, source: str) -> None:
     if free is not None and free < need:
         raise StorageError(f"checkpoint: {root}: No space left on device for the next checkpoint (the disk is full: "
                            f"{human_bytes(free)} free, a checkpoint needs about {human_bytes(need)}, {source}); "
-                           "nothing was trained: free space (or lower train.keep_last) and rerun the same command")
+                           "nothing was trained: free space (older step_* folders can go) and rerun the same command")
 
 
 def shard_info(engine) -> dict:
