@@ -12,11 +12,13 @@
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import re
 import sys
 
 from .errors import Error
+from .storage import FULL_ERRNOS
 
 __all__ = ["ArgumentParser", "run_command", "debug_enabled", "one_line", "is_user_error", "report"]
 
@@ -29,8 +31,8 @@ def debug_enabled() -> bool:
 
 def one_line(error: BaseException) -> str:
     text = " ".join(str(error).split()) or type(error).__name__
-    if isinstance(error, (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)) \
-            and error.filename and str(error.filename) not in text:
+    if isinstance(error, OSError) and not isinstance(error, Error) and error.filename \
+            and str(error.filename) not in text:
         text = f"{text}: {error.filename}"
     return text
 
@@ -60,6 +62,8 @@ class ArgumentParser(argparse.ArgumentParser):
 def is_user_error(error: BaseException) -> bool:
     if isinstance(error, (Error, ValueError, FileNotFoundError, NotADirectoryError, IsADirectoryError)):
         return True
+    if isinstance(error, OSError) and error.errno in (*FULL_ERRNOS, errno.EROFS):
+        return True  # a full disk or a read-only mount met by a write without its own message: one line too
     shard_error = getattr(sys.modules.get("data_pipeline.sources"), "ShardError", None)
     return shard_error is not None and isinstance(error, shard_error)
 

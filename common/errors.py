@@ -12,7 +12,7 @@ a new user-facing error is a subclass of one of these, never a bare ValueError.
 
 from __future__ import annotations
 
-__all__ = ["Error", "UsageError", "InputFileError"]
+__all__ = ["Error", "UsageError", "InputFileError", "StorageError"]
 
 
 class Error(ValueError):
@@ -25,3 +25,10 @@ class UsageError(Error):
 
 class InputFileError(Error):
     """An input file that is missing, empty, damaged or of the wrong kind (the message names it)."""
+
+
+class StorageError(Error, OSError):
+    """An output that cannot be written: a full disk (the message names the path and the space the
+    write needs), a read-only file system, or a path of the wrong kind (a file where a directory
+    belongs). Raised before any work where it can be seen then (common/storage.py). Also an OSError,
+    so code that handles a failed write keeps handling it."""

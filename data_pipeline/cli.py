@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 
 from common.cli import ArgumentParser as CLIParser
 from common.cli import run_command
-from common.errors import UsageError
+from common.errors import StorageError, UsageError
+from common.io import remove_temps
+from common.storage import check_output_dir
 
 from .config import PACKINGS
 from .ingest import TXT_UNITS
 from .prepare import prepare
 from .prompt_answer import FORMATS, IM_START, OVERLONG, PLAIN_PROMPT, TEMPLATES, prepare_examples
-from .shards import MANIFEST
+from .shards import MANIFEST, PARTIAL
 
 USAGE = """usage: setdlm data {prepare,inspect} ...
 
@@ -87,8 +90,36 @@ def add_example_args(p) -> None:
                    help="examples longer than --seq-len: cut the answer's end (default) or leave them out")
 
 
+# the numeric options and their smallest valid value (as a recipe key's range: data.seq_len >= 2)
+BOUNDS = {"seq_len": 2, "samples_per_shard": 1, "num_proc": 1, "docs_per_task": 1, "max_docs": 1, "val_docs": 0,
+          "marker_offset": 0}
+
+
+def check_prepare_args(args) -> None:
+    """Refuse a numeric option out of range and an unusable --out before any work, naming the flag."""
+    for key, lo in BOUNDS.items():
+        v = getattr(args, key)
+        if v is not None and v < lo:
+            raise UsageError(f"--{key.replace('_', '-')}: must be an integer >= {lo}, got {v}")
+    check_output_dir(args.output, "--out")
+    remove_temps(args.output)  # shards and manifests a killed run was writing (a live writer's file stays)
+    for split in ("train", "val"):
+        remove_temps(os.path.join(args.output, split))
+
+
 def prepare_main(argv: list[str]) -> int:
     args = prepare_parser().parse_args(argv)
+    check_prepare_args(args)
+    fresh = not os.path.lexists(args.output)
+    try:
+        return _prepare(args)
+    except StorageError:  # a full disk before any shard was kept: the directory this run made goes again
+        if fresh and not os.path.exists(os.path.join(args.output, PARTIAL)):
+            shutil.rmtree(args.output, ignore_errors=True)
+        raise
+
+
+def _prepare(args) -> int:
     if args.format != "text" or args.packing in ("padded", "packed"):
         if args.format == "text":
             raise UsageError(f"--packing {args.packing}: rows of whole examples need a prompt/answer --format "

@@ -102,6 +102,10 @@ class Reader:
             self.cache.popitem(last=False)
         return rows
 
+    def any_good(self) -> bool:
+        """Whether some unit of the split is readable (reads units until one is: all bad means all read)."""
+        return any(u not in self.bad and self._unit(u) is not None for u in range(len(self.counts)))
+
     def locate_step(self, start: int, j: int):
         """`locate` for micro-batch `j` (from `start`), found once for the rank's whole step slice: the
         per-call cost of the arithmetic is paid once per optimizer step, not once per micro-batch."""
@@ -136,6 +140,10 @@ def batches(plan: Plan, start: int, first: int, stride: int):
     j = first
     while plan.n_batches is None or j < plan.n_batches:
         rows, pos, ids, epochs, sources, wanted_epochs = reader.batch(start, j)
+        if not rows and not reader.any_good():
+            raise ShardError(f"data.skip_bad_shards: every shard of the {plan.split} split of {plan.source.description} "
+                             f"is bad ({len(reader.bad)} skipped, e.g. {stats.names[0] if stats.names else '?'}); "
+                             "nothing is left to read: prepare the data again")
         tokens = np.stack(rows) if rows else np.zeros((0, plan.source.seq_len))  # all in bad shards: empty
         if tokens.ndim == 3:  # prompt/answer shards: (ids, context mask, valid mask) per row
             batch = {"input_ids": torch.from_numpy(tokens[:, 0].astype(np.int64)),

@@ -9,6 +9,7 @@ from collections import deque
 
 import numpy as np
 
+from common.errors import StorageError
 from common.io import atomic_write_bytes
 
 from .packing import StreamPacker
@@ -61,7 +62,11 @@ class SplitWriter:
         rel = f"{self.split}/shard-{k:06d}.tar"
         data = encode_shard(rows, first)
         path = os.path.join(self.out, rel)
-        atomic_write_bytes(path, data)
+        try:
+            atomic_write_bytes(path, data)
+        except StorageError as e:  # a full disk: the shards before this one and their progress stay
+            raise StorageError(f"{e}; the {len(self.entries)} {self.split} shards written before it are kept: free "
+                               "space and rerun the same command to resume") from None
         self.entries.append({"path": rel, "num_samples": int(len(rows)), "first_sample": int(first),
                              "bytes": len(data), "sha256": sha256_bytes(data), "next": cursor})
         self.save_progress()

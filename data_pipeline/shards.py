@@ -163,7 +163,47 @@ def read_manifest(base: str) -> dict:
         raise InputFileError(f"data.source: {url} is not a {FORMAT} manifest")
     if m.get("version") != VERSION:
         raise InputFileError(f"data.source: {url} has manifest version {m.get('version')}, this code reads {VERSION}")
+    missing = manifest_problems(m)
+    if missing:
+        raise InputFileError(f"data.source: {url} is not a complete {FORMAT} manifest (" + ", ".join(missing[:3])
+                             + "); prepare the directory again with `setdlm data prepare`")
     return m
+
+
+# what every reader of a manifest uses (data inspect, the loader): key -> type
+_MANIFEST_KEYS = {"tokenizer": dict, "seq_len": int, "packing": str, "dtype": str, "splits": dict}
+_TOKENIZER_KEYS = {"name": str, "vocab_size": int, "mask_id": int, "sha256": str}
+_SPLIT_KEYS = {"shards": list, "num_shards": int, "num_samples": int, "num_tokens": int, "num_documents": int}
+_SHARD_KEYS = {"path": str, "num_samples": int, "first_sample": int, "bytes": int, "sha256": str}
+
+
+def _absent(obj, keys: dict, where: str) -> list[str]:
+    return [f"`{where}{k}` ({t.__name__})" for k, t in keys.items()
+            if not isinstance(obj.get(k), t) or isinstance(obj.get(k), bool)]
+
+
+def manifest_problems(m: dict) -> list[str]:
+    """The keys a manifest lacks or holds with the wrong type (empty: usable)."""
+    out = _absent(m, _MANIFEST_KEYS, "")
+    if out:
+        return out
+    out = _absent(m["tokenizer"], _TOKENIZER_KEYS, "tokenizer.")
+    try:
+        np.dtype(m["dtype"])
+    except TypeError:
+        out.append(f"`dtype` ({m['dtype']!r} is not a numpy dtype)")
+    for split, info in m["splits"].items():
+        if not isinstance(info, dict):
+            out.append(f"`splits.{split}` (dict)")
+            continue
+        out += _absent(info, _SPLIT_KEYS, f"splits.{split}.")
+        for i, e in enumerate(info.get("shards") or []):
+            bad = [f"`splits.{split}.shards[{i}]` (dict)"] if not isinstance(e, dict) else \
+                _absent(e, _SHARD_KEYS, f"splits.{split}.shards[{i}].")
+            if bad:
+                out += bad
+                break
+    return out
 
 
 def write_json_atomic(path: str, obj: dict) -> None:
@@ -236,4 +276,16 @@ class ShardSource:
                                  f"replaced shard)")
             if sha256_bytes(data) != entry["sha256"]:
                 raise ShardError(f"{url}: sha256 does not match the manifest (corrupt or replaced shard)")
-        return decode_shard(data, url, entry, self.seq_len, self.dtype, self.fields)
+        rows = decode_shard(data, url, entry, self.seq_len, self.dtype, self.fields)
+        self._check_ids(rows if rows.ndim == 2 else rows[:, 0], url, entry)
+        return rows
+
+    def _check_ids(self, ids: np.ndarray, url: str, entry: dict) -> None:
+        """Every token id inside the tokenizer's vocabulary (also without verify_checksums: an id past it
+        would index past the embedding, or train the padding rows of a padded vocabulary)."""
+        vocab = int(self.manifest["tokenizer"]["vocab_size"])
+        if ids.size and (int(ids.max()) >= vocab or int(ids.min()) < 0):
+            bad = np.flatnonzero((ids >= vocab) | (ids < 0))[0]
+            raise ShardError(f"{url}: token id {int(ids.flat[bad])} of sample {int(entry['first_sample']) + bad // ids.shape[1]} "
+                             f"is outside the vocabulary of {self.manifest['tokenizer']['name']!r} (ids 0..{vocab - 1}); "
+                             "the shard is corrupt or was not prepared with this tokenizer")

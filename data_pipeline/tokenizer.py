@@ -15,6 +15,7 @@ from pathlib import Path
 from tokenizers import Tokenizer as _HFTokenizer
 
 from common.errors import Error
+from common.io import atomic_write_text
 
 __all__ = ["Tokenizer", "TokenizerError", "file_sha256", "META_FILE"]
 
@@ -101,10 +102,12 @@ class Tokenizer:
                 "eos_id": self.eos_id, "bos_id": self.bos_id, "pad_id": self.pad_id, "sha256": self.sha256}
 
     def save(self, directory) -> None:
-        """Write ``tokenizer.json`` (+ HF config files) so `load_tokenizer(directory)` rebuilds it."""
+        """Write ``tokenizer.json`` (+ HF config files) so `load_tokenizer(directory)` rebuilds it. Each
+        file is written atomically and the meta file last, so a directory with it is complete; a full
+        disk is a StorageError naming the file (common/io.py)."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
-        self._tok.save(str(d / "tokenizer.json"))
+        atomic_write_text(d / "tokenizer.json", self._tok.to_str(pretty=True))
         tok = self._tok.id_to_token
         specials = {"mask_token": tok(self.mask_id)}
         if self.eos_id is not None:
@@ -113,10 +116,10 @@ class Tokenizer:
             specials["bos_token"] = tok(self.bos_id)
         if self.pad_id is not None:
             specials["pad_token"] = tok(self.pad_id)
-        (d / "special_tokens_map.json").write_text(json.dumps(specials, indent=2) + "\n")
-        (d / "tokenizer_config.json").write_text(json.dumps(
+        atomic_write_text(d / "special_tokens_map.json", json.dumps(specials, indent=2) + "\n")
+        atomic_write_text(d / "tokenizer_config.json", json.dumps(
             {"tokenizer_class": "PreTrainedTokenizerFast", **specials}, indent=2) + "\n")
-        (d / META_FILE).write_text(json.dumps(self.meta(), indent=2) + "\n")
+        atomic_write_text(d / META_FILE, json.dumps(self.meta(), indent=2) + "\n")
 
     def _content_hash(self) -> str:
         spec = json.loads(self._tok.to_str())

@@ -25,7 +25,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 from .builtin_tokenizers import BUILDERS, GPT2_MASK
 from .tokenizer import META_FILE, Tokenizer, TokenizerError
 
-__all__ = ["BUILTIN", "Tokenizer", "TokenizerError", "load_tokenizer"]
+__all__ = ["BUILTIN", "Tokenizer", "TokenizerError", "load_tokenizer", "asks_remote_code", "remote_code_refused"]
 
 BUILTIN = tuple(BUILDERS)
 
@@ -91,12 +91,28 @@ def _load_directory(d: Path, add_mask: bool) -> Tokenizer:
     return _from_transformers(str(d), add_mask)
 
 
+def asks_remote_code(e: BaseException) -> bool:
+    """transformers refusing files whose config names code of their own (`auto_map`)."""
+    return "trust_remote_code" in str(e)
+
+
+def remote_code_refused(what: str, instead: str) -> str:
+    """The one-line refusal of code shipped with downloaded files. It replaces transformers' advice
+    (to trust the remote code), the one advice a user must not follow for files from elsewhere."""
+    return (f"{what}: its configuration names classes whose code ships with the files (auto_map); setdlm never "
+            f"runs code from a downloaded model or checkpoint. {instead}")
+
+
 def _from_transformers(name: str, add_mask: bool) -> Tokenizer:
     try:
         from transformers import AutoTokenizer
 
         hf = AutoTokenizer.from_pretrained(name)
     except Exception as e:  # noqa: BLE001 - report any hub/file failure the same way
+        if asks_remote_code(e):  # transformers' advice is the one a user must not follow here
+            raise TokenizerError(remote_code_refused(f"tokenizer {name!r}", "Use a directory with a tokenizer.json "
+                                 "(a fast tokenizer, read as data), or a built-in name (gpt2, bert-base-uncased, "
+                                 "qwen3)")) from None
         raise TokenizerError(f"cannot load tokenizer {name!r}: not 'gpt2', 'bert-base-uncased', a directory, "
                              f"or a reachable Hugging Face tokenizer ({type(e).__name__}: {e})") from None
     if not getattr(hf, "is_fast", False):

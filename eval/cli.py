@@ -18,12 +18,12 @@ import sys
 from common.cli import ArgumentParser, run_command
 from common.errors import UsageError
 from common.options import from_namespace
+from common.storage import check_output_file
 
 from . import api
 from .execute import print_headline
 from .matrix import main as matrix_main
-from .merge import merge
-from .records import read_json
+from .merge import merge, read_run
 from .tasks import TASKS, get_task
 
 __all__ = ["main", "run_task"]
@@ -55,7 +55,7 @@ def merge_main(argv: list[str]) -> int:
 
     def merge_one(d: str) -> int:
         m = merge(d, allow_partial=args.allow_partial, log=_log)
-        task = read_json(f"{d}/run.json")["task"]
+        task = read_run(d)["task"]
         print_headline(task, m, get_task(task))
         return 0
 
@@ -73,6 +73,7 @@ def frontier_main(argv: list[str]) -> int:
     p.add_argument("--label", help="spec key naming each point (e.g. sampling.threshold); default: the directory name")
     p.add_argument("--out", required=True, help="PNG path (a .md table is written next to it)")
     args = p.parse_args(argv)
+    check_output_file(args.out, "--out")  # a directory, a read-only mount: refused before the directories are read
     print(plot(args.dirs, x=args.x, y=args.y, out=args.out, label=args.label))
     return 0
 

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from common.storage import check_output_dir
+
 from .errors import EvalError
 from .merge import merge
 from .report import PERCENT, fmt
@@ -33,6 +35,7 @@ def execute(name: str, args, *, predictor=None, after_unit=None) -> dict:
     the checkpoint's sampler (tests, or scoring another system); `after_unit(unit, records)` is
     called after each unit is written (tests use it to simulate a kill). Every option check, the
     task's included, runs before --out is created."""
+    check_output_dir(args.out, "--out")  # a file, a read-only mount: refused before the checkpoint is read
     shard = detect_shard(args.shard)
     if args.overwrite and shard.world > 1:
         raise EvalError("--overwrite: with several ranks the deletion would race with their writes; delete --out first")

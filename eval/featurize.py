@@ -33,10 +33,16 @@ def load_hf(name: str, auto_class, device, option: str, hint: str):
     `option` when it cannot be loaded (offline, no such model)."""
     from transformers import AutoTokenizer
 
+    from data_pipeline.tokenizers import asks_remote_code, remote_code_refused
+
     try:
         return AutoTokenizer.from_pretrained(name), auto_class.from_pretrained(name).to(device).eval()
     except OSError as e:
         raise EvalError(f"{option}: cannot load {name!r} ({e}); {hint}") from None
+    except ValueError as e:
+        if asks_remote_code(e):
+            raise EvalError(remote_code_refused(f"{option} {name!r}", f"Use a model without custom code; {hint}")) from None
+        raise
 
 
 class Featurizer:

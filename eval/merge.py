@@ -8,20 +8,49 @@ import json
 import os
 from pathlib import Path
 
+from common.storage import check_output_dir
+
 from .errors import EvalError, IncompleteError
 from .records import RecordReader, atomic_write, json_default, read_json, write_json
 from .report import summary_markdown
 from .tasks import get_task
 
 
-def load_records(out: Path) -> tuple[dict, list[list[str]], dict[str, dict]]:
+def _read_checked(path: Path, need: dict[str, type], what: str) -> dict:
+    """A JSON object with keys `need` of the given types; EvalError naming the file otherwise."""
+    try:
+        obj = read_json(path)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise EvalError(f"merge: {path}: unreadable or truncated ({type(e).__name__}); {what}") from None
+    bad = [k for k, t in need.items() if not isinstance(obj, dict) or not isinstance(obj.get(k), t)]
+    if bad:
+        raise EvalError(f"merge: {path}: not a setdlm evaluation file (needs " + ", ".join(
+            f"`{k}` ({need[k].__name__})" for k in bad) + f"); {what}")
+    return obj
+
+
+REDO = "rerun the evaluation command into a new --out"
+
+
+def read_run(out: Path) -> dict:
+    """run.json of output directory `out`, checked (task, spec)."""
     out = Path(out)
     if not (out / "run.json").is_file():
         raise EvalError(f"merge: {out} is not an evaluation output directory (no run.json)")
-    run = read_json(out / "run.json")
+    run = _read_checked(out / "run.json", {"task": str, "spec": dict}, REDO)
+    get_task(run["task"])  # an unknown task: named
+    return run
+
+
+def load_records(out: Path) -> tuple[dict, list[list[str]], dict[str, dict]]:
+    out = Path(out)
+    run = read_run(out)
+    redo = REDO
     if not (out / "units.json").is_file():
         raise IncompleteError(f"merge: {out} has no units.json yet (no rank has started)")
-    keys = read_json(out / "units.json")["keys"]
+    keys = _read_checked(out / "units.json", {"keys": list}, redo)["keys"]
+    if not all(isinstance(ks, list) and all(isinstance(k, str) for k in ks) for ks in keys):
+        raise EvalError(f"merge: {out / 'units.json'}: `keys` must be lists of example keys; {redo}")
     return run, keys, RecordReader(out).refresh()
 
 
@@ -29,6 +58,7 @@ def merge(out: str | os.PathLike, *, allow_partial: bool = False, log=None) -> d
     """Compute the final metrics of an output directory from its records; writes examples.jsonl,
     metrics.json and summary.md. Raises IncompleteError when examples are missing (unless allowed)."""
     out = Path(out)
+    check_output_dir(out, "merge")  # its outputs go next to the records
     run, unit_keys, recs = load_records(out)
     task = get_task(run["task"])
     expected = [k for ks in unit_keys for k in ks]

@@ -2,16 +2,16 @@
 
 Each rank appends the records of every unit it finishes to its own JSONL file
 (``OUT/records.rankNNNNN.jsonl``), in one write that is flushed and fsynced, so a killed job loses at
-most the unit in flight; a reader takes complete lines only.
+most the unit in flight; a reader takes complete lines only. A write that fails (a full disk) is cut
+off again and reported as one line naming the file and the bytes it needed (common/io.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
-from common.io import atomic_write_text
+from common.io import AppendFile, atomic_write_text
 
 
 def atomic_write(path: Path, text: str) -> None:
@@ -76,12 +76,10 @@ class RecordWriter:
             if end != len(data):
                 with open(self.path, "r+b") as f:
                     f.truncate(end)
-        self.f = open(self.path, "a")
+        self.f = AppendFile(self.path)
 
     def append(self, records: list[dict]) -> None:
-        self.f.write("".join(json.dumps(r, default=json_default) + "\n" for r in records))
-        self.f.flush()
-        os.fsync(self.f.fileno())
+        self.f.append("".join(json.dumps(r, default=json_default) + "\n" for r in records))
 
     def close(self) -> None:
         self.f.close()

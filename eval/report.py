@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from common.errors import InputFileError
+from common.io import atomic_save, atomic_write_text
 
 PERCENT = {"accuracy", "rouge1", "rouge2", "rougeL", "rougeLsum", "lm_eval/exact_match"}
 
@@ -105,8 +106,10 @@ def frontier_plot(points: list[tuple[float, float, str]], path: Path, *, xlabel:
         ax.legend(fontsize=8)
     fig.tight_layout()
     path = Path(path)
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:  # atomically: a full disk leaves no half-written image (common/io.py)
+        atomic_save(path, lambda f: fig.savefig(f, dpi=120, format=path.suffix.lstrip(".") or "png"))
+    finally:
+        plt.close(fig)
     return str(path)
 
 
@@ -142,5 +145,5 @@ def frontier_main(dirs: list[str], *, x: str, y: str, out: str, label: str | Non
     png = frontier_plot([(a, b, f"run={n}") for a, b, n in pts], out_p, xlabel=x, ylabel=y, title="speed-quality frontier")
     md = "| run | " + x + " | " + y + " |\n|---|---|---|\n" + "".join(
         f"| {n} | {fmt(x, a)} | {fmt(y, b)} |\n" for a, b, n in sorted(pts, key=lambda p: (p[0] is None, p[0])))
-    out_p.with_suffix(".md").write_text(md)
+    atomic_write_text(out_p.with_suffix(".md"), md)
     return png

@@ -17,16 +17,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Literal
 
 from common.cli import ArgumentParser, run_command
-from common.errors import InputFileError
+from common.errors import InputFileError, StorageError
+from common.io import AppendFile, atomic_write_text
 from common.jsonl import read_jsonl
 from common.options import add_flags, describe_options, from_namespace
 from common.schema import Field, PathText, TextList, like
+from common.storage import check_output_file
 
 from .errors import OptionError
 from .options import DecodingOptions, eval_options, infill_window, sampling_config
@@ -94,22 +95,30 @@ def _prompt_row(row: dict) -> str | None:
 
 
 def done_lines(path: Path) -> int:
-    """Complete JSON lines already in an output file (a torn last line is dropped)."""
+    """Complete JSON lines already in an output file (a torn last line is dropped). A file that is not
+    an earlier output (a complete line that is not a JSON object) is refused, never truncated."""
     if not path.is_file():
         return 0
     good, keep = 0, []
-    for line in path.read_text(encoding="utf-8").splitlines(keepends=True):
-        if not line.endswith("\n"):
-            break
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines(keepends=True)
+    except UnicodeDecodeError:
+        lines = [""]  # refused just below
+    for i, line in enumerate(lines, 1):
+        if not line.endswith("\n") and i == len(lines):
+            break  # cut short by a kill: dropped and decoded again
         try:
-            json.loads(line)
+            ok = isinstance(json.loads(line), dict)
         except json.JSONDecodeError:
-            break
+            ok = False
+        if not ok:
+            raise OptionError(f"--out {path}: line {i} is not a JSON object, so the file is not an earlier output of "
+                              "setdlm sample (which --out resumes); choose another file")
         keep.append(line)
         good += 1
     text = "".join(keep)
     if text != path.read_text(encoding="utf-8"):
-        path.write_text(text, encoding="utf-8")
+        atomic_write_text(path, text)
     return good
 
 
@@ -148,6 +157,11 @@ def _main(argv: list[str]) -> int:
         print(describe_options(SampleOptions, "setdlm sample options"))
         return 0
     opts = from_namespace(SampleOptions, ns)
+    if opts.out:
+        check_output_file(opts.out, "--out")  # a directory, a read-only mount: refused before the model loads
+        done_lines(Path(opts.out))  # an existing file that is not an earlier output: refused now too
+    if opts.trace:
+        check_output_file(opts.trace, "--trace")
     rows = prompt_rows(opts)
     model, tokenizer, recipe = load_checkpoint(opts)
     cfg = decoding(opts, recipe.objective, infill=any("infill_length" in r for r in rows))
@@ -169,7 +183,8 @@ def run(model, tokenizer, cfg, rows: list[dict], args) -> int:
         start = done_lines(out_path)
         if start:
             print(f"setdlm sample: {out_path} has {start} outputs; resuming", file=sys.stderr)
-    sink = open(out_path, "a", encoding="utf-8") if out_path is not None else None
+    fresh = out_path is not None and not out_path.exists()
+    sink = AppendFile(out_path) if out_path is not None else None  # whole lines; a full disk says so
     trace = [] if args.trace else None  # rows of the --trace page (eval/trace.py)
     try:
         for i in range(start, len(rows), args.batch_size):
@@ -187,10 +202,10 @@ def run(model, tokenizer, cfg, rows: list[dict], args) -> int:
                 from .trace import sample_rows
 
                 trace += sample_rows(batch, outs, events, tokenizer)
+            lines = []
             for r, o in zip(batch, outs):
                 line = {**r, **o.to_dict()}
-                if sink is not None:
-                    sink.write(json.dumps(line, ensure_ascii=False) + "\n")
+                lines.append(json.dumps(line, ensure_ascii=False) + "\n")
                 if args.json:
                     print(json.dumps(line, ensure_ascii=False))
                 elif sink is None:
@@ -199,8 +214,11 @@ def run(model, tokenizer, cfg, rows: list[dict], args) -> int:
                     print(f"-- {o.steps} steps, {o.tokens_per_step:.2f} tokens/step, {len(o.tokens)} tokens, "
                           f"{o.seconds:.2f} s, stop: {o.stop_reason}", file=sys.stderr)
             if sink is not None:
-                sink.flush()
-                os.fsync(sink.fileno())
+                sink.append("".join(lines))
+    except StorageError:
+        if fresh and out_path.stat().st_size == 0:  # a full disk before the first line: no empty file left
+            out_path.unlink()
+        raise
     finally:
         if sink is not None:
             sink.close()

@@ -25,12 +25,16 @@ import datetime
 import hashlib
 import json
 import os
+import shutil
 import socket
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
+
+from common.errors import StorageError
+from common.io import remove_temps
 
 from .errors import EvalError
 from .records import RecordReader, RecordWriter, read_json, write_json
@@ -72,6 +76,15 @@ def provenance(shard: Shard) -> dict:
             "launcher": shard.launcher, "time": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
+def _read_saved(path: Path):
+    """A JSON file an earlier attempt wrote into --out (EvalError naming it when it is damaged)."""
+    try:
+        return read_json(path)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise EvalError(f"--out: {path}: unreadable or truncated ({type(e).__name__}); use another --out "
+                        "or --overwrite") from None
+
+
 class EvalRun:
     """One output directory: settings check, unit scheduling, records, markers, merge."""
 
@@ -81,7 +94,9 @@ class EvalRun:
         self.task, self.spec, self.shard = task, spec, shard
         self.log = log or (lambda msg: print(f"[eval {task} {shard.tag()}] {msg}", file=sys.stderr, flush=True))
         self.started = time.time()
+        created = not self.out.exists()
         self.out.mkdir(parents=True, exist_ok=True)
+        remove_temps(self.out)  # what killed writers left (a live writer's file stays: common/io.py)
         run_file = self.out / "run.json"
         if overwrite and shard.rank == 0:
             for p in list(self.out.glob("records.rank*.jsonl")) + list(self.out.glob("failed.rank*.json")) + [
@@ -90,8 +105,8 @@ class EvalRun:
                     p.unlink()
         want = {"format": FORMAT, "version": VERSION, "task": task, "spec": spec}
         if run_file.is_file():
-            have = read_json(run_file)
-            if have.get("format") != FORMAT:
+            have = _read_saved(run_file)
+            if not isinstance(have, dict) or have.get("format") != FORMAT:
                 raise EvalError(f"--out: {self.out} holds a run.json that is not a setdlm eval run")
             cmp_have = {"task": have.get("task"), "spec": have.get("spec", {})}
             cmp_want = {"task": task, "spec": spec}
@@ -100,7 +115,12 @@ class EvalRun:
                 raise EvalError(f"--out: {self.out} holds results of a different evaluation, which a restart would mix "
                                 f"with these ({'; '.join(diff[:4])}); use another --out or --overwrite")
         else:
-            write_json(run_file, {**want, "created": provenance(shard)})
+            try:
+                write_json(run_file, {**want, "created": provenance(shard)})
+            except StorageError:  # a full disk: the directory this run made goes again
+                if created:
+                    shutil.rmtree(self.out, ignore_errors=True)
+                raise
 
     # -- units -------------------------------------------------------------------------------
     def set_units(self, units: list[Unit]) -> None:
@@ -110,8 +130,8 @@ class EvalRun:
             raise EvalError(f"task {self.task}: duplicate example keys (e.g. ids repeated in the data)")
         path = self.out / "units.json"
         if path.is_file():
-            have = read_json(path)
-            if have.get("keys") != keys:
+            have = _read_saved(path)
+            if not isinstance(have, dict) or have.get("keys") != keys:
                 raise EvalError(f"--out: {self.out}/units.json lists other examples than this run has (the data or "
                                 f"settings changed since the first attempt); use another --out or --overwrite")
         else:
@@ -146,9 +166,12 @@ class EvalRun:
                     last = time.time()
                     self.log(f"{i + 1}/{len(todo)} units done ({time.time() - t0:.1f}s)")
         except BaseException as e:
-            write_json(self.out / f"failed.rank{self.shard.rank:05d}.json",
-                       {"rank": self.shard.rank, "world": self.shard.world, "error": f"{type(e).__name__}: {e}",
-                        "time": time.time()})
+            try:  # best effort: on a full disk the marker fails too, and the error to report is `e`
+                write_json(self.out / f"failed.rank{self.shard.rank:05d}.json",
+                           {"rank": self.shard.rank, "world": self.shard.world, "error": f"{type(e).__name__}: {e}",
+                            "time": time.time()})
+            except StorageError:
+                pass
             raise
         finally:
             writer.close()

@@ -18,7 +18,6 @@ line (`setdlm CMD: error: ...`, exit status 2) and `SETDLM_DEBUG=1` shows the tr
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 # subcommand -> (module, function taking argv, one-line help)
@@ -54,6 +53,9 @@ def pretrain_main(argv: list[str]) -> int:
         return 0
     if not args.config:
         parser.error("the following arguments are required: --config")
+    if args.world_size is not None and not args.dry_run:
+        parser.error("--world-size: only with --dry-run (a run takes its world size from the launcher: torchrun, "
+                     "srun, mpirun or setdlm launch local -n N)")
     if not args.dry_run:
         from pretrain.preemption import active_handler
 
@@ -75,7 +77,13 @@ def pretrain_main(argv: list[str]) -> int:
         note = prepare_for_plan(cfg)  # train.init_from: the source's architecture and vocabulary when present
         if note:
             print(note, flush=True)
-        print_plan(cfg, world_size=args.world_size or int(os.environ.get("WORLD_SIZE", "1")))
+        from common.envvars import env_number
+        from pretrain.plan import MAX_WORLD
+
+        world = args.world_size
+        if world is None:
+            world = env_number("WORLD_SIZE", 1, ge=1, le=MAX_WORLD, what="the world size to plan for; or --world-size")
+        print_plan(cfg, world_size=world)
         return 0
     try:  # the layout checks, before any process group (MPI without a size variable: checked after init)
         world = detect_env(use_mpi4py=False).world_size

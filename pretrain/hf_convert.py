@@ -25,7 +25,10 @@ from pathlib import Path
 import torch
 
 from common.cli import ArgumentParser as CLIParser
+from common.errors import StorageError
+from common.io import HOST, process_alive
 from common.jsonl import read_jsonl
+from common.storage import check_output_dir, write_failure
 
 from model.convert.card import render_card
 from model.convert.errors import ConvertError
@@ -89,24 +92,39 @@ def collect_results(run_dir: Path, step: int, files=()) -> list[tuple[str, objec
 
 
 # -- writing ---------------------------------------------------------------------------------------
+def _tensor_bytes(tensors: dict) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors.values() if torch.is_tensor(t))
+
+
 @contextmanager
-def staging(out: Path, overwrite: bool, what: str):
-    """Write into a temporary sibling and rename it to `out` at the end (never a half-written `out`)."""
+def staging(out: Path, overwrite: bool, what: str, need: int | None = None):
+    """Write into a temporary sibling and rename it to `out` at the end (never a half-written `out`).
+    A failed write (a full disk: `need` bytes is about what it takes) removes the partial directory,
+    keeps an existing `out` and is one StorageError naming the path and the space."""
     out = Path(out)
+    check_output_dir(out, "--out")
     if out.exists() and (not out.is_dir() or any(out.iterdir())) and not overwrite:
         raise ConvertError(f"--out {out}: already exists and is not empty; choose another {what} or pass --overwrite")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{os.getpid()}"
+    for stale in [*out.parent.glob(f".{out.name}.tmp-{HOST}-*"), *out.parent.glob(f".{out.name}.old-{HOST}-*")]:
+        pid = stale.name.rsplit("-", 1)[-1]
+        if pid.isdigit() and not process_alive(int(pid)):  # left by a killed conversion
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = out.parent / f".{out.name}.tmp-{HOST}-{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     try:
         yield tmp
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        failure = write_failure(e, out, need) if isinstance(e, Exception) else None
+        if failure is not None:
+            kept = f"; {out} is kept as it was" if out.exists() else ""
+            raise StorageError(f"{failure}; the partial {what} was removed{kept}") from None
         raise
     old = None
     if out.exists():
-        old = out.parent / f".{out.name}.old-{os.getpid()}"
+        old = out.parent / f".{out.name}.old-{HOST}-{os.getpid()}"
         os.replace(out, old)
     os.replace(tmp, out)
     if old is not None:
@@ -147,7 +165,7 @@ def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32",
     name = Path(out).name or "setdlm-model"
     card = render_card(config, name=name, recipe=cfg.to_dict(), training=training, results=res,
                        params=parameter_total(hf), source=f"{cfg.run.name} step {step}")
-    with staging(Path(out), overwrite, "output directory") as tmp:
+    with staging(Path(out), overwrite, "output directory", need=_tensor_bytes(hf)) as tmp:
         files = write_weights(hf, tmp, shard_bytes)
         _write_json(tmp / "config.json", config)
         _write_json(tmp / "generation_config.json", generation)
@@ -195,7 +213,7 @@ def write_run(out: Path, cfg, weights: dict, tokenizer, *, info: dict, overwrite
     meta = {"step": 0, "tokens_seen": 0, "wandb_id": None, "layout": layout, "tokenizer": tokenizer.name,
             "tokenizer_sha256": tokenizer.sha256, "objective": cfg.objective.name, "config": cfg.to_dict(),
             "imported": info}
-    with staging(out, overwrite, "run directory") as tmp:
+    with staging(out, overwrite, "run directory", need=_tensor_bytes(state)) as tmp:
         save_config(cfg, tmp / "config.yaml")
         tokenizer.save(rundir.tokenizer_dir(tmp))
         root = rundir.checkpoints_dir(tmp)
@@ -383,6 +401,9 @@ def export_at_end(run_dir) -> str:
     try:
         out = export_checkpoint(run_dir, run_dir / EXPORT_SUBDIR, ema=True, overwrite=True, log=lambda m: None)
         return f"Hugging Face export: {out} (AutoModelForMaskedLM.from_pretrained(..., trust_remote_code=True))"
+    except StorageError as e:  # a full disk: one line and an error status (the last export is kept)
+        raise StorageError(f"train.export_hf: {e}; the checkpoint is saved: free space and rerun `setdlm convert "
+                           f"to-hf --checkpoint {run_dir} --out {run_dir / EXPORT_SUBDIR} --overwrite`") from None
     except Exception as e:  # noqa: BLE001 - training is done and saved; report and let the user rerun
         return (f"Hugging Face export failed ({type(e).__name__}: {e}); the checkpoint is saved, rerun "
                 f"`setdlm convert to-hf --checkpoint {run_dir} --out {run_dir / EXPORT_SUBDIR}`")
@@ -438,6 +459,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 2
+    check_output_dir(args.out, "--out")  # a file, a read-only mount: refused before any checkpoint is read
     if args.command == "to-hf":
         export_checkpoint(args.checkpoint, args.out, ema=args.ema, dtype=args.dtype, max_shard_size=args.max_shard_size,
                           results=args.results, overwrite=args.overwrite)

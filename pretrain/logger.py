@@ -20,7 +20,7 @@ from urllib.parse import urlparse
 
 from tqdm import tqdm
 
-from common.io import atomic_write_text
+from common.io import AppendFile, atomic_write_text
 from common.log import get_logger
 
 log = get_logger("setdlm.train")
@@ -151,8 +151,8 @@ class MetricsLogger:
         if not self.enabled:
             return
         row = {"step": step, **{k: v for k, v in metrics.items() if v is not None}}
-        with open(self.path, "a") as f:
-            f.write(json.dumps(row) + "\n")
+        with AppendFile(self.path) as f:  # whole rows: a full disk cuts the row off and says so
+            f.append(json.dumps(row) + "\n")
         if self.wandb_run is not None:
             self.wandb_run.log(row, step=step)
         if print_line:

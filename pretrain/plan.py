@@ -13,9 +13,9 @@ tokenizer is read when the recipe leaves the vocabulary size to it.
 from __future__ import annotations
 
 import math
-import os
 import sys
 
+from common.envvars import env_number
 from common.errors import UsageError
 from common.schema import ConfigError
 from model.shapes import parameter_count
@@ -54,11 +54,26 @@ def rank_groups(tp: int, pp: int, dp: int) -> dict[str, list[list[int]]]:
     return groups
 
 
-def _member(groups: list[list[int]], rank: int) -> list[int]:
-    return next(g for g in groups if rank in g)
+def groups_of(rank: int, tp: int, pp: int, dp: int) -> dict[str, range]:
+    """The TP, PP and DP groups of `rank` in megatron-core's order tp-cp-ep-dp-pp (rank = t + tp * d +
+    tp * dp * s), computed, not enumerated: the dry run's time does not grow with the world size
+    (tests compare it with `rank_groups`)."""
+    t, d, s = rank % tp, rank // tp % dp, rank // (tp * dp)
+    first = rank - t
+    return {"tp": range(first, first + tp), "dp": range(t + tp * dp * s, t + tp * dp * (s + 1), tp),
+            "pp": range(t + tp * d, tp * dp * pp, tp * dp)}
 
 
 # -- the plan -----------------------------------------------------------------------------------------
+MAX_WORLD = 1 << 20  # GPUs a dry run plans for (1,048,576: beyond the largest clusters)
+
+
+def check_world_size(world_size) -> int:
+    if isinstance(world_size, bool) or not isinstance(world_size, int) or not 1 <= world_size <= MAX_WORLD:
+        raise UsageError(f"--world-size: must be an integer in [1, {MAX_WORLD}], got {world_size!r}")
+    return world_size
+
+
 def resolve_for_plan(cfg) -> None:
     """Fill model.vocab_size / mask_id from the tokenizer when the recipe leaves them to it."""
     if cfg.model.vocab_size > 0 and cfg.model.mask_id >= 0:
@@ -75,17 +90,16 @@ def resolve_for_plan(cfg) -> None:
 
 def plan(cfg, world_size: int, *, device: str = "cuda", gpus_per_node: int | None = None) -> dict:
     """Validate `cfg` for `world_size` ranks and compute the plan (what print_plan shows)."""
-    if world_size < 1:
-        raise UsageError(f"--world-size: must be >= 1, got {world_size}")
+    check_world_size(world_size)
     resolve_for_plan(cfg)
     cfg.validate(world_size)
     p, t, m = cfg.parallel, cfg.train, cfg.model
     dp = cfg.dp_size(world_size)
     accum = cfg.grad_accum(world_size)
-    gpn = gpus_per_node or int(os.environ.get("SETDLM_GPUS_PER_NODE", "8"))
+    gpn = gpus_per_node or env_number("SETDLM_GPUS_PER_NODE", 8, ge=1, le=MAX_WORLD, what="GPUs per node")
     precision = t.precision if t.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
     memory = estimate_memory(cfg, world_size, precision=precision, device=device)
-    gpu_gib = float(os.environ.get("SETDLM_GPU_MEMORY_GIB", "80"))
+    gpu_gib = env_number("SETDLM_GPU_MEMORY_GIB", 80.0, kind=float, gt=0, le=1e6, what="GiB of memory per GPU")
     fit = micro_batch_fit(cfg, world_size, gpu_gib, device=device)
     flops = step_flops(cfg)
     bubble = (p.pp - 1) / (accum + p.pp - 1) if p.pp > 1 else 0.0
@@ -102,7 +116,7 @@ def plan(cfg, world_size: int, *, device: str = "cuda", gpus_per_node: int | Non
             "fit": fit, "gpu_gib": gpu_gib, "checkpointing": getattr(t, "activation_checkpointing", "none"),
             "compile": bool(getattr(t, "compile", False)),
             "sequence_parallel": getattr(p, "sequence_parallel", False),
-            "gpus_per_node": gpn, "groups": rank_groups(p.tp, p.pp, dp), "memory": memory, "flops": flops,
+            "gpus_per_node": gpn, "memory": memory, "flops": flops,
             "bubble": bubble, "comm": comm_bytes_per_step(cfg, world_size, precision), "warnings": warnings,
             "params_total": parameter_count(m)}
 
@@ -133,15 +147,15 @@ def format_plan(cfg, info: dict, *, max_ranks: int = 128) -> str:
             parts.append("final norm + head + loss" + (" (tied embedding copy)" if m.tie_embeddings and pp > 1 else ""))
         w(f"  stage {sm.stage}: {', '.join(parts)} | {sm.params / 1e6:.1f}M parameters per rank")
     w("")
-    g = info["groups"]
-    w(f"process groups (megatron order tp-cp-ep-dp-pp): {len(g['tp'])} TP groups of {tp}, {len(g['pp'])} PP groups "
-      f"of {pp}, {len(g['dp'])} DP groups of {dp}" + (f", {len(g['embedding'])} embedding groups" if pp > 1 else ""))
-    n = min(info["world"], max_ranks)
+    world = info["world"]
+    w(f"process groups (megatron order tp-cp-ep-dp-pp): {world // tp} TP groups of {tp}, {world // pp} PP groups "
+      f"of {pp}, {world // dp} DP groups of {dp}" + (f", {world // pp} embedding groups" if pp > 1 else ""))
+    n = min(world, max_ranks)
     w(f"  {'rank':>5} {'node':>4} {'stage':>5}  {'TP group':<20} {'PP group':<20} {'DP group':<20}")
     for r in range(n):
-        stage = _member(g["pp"], r).index(r)
-        w(f"  {r:>5} {r // info['gpus_per_node']:>4} {stage:>5}  {_fmt_group(_member(g['tp'], r)):<20} "
-          f"{_fmt_group(_member(g['pp'], r)):<20} {_fmt_group(_member(g['dp'], r)):<20}")
+        g = groups_of(r, tp, pp, dp)
+        w(f"  {r:>5} {r // info['gpus_per_node']:>4} {g['pp'].index(r):>5}  {_fmt_group(g['tp']):<20} "
+          f"{_fmt_group(g['pp']):<20} {_fmt_group(g['dp']):<20}")
     if n < info["world"]:
         w(f"  ... {info['world'] - n} more ranks")
     w("")
@@ -178,7 +192,9 @@ def format_plan(cfg, info: dict, *, max_ranks: int = 128) -> str:
     return "\n".join(lines)
 
 
-def _fmt_group(ranks: list[int]) -> str:
+def _fmt_group(ranks) -> str:
+    if isinstance(ranks, range) and len(ranks) > 2:
+        return f"{ranks[0]}..{ranks[-1]}" + (f" step {ranks.step}" if ranks.step != 1 else "")
     if len(ranks) > 2 and all(b - a == ranks[1] - ranks[0] for a, b in zip(ranks, ranks[1:])):
         step = ranks[1] - ranks[0]
         return f"{ranks[0]}..{ranks[-1]}" + (f" step {step}" if step != 1 else "")
@@ -192,4 +208,5 @@ def print_plan(cfg, world_size: int, *, file=None) -> dict:
     return info
 
 
-__all__ = ["plan", "print_plan", "format_plan", "rank_groups", "comm_bytes_per_step", "resolve_for_plan"]
+__all__ = ["plan", "print_plan", "format_plan", "rank_groups", "groups_of", "check_world_size", "comm_bytes_per_step",
+           "resolve_for_plan", "MAX_WORLD"]

@@ -81,6 +81,11 @@ def load(path, map_location="cpu", **kw):
         raise _unpickling_error(where, e) from None
     except (EOFError, zipfile.BadZipFile) as e:
         raise CheckpointError(f"{where}: truncated or damaged ({type(e).__name__}); use another step") from None
+    except OSError as e:  # torch's zip reader on a cut-off archive: `OSError: [Errno 22] Invalid argument`
+        if isinstance(e, (FileNotFoundError, PermissionError, IsADirectoryError)):
+            raise CheckpointError(f"{where}: cannot be read ({e.strerror or e})") from None
+        raise CheckpointError(f"{where}: truncated or damaged ({type(e).__name__}: {e.strerror or e}); use another "
+                              "step") from None
     except RuntimeError as e:
         msg = str(e)
         if "zip archive" in msg or "PytorchStreamReader" in msg:

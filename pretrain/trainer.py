@@ -11,8 +11,11 @@ import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
 
+from common.errors import Error
+from common.storage import check_output_dir, tree_bytes
 from data_pipeline.loader import build_loader
 from data_pipeline.mixture import source_configs
+from data_pipeline.tokenizer import META_FILE as TOKENIZER_META
 from data_pipeline.tokenizers import load_tokenizer
 from model.noise import TRAIN, VAL, SampleNoise
 from model.objectives import build_objective, summarize
@@ -20,7 +23,7 @@ from model.shapes import parameter_count
 
 from . import fp8, init_from
 from .checkpoint import resume, rng, rundir
-from .checkpoint.save import clean_partial, save as save_checkpoint
+from .checkpoint.save import check_space, clean_partial, estimate_bytes, expected_bytes, save as save_checkpoint
 from .config import RecipeConfig, save_config
 from .ema import EMA
 from .engine import build_engine, resolve_precision, zero3_init, zero3_notes
@@ -57,6 +60,7 @@ class Trainer:
 
         torch.manual_seed(cfg.run.seed)
         self.precision = resolve_precision(cfg, self.device)
+        self.ckpt_bytes = self.check_outputs()  # before any work: writable, inside the run, room for a checkpoint
         # ZeRO-3: built inside deepspeed.zero.Init, each rank holding only its partition (pretrain/engine.py)
         zero_init = zero3_init(cfg, self.world, self.precision) if cfg.model.fp8 == "none" else None
         # this rank's TP shard of its PP stage, allocated and initialised on the device, then FP8,
@@ -85,6 +89,30 @@ class Trainer:
         self.relayout_notes: list[str] = []
 
     # -- checkpoints ---------------------------------------------------------------------------
+    def check_outputs(self) -> int:
+        """Rank 0 checks, and every rank raises the same error, before any work: the run directory can
+        be written and its checkpoints stay inside it; the temporary files of killed runs are removed;
+        the disk has room for the next checkpoint (a requeued job on a full disk stops here). Returns
+        the bytes a checkpoint needs."""
+        found: list = [None, 0]
+        if self.rank == 0:
+            try:
+                check_output_dir(self.run_dir, "run.out_dir")
+                rundir.check_run_dir(self.run_dir)
+                clean_partial(self.ckpt_root)
+                estimate = estimate_bytes(parameter_count(self.cfg.model), ema=self.cfg.train.ema > 0,
+                                          precision=self.precision)
+                need, source = expected_bytes(self.ckpt_root, estimate)
+                check_space(self.ckpt_root, need, source)
+                found[1] = need
+            except Error as e:
+                found[0] = e
+        if self.world > 1:
+            dist.broadcast_object_list(found, src=0)
+        if found[0] is not None:
+            raise found[0]
+        return found[1]
+
     def meta(self) -> dict:
         p = self.cfg.parallel
         return {"step": self.step, "tokens_seen": self.tokens_seen, "wandb_id": self.logger.wandb_id,
@@ -95,9 +123,11 @@ class Trainer:
 
     def save(self) -> Path:
         extra = {"rng": rng.rng_state(), "data": self.train_loader.state_dict(), "step": self.step}
-        return save_checkpoint(self.engine, self.ckpt_root, self.step, meta=self.meta(), extra=extra,
+        path = save_checkpoint(self.engine, self.ckpt_root, self.step, meta=self.meta(), extra=extra,
                                ema_state=self.ema.state_dict() if self.ema else None, keep_last=self.cfg.train.keep_last,
-                               mp_rank=self.mp_rank, dp_rank=self.dp_rank, rank=self.rank)
+                               mp_rank=self.mp_rank, dp_rank=self.dp_rank, rank=self.rank, need=self.ckpt_bytes)
+        self.ckpt_bytes = tree_bytes(path) if self.rank == 0 else self.ckpt_bytes  # measured: the next one's need
+        return path
 
     def maybe_resume(self) -> bool:
         if self.rank == 0:
@@ -226,7 +256,7 @@ class Trainer:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
             tok_dir = rundir.tokenizer_dir(self.run_dir)
-            if not tok_dir.is_dir():
+            if not (tok_dir / TOKENIZER_META).is_file():  # absent, or cut short by a kill: (re)written
                 self.tokenizer.save(tok_dir)
         self.logger = MetricsLogger(self.run_dir, cfg, enabled=self.rank == 0, total_steps=t.max_steps,
                                     start_step=self.step, wandb_id=self.wandb_id)

@@ -15,7 +15,6 @@ import dataclasses
 import logging
 import queue
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Callable

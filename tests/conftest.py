@@ -29,3 +29,17 @@ def slurm(tmp_path_factory):
     cluster.start()  # a failure here is a real failure: root and the packages are present
     yield cluster
     cluster.stop()
+
+
+@pytest.fixture
+def mounts(tmp_path):
+    """tmpfs and read-only bind mounts under tmp_path (tests/mounts.py), undone afterwards even when
+    the test fails; skips without root or mount permission."""
+    from mounts import Mounts
+
+    reason = Mounts.unavailable(tmp_path)
+    if reason:
+        pytest.skip(reason)
+    m = Mounts(tmp_path / "mnt")
+    yield m
+    m.close()

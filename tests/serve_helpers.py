@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from pathlib import Path
 
 from serve.cli import start, stop
 
@@ -30,7 +31,7 @@ class ThreadServer:
         self.loop.close()
 
 
-def train_tiny(tmp) -> "Path":
+def train_tiny(tmp) -> Path:
     """A 2-step tiny SW-SetDLM (GPT-2 tokenizer, 64 positions, S_max 8) whose outputs depend on the
     prompt (large initial weights, almost no training): what the serving tests decode from."""
     import torch

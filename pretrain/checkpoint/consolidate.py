@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 
 from common.cli import ArgumentParser
-from common.errors import UsageError
+from common.errors import StorageError, UsageError
 from common.io import atomic_save
+from common.storage import check_output_file
 
 from ..safe_load import CheckpointError
 from . import rundir
@@ -51,15 +52,23 @@ def consolidated_state(ckpt: Path, *, optimizer: bool = True) -> dict:
 def consolidate(path, *, out=None, optimizer: bool = True, overwrite: bool = True, log=print) -> Path:
     """Write the consolidated state dict of checkpoint `path` (a run dir, its checkpoints/ or one
     checkpoint); returns the file written."""
+    if out:
+        check_output_file(out, "--out")  # a directory, a read-only mount: refused before the shards are read
     ckpt = rundir.resolve_checkpoint(path)
     target = Path(out) if out else ckpt / rundir.CONSOLIDATED
     if target.exists() and not overwrite:
         raise UsageError(f"--out {target}: exists (pass --overwrite to replace it)")
+    if not out:
+        check_output_file(target, "--checkpoint")
     state = consolidated_state(ckpt, optimizer=optimizer)
     module, ema, opt, meta = state["module"], state["ema"], state["optimizer"], state["meta"]
     layout = meta["layout"]
+    size = sum(t.numel() * t.element_size() for part in (module, ema or {}, *(opt or {}).values())
+               if isinstance(part, dict) for t in part.values() if torch.is_tensor(t))
     try:
-        atomic_save(target, lambda f: torch.save(state, f))
+        atomic_save(target, lambda f: torch.save(state, f), size=size)
+    except StorageError as e:
+        raise StorageError(f"{e}; nothing was changed") from None
     except OSError as e:
         raise CheckpointError(f"{target}: cannot be written ({e.strerror or e}); nothing was changed") from None
     n = sum(v.numel() for v in module.values() if torch.is_tensor(v))

@@ -14,6 +14,7 @@ from pathlib import Path
 from ..safe_load import CheckpointError, load as safe_load, restricted_torch_load
 from . import rundir
 from .relayout import load_consolidated
+from .rng import check_rng_state
 
 # the recipe fields that define a checkpoint's weights and what they are trained for
 _IDENTITY = {"model": ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "norm", "activation",
@@ -71,7 +72,21 @@ def load(engine, path: Path, *, rank: int, mp_rank: int) -> tuple[dict, dict, di
     if load_path is None:
         raise CheckpointError(f"checkpoint {path}: DeepSpeed found no engine state to load")
     extra, ema = rundir.extra_file(path, rank), rundir.ema_file(path, mp_rank)
-    return meta, safe_load(extra) if extra.is_file() else {}, safe_load(ema) if ema.is_file() else None
+    if not extra.is_file():
+        raise CheckpointError(f"{extra}: missing (this rank's random-number state and data position); the checkpoint "
+                              "is incomplete: use another step")
+    return meta, checked_extra(extra), safe_load(ema) if ema.is_file() else None
+
+
+def checked_extra(f: Path) -> dict:
+    """An extra_rank*.pt file: RNG states and the data position, checked (the message names the file)."""
+    extra = safe_load(f)
+    if not isinstance(extra, dict):
+        raise CheckpointError(f"{f}: not a setdlm extra-state file (a dict with `rng` and `data`); use another step")
+    check_rng_state(extra.get("rng"), f)
+    if "data" in extra and not isinstance(extra["data"], dict):
+        raise CheckpointError(f"{f}: its data-loader position is damaged (not a dict); use another step")
+    return extra
 
 
 def load_relayout(engine, path: Path, *, ema) -> tuple[dict, dict, list[str]]:
@@ -87,7 +102,7 @@ def load_relayout(engine, path: Path, *, ema) -> tuple[dict, dict, list[str]]:
                               f"continue under another layout consolidate it first (setdlm convert consolidate "
                               f"--checkpoint {path})")
     notes = load_consolidated(engine, safe_load(cons), ema=ema)
-    extras = [safe_load(f) for f in sorted(path.glob("extra_rank*.pt"))]
+    extras = [checked_extra(f) for f in sorted(path.glob("extra_rank*.pt"))]
     extra = {"rng": extras[0]["rng"]} if extras else {}
     # The data order is one global sequence (data_pipeline/order.py): any rank's loader state continues
     # it under any data-parallel size.

@@ -7,6 +7,8 @@ import random
 import numpy as np
 import torch
 
+from ..safe_load import CheckpointError
+
 
 def rng_state() -> dict:
     """Python, numpy, torch (and CUDA) generator states as plain values and tensors (loadable as
@@ -15,6 +17,15 @@ def rng_state() -> dict:
     return {"python": random.getstate(), "numpy": (name, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, gauss),
             "torch": torch.get_rng_state(),
             "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None}
+
+
+def check_rng_state(state, where) -> None:
+    """CheckpointError naming `where` (a file) unless `state` is an RNG state of `rng_state()`'s form."""
+    ok = (isinstance(state, dict) and isinstance(state.get("python"), tuple) and torch.is_tensor(state.get("torch"))
+          and isinstance(state.get("numpy"), (tuple, list)) and len(state["numpy"]) == 5)
+    if not ok:
+        raise CheckpointError(f"{where}: its random-number state is missing or damaged (needs `rng` with python, "
+                              "numpy and torch states); use another step")
 
 
 def set_rng_state(state: dict) -> None:

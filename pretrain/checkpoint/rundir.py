@@ -8,7 +8,9 @@
 Everything that reads a run directory (resume, `train.init_from`, consolidate, convert, sample,
 eval) finds checkpoints, `meta.json` and the tokenizer through this module. A `latest` pointer that
 names a missing or incomplete step is not trusted: the newest complete checkpoint is used instead,
-and the fallback is reported. Every problem is a `CheckpointError` naming the file.
+and the fallback is reported. A `checkpoints/`, `step_*` or `latest` that is a symbolic link looping
+or resolving outside the run directory is refused (`check_run_dir`): setdlm reads, writes and prunes
+only checkpoints inside the run. Every problem is a `CheckpointError` naming the file.
 """
 
 from __future__ import annotations
@@ -55,6 +57,52 @@ def ema_file(ckpt: str | os.PathLike, mp_rank: int) -> Path:
 def run_of(ckpt: str | os.PathLike) -> Path:
     """The run directory that holds checkpoint folder `ckpt` (RUN/checkpoints/step_N)."""
     return Path(ckpt).parent.parent
+
+
+def step_of(ckpt: str | os.PathLike) -> int | None:
+    """N of a step_N folder (None for another name)."""
+    name = Path(ckpt).name
+    digits = name[len("step_"):]
+    return int(digits) if name.startswith("step_") and digits.isdigit() else None
+
+
+# -- links -------------------------------------------------------------------------------------------
+def _link_problem(p: Path, run: Path) -> str | None:
+    """Why entry `p` of run directory `run` cannot be used (a symbolic link that loops, dangles or
+    resolves outside `run`), or None."""
+    if not p.is_symlink():
+        return None
+    try:
+        target = p.resolve(strict=True)
+    except (OSError, RuntimeError):  # RuntimeError: a loop, on older Pythons
+        return f"a symbolic link that loops or points nowhere ({os.readlink(p)})"
+    base = run.resolve()
+    if target != base and base not in target.parents:
+        return f"a symbolic link to {target}, outside the run directory {base}"
+    return None
+
+
+def _refuse_link(p: Path, why: str) -> CheckpointError:
+    fix = "remove the link" if "loops" in why else "replace the link by the directory itself (a copy)"
+    return CheckpointError(f"{p}: {why}; setdlm reads, writes and prunes only checkpoints inside the run directory: "
+                           f"{fix}")
+
+
+def check_run_dir(run_dir: str | os.PathLike) -> None:
+    """Refuse a run directory whose checkpoints/, a step_* in it or `latest` is a symbolic link that
+    loops or resolves outside the run, or whose checkpoints/ is not a directory."""
+    run = Path(run_dir)
+    root = checkpoints_dir(run)
+    why = _link_problem(root, run)
+    if why is None and root.exists() and not root.is_dir():
+        why = "not a directory"
+    if why:
+        raise _refuse_link(root, why)
+    if root.is_dir():
+        for p in [*sorted(root.glob("step_*")), root / LATEST]:
+            why = _link_problem(p, run)
+            if why:
+                raise _refuse_link(p, why)
 
 
 # -- meta.json -------------------------------------------------------------------------------------
@@ -108,7 +156,9 @@ def mark_complete(ckpt: str | os.PathLike) -> None:
 
 def complete_checkpoints(root: str | os.PathLike) -> list[Path]:
     """The complete step_* checkpoints under `root` (a checkpoints/ folder), oldest first."""
-    return sorted(p for p in Path(root).glob("step_*") if p.is_dir() and is_complete(p))
+    root = Path(root)
+    return sorted(p for p in root.glob("step_*")
+                  if p.is_dir() and _link_problem(p, root.parent) is None and is_complete(p))
 
 
 def latest_tag(root: str | os.PathLike) -> str | None:
@@ -130,9 +180,15 @@ def latest_checkpoint(root: str | os.PathLike, notes: list[str] | None = None) -
     pointer = root / LATEST
     if not pointer.is_file():
         return None
+    why = _link_problem(root, root.parent) or _link_problem(pointer, root.parent)
+    if why:
+        raise _refuse_link(root if root.is_symlink() else pointer, why)
     tag = latest_tag(root) or ""
     path = root / tag
     if tag and "/" not in tag and is_complete(path):
+        why = _link_problem(path, root.parent)
+        if why:
+            raise _refuse_link(path, why)
         return path
     why = ("is empty or unreadable" if not tag else
            f"names {tag}, which is missing" if not path.is_dir() else
@@ -155,6 +211,8 @@ def resolve_checkpoint(path: str | os.PathLike, notes: list[str] | None = None) 
         raise CheckpointError(f"checkpoint {p}: no such file or directory")
     if (p / META).is_file():
         return p
+    if p.is_dir():
+        check_run_dir(p)  # a looping checkpoints/, or one that leaves the run: refused by name
     for root in (checkpoints_dir(p), p):
         if (root / LATEST).is_file():
             said: list[str] = []

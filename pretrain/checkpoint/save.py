@@ -2,8 +2,14 @@
 
 A checkpoint is written under a temporary name (checkpoints/.tmp-step_N) and renamed once every
 rank has finished, and `latest` is replaced only after that, so a kill during a save never damages
-the last good one. A save that fails (disk full) removes its temporary directory on every rank and
-keeps the last good checkpoint. Files of one checkpoint:
+the last good one. A save that fails (a full disk: OSError, or the RuntimeError torch's zip writer
+raises for a short write) removes its temporary directory on every rank, keeps the last good
+checkpoint and raises one CheckpointError on every rank naming the path, the free space and the
+space a checkpoint needs (`expected_bytes`: the size of the newest complete checkpoint, else an
+estimate from the parameter count). `check_space` says the same before a job trains at all.
+Pruning renames a step to .tmp-pruned-step_N before deleting it, so a kill mid-prune leaves no
+half-deleted step_N (the next start removes the .tmp-* leftovers; `clean_partial`). Files of one
+checkpoint:
 
     DeepSpeed's model / optimizer shards and LR scheduler (`engine.save_checkpoint`), with this
     rank's shard map (`shard_info`, read by consolidate.py) in the model file's client state
@@ -14,7 +20,6 @@ keeps the last good checkpoint. Files of one checkpoint:
 
 from __future__ import annotations
 
-import errno
 import os
 import shutil
 from pathlib import Path
@@ -22,10 +27,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from common.errors import StorageError
+from common.io import remove_temps
+from common.storage import free_bytes, human_bytes, is_write_failure, tree_bytes, write_failure
+
 from ..safe_load import CheckpointError
 from . import rundir
 
 TMP_PREFIX = ".tmp-"
+PRUNED = TMP_PREFIX + "pruned-"
 
 
 def _barrier():
@@ -33,10 +43,49 @@ def _barrier():
         dist.barrier()
 
 
-def clean_partial(root: Path) -> None:
-    """Remove checkpoints whose save was interrupted (rank 0, before training starts)."""
-    for p in Path(root).glob(TMP_PREFIX + "*"):
+def _remove(p: Path) -> None:
+    if p.is_symlink() or p.is_file():
+        p.unlink(missing_ok=True)
+    else:
         shutil.rmtree(p, ignore_errors=True)
+
+
+def clean_partial(root: Path) -> None:
+    """Remove what killed runs left (rank 0, before training starts): checkpoints whose save or prune
+    was interrupted (.tmp-*), and the temporary files of interrupted atomic writes (`latest`,
+    meta.json, config.yaml, metrics.jsonl) in the run directory, checkpoints/ and its steps."""
+    root = Path(root)
+    for p in root.glob(TMP_PREFIX + "*"):
+        _remove(p)
+    for d in (root.parent, root, *(p for p in root.glob("step_*") if p.is_dir() and not p.is_symlink())):
+        remove_temps(d, all_of_them=True)  # one job per run directory: no writer is running now
+
+
+# -- space -------------------------------------------------------------------------------------------
+def estimate_bytes(n_params: int, *, precision: str, ema: bool) -> int:
+    """What a checkpoint of `n_params` parameters holds on disk: the weights (fp32, or bf16 plus fp32
+    master weights), Adam's two fp32 moments and the fp32 EMA, over all ranks."""
+    per_param = (2 + 4 if precision == "bf16" else 4) + 8 + (4 if ema else 0)
+    return int(n_params * per_param)
+
+
+def expected_bytes(root: Path, estimate: int) -> tuple[int, str]:
+    """(bytes the next checkpoint needs, where the figure comes from): the size of the newest complete
+    checkpoint under `root`, else `estimate`."""
+    done = rundir.complete_checkpoints(root) if Path(root).is_dir() else []
+    if done:
+        return tree_bytes(done[-1]), f"the size of {done[-1].name}"
+    return estimate, "estimated from the parameter count"
+
+
+def check_space(root: Path, need: int, source: str) -> None:
+    """Refuse to start a job whose next checkpoint (`need` bytes) does not fit on the disk of `root`
+    (a requeued job on a still-full disk stops here, before any work)."""
+    free = free_bytes(root)
+    if free is not None and free < need:
+        raise StorageError(f"checkpoint: {root}: No space left on device for the next checkpoint (the disk is full: "
+                           f"{human_bytes(free)} free, a checkpoint needs about {human_bytes(need)}, {source}); "
+                           "nothing was trained: free space (older step_* folders can go) and rerun the same command")
 
 
 def shard_info(engine) -> dict:
@@ -67,8 +116,9 @@ def shard_info(engine) -> dict:
 
 
 def save(engine, root: Path, step: int, *, meta: dict, extra: dict, ema_state: dict | None,
-         keep_last: int, mp_rank: int, dp_rank: int, rank: int) -> Path:
-    """Write checkpoint `step` under `root` (RUN/checkpoints) from every rank; returns its folder."""
+         keep_last: int, mp_rank: int, dp_rank: int, rank: int, need: int | None = None) -> Path:
+    """Write checkpoint `step` under `root` (RUN/checkpoints) from every rank; returns its folder.
+    `need` (bytes a checkpoint takes) is the space a full-disk message names."""
     root = Path(root)
     tag = rundir.tag_for(step)
     tmp_tag = TMP_PREFIX + tag
@@ -86,22 +136,29 @@ def save(engine, root: Path, step: int, *, meta: dict, extra: dict, ema_state: d
             torch.save(ema_state, rundir.ema_file(tmp, mp_rank))
         if rank == 0:
             rundir.write_meta(tmp, meta)
-    except OSError as e:
-        failure = e
-    _raise_if_any_failed(failure, root, tmp, step, rank)
+    except (OSError, RuntimeError, StorageError) as e:  # RuntimeError: torch's zip writer on a short write
+        if not (isinstance(e, StorageError) or is_write_failure(e)):
+            raise
+        failure = e.with_traceback(None)
+    _raise_if_any_failed(failure, root, [tmp], step, rank, need)
     final = root / tag
     if rank == 0:
-        rundir.mark_complete(tmp)
-        if final.exists():
-            shutil.rmtree(final)
-        os.replace(tmp, final)
-        rundir.point_latest(root, tag)
-        prune(root, keep_last)
-    _barrier()
+        try:
+            rundir.mark_complete(tmp)
+            if final.exists() or final.is_symlink():
+                _remove(final)
+            os.replace(tmp, final)
+            rundir.point_latest(root, tag)
+        except (OSError, StorageError) as e:  # `latest` cannot name it: the new step is not published
+            failure = e.with_traceback(None)
+        else:
+            prune(root, keep_last)
+    _raise_if_any_failed(failure, root, [tmp, final], step, rank, need)  # also the barrier after publishing
     return final
 
 
-def _raise_if_any_failed(failure: OSError | None, root: Path, tmp: Path, step: int, rank: int) -> None:
+def _raise_if_any_failed(failure: BaseException | None, root: Path, partial: list[Path], step: int, rank: int,
+                         need: int | None) -> None:
     """After every rank has written its files: if any rank failed (disk full, permissions), remove
     the partial save and raise a CheckpointError on every rank; the last good checkpoint stays."""
     failed = torch.tensor([1.0 if failure is not None else 0.0])
@@ -111,26 +168,51 @@ def _raise_if_any_failed(failure: OSError | None, root: Path, tmp: Path, step: i
         dist.all_reduce(failed, op=dist.ReduceOp.MAX)
     if not failed.item():
         return
+    free = None
     if rank == 0:
-        shutil.rmtree(tmp, ignore_errors=True)
+        # torch's zip writer can keep a failed file open (the space returns when the process exits):
+        # the free space to report is what there is once the partial save is gone
+        before, held = free_bytes(root), sum(tree_bytes(p) for p in partial)
+        for p in partial:
+            _remove(p)
+        after = free_bytes(root)
+        free = None if before is None or after is None else max(after, before + held)
     _barrier()
     kept = rundir.latest_tag(root)
     if failure is None:
         cause = "another rank could not write its files"
-    elif failure.errno == errno.ENOSPC:
-        cause = f"the disk is full ({failure.filename or root})"
     else:
-        cause = f"{failure.strerror or failure} ({failure.filename or root})"
+        storage = write_failure(failure, root, need, "a checkpoint", free=free)
+        cause = str(storage) if storage is not None else f"{type(failure).__name__}: {failure} ({root})"
+        if need and "needs" not in cause:
+            cause += f" (a checkpoint needs about {human_bytes(need)})"
     raise CheckpointError(f"saving checkpoint step {step} failed: {cause}; the partial save was removed and "
                           + (f"the last good checkpoint ({kept}) is kept" if kept else "no earlier checkpoint exists")
                           + "; free space and rerun the same command to resume") from None
 
 
 def prune(root: Path, keep_last: int) -> None:
-    """Remove all but the newest `keep_last` complete checkpoints (never the one `latest` names)."""
+    """Remove all but the newest `keep_last` complete checkpoints (never the one `latest` names), and
+    the steps older than the newest complete one that are not complete (a prune a kill interrupted
+    in an older setdlm, or a damaged copy). Each goes by a rename to .tmp-pruned-step_N first."""
     if keep_last <= 0:
         return
+    root = Path(root)
     latest = rundir.latest_tag(root)
-    for p in rundir.complete_checkpoints(root)[:-keep_last]:
-        if p.name != latest:
-            shutil.rmtree(p, ignore_errors=True)
+    done = rundir.complete_checkpoints(root)
+    doomed = list(done[:-keep_last])
+    if done:
+        newest = rundir.step_of(done[-1])
+        doomed += [p for p in root.glob("step_*") if p.is_dir() and not p.is_symlink() and p not in done
+                   and (rundir.step_of(p) or 0) < newest]
+    for p in doomed:
+        if p.name == latest:
+            continue
+        gone = root / (PRUNED + p.name)
+        try:
+            if os.path.lexists(gone):
+                _remove(gone)
+            os.replace(p, gone)  # atomic: step_N is whole or absent, never half deleted
+        except OSError:
+            continue
+        shutil.rmtree(gone, ignore_errors=True)
