@@ -398,7 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CLIParser(prog="setdlm convert", description="Checkpoint conversion (docs/convert.md).")
     sub = parser.add_subparsers(dest="command", metavar="{to-hf,from-hf,from-reference,consolidate}")
     p = sub.add_parser("to-hf", help="export a training checkpoint as a Hugging Face model directory")
-    p.add_argument("--checkpoint", required=True, help="run directory, its checkpoints/ folder, or one checkpoint")
+    p.add_argument("--checkpoint", required=True, help="run directory (newest checkpoint), RUN:best / RUN:STEP, its checkpoints/ folder, or one checkpoint")
     p.add_argument("--out", required=True, help="output directory")
     _bool_flag(p, "ema", True, "export the EMA weights when the checkpoint has them (default) or the raw weights")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="weights dtype (default fp32)")

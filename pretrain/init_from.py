@@ -178,8 +178,11 @@ def prepare(cfg) -> InitSource | None:
     if own is not None:
         return _resume_source(cfg, own)
     d = Path(str(src)).expanduser()
-    if not d.exists():
+    base, selector = rundir.split_selector(d)  # RUN:best, RUN:latest, RUN:STEP
+    if not base.exists():
         _bad(f"{str(src)!r} does not exist (expected a Hugging Face model directory or a setdlm run/checkpoint)")
+    if selector is not None:
+        return _prepare_checkpoint(cfg, Path(f"{base.resolve()}:{selector}"))
     if d.is_dir() and (d / "config.json").is_file() and not (d / rundir.META).is_file():
         return _prepare_hf(cfg, d.resolve())
     return _prepare_checkpoint(cfg, d.resolve())
@@ -192,7 +195,7 @@ def prepare_for_plan(cfg) -> str | None:
     src = getattr(cfg.train, "init_from", None)
     if not src:
         return None
-    if not Path(str(src)).expanduser().exists():
+    if not rundir.split_selector(Path(str(src)).expanduser())[0].exists():
         return (f"note: train.init_from {str(src)!r} is not on this machine: planned with the recipe's model section "
                 f"and data.tokenizer {cfg.data.tokenizer!r} (set model.vocab_size / model.mask_id to the source's)")
     prepare(cfg)

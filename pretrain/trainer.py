@@ -18,6 +18,7 @@ from model.shapes import parameter_count
 
 from . import fp8, init_from
 from .checkpoint import resume, rng, rundir
+from .checkpoint.best import BestCheckpoint
 from .checkpoint.save import clean_partial, save as save_checkpoint
 from .config import RecipeConfig, save_config
 from .ema import EMA
@@ -77,6 +78,9 @@ class Trainer:
         # Orders and noise are drawn per sample from (seed, its global position in the data order), so a
         # sample sees the same draws under any layout (model/noise.py, data_pipeline/order.py).
         self.train_loader = self._loader("train")
+        epochs = cfg.resolve_epochs(self.train_loader.num_samples)  # train.epochs -> train.max_steps
+        if epochs:
+            self.notes.append(epochs)
         self.step = 0
         self.tokens_seen = 0
         self.wandb_id = None
@@ -193,6 +197,7 @@ class Trainer:
     def train(self) -> dict:
         cfg, t = self.cfg, self.cfg.train
         resumed = self.maybe_resume()
+        best = BestCheckpoint.from_config(t, self.ckpt_root)  # train.keep_best (continues a resumed run's best)
         if not resumed:  # train.init_from: pretrained weights (never on resume)
             self.notes += init_from.load(self.engine, self.init_source, cfg.model, self.ema)
         if self.rank == 0:
@@ -259,10 +264,13 @@ class Trainer:
                 last.update(metrics)
                 self.logger.log(self.step, {**carry, **metrics})
                 carry = {}
+            new_best = best is not None and best.improves(metrics)
             preempted = handler.should_stop()
-            if preempted or self.step % t.save_every == 0 or self.step == t.max_steps:
+            if preempted or self.step % t.save_every == 0 or self.step == t.max_steps or new_best:
                 path = self.save()
                 self.logger.write(f"saved checkpoint {path}")
+                if new_best and self.rank == 0:
+                    self.logger.write(best.mark(path, self.step))
             if preempted:
                 self.logger.write(f"preemption signal received: saved at step {self.step}, exiting for requeue")
                 handler.requeue()

@@ -127,10 +127,11 @@ def _raise_if_any_failed(failure: OSError | None, root: Path, tmp: Path, step: i
 
 
 def prune(root: Path, keep_last: int) -> None:
-    """Remove all but the newest `keep_last` complete checkpoints (never the one `latest` names)."""
+    """Remove all but the newest `keep_last` complete checkpoints (never the ones `latest` and `best`
+    name: the best checkpoint of train.keep_best lives outside keep_last)."""
     if keep_last <= 0:
         return
-    latest = rundir.latest_tag(root)
+    keep = {rundir.latest_tag(root), rundir.best_tag(root)}
     for p in rundir.complete_checkpoints(root)[:-keep_last]:
-        if p.name != latest:
+        if p.name not in keep:
             shutil.rmtree(p, ignore_errors=True)
