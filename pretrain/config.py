@@ -50,7 +50,7 @@ LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")
 class LoRAConfig:
     """Low-rank adapters (LoRA, Hu et al. 2021) on the block linears: W x + (alpha / rank) B A x, with A
     [rank, in] Gaussian (std 1/rank, PEFT's "gaussian" init) and B [out, rank] zero, so step 0 is the
-    base model; only A and B train (pretrain/lora.py)."""
+    base model; only A and B train (model/lora.py, pretrain/parallelize.py)."""
 
     rank: int = Field(8, ge=1, description="adapter rank r")
     alpha: float = Field(16.0, gt=0.0, description="scaling numerator: the update is (alpha / rank) B A x")

@@ -226,10 +226,12 @@ def load(engine, source: InitSource | None, model_cfg, ema=None) -> list[str]:
         return []
     from .checkpoint.relayout import load_consolidated
 
+    from model.lora import is_adapter
+
     w = weights(source, model_cfg)
-    try:
+    try:  # LoRA adapters are not in the source: they keep their initial values (B = 0: the source's model)
         load_consolidated(engine, {"module": w, "ema": w if ema is not None else None, "optimizer": None},
-                          ema=ema, optimizer=False)
+                          ema=ema, optimizer=False, optional=is_adapter)
     except CheckpointError as e:
         _bad(f"{source.path}: {e}")
     return list(source.notes)

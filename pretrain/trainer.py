@@ -61,7 +61,7 @@ class Trainer:
         # this rank's TP shard of its PP stage, allocated and initialised on the device, then FP8,
         # activation checkpointing and torch.compile (pretrain/parallelize.py)
         model = build_stage(cfg.model, p.tp, p.pp, device=self.device, sequence_parallel=p.sequence_parallel,
-                            zero_init=zero_init)
+                            zero_init=zero_init, lora=cfg.train.lora)
         self.notes = prepare_model(model, cfg)
         self.notes += zero3_notes(model, cfg)
         self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len, cross_entropy=model.tp.cross_entropy)
