@@ -73,7 +73,11 @@ def pretrain_main(argv: list[str]) -> int:
         note = prepare_for_plan(cfg)  # train.init_from: the source's architecture and vocabulary when present
         if note:
             print(note, flush=True)
-        print_plan(cfg, world_size=args.world_size or int(os.environ.get("WORLD_SIZE", "1")))
+        # --world-size, else the world the recipe is written for (parallel.world_size), else WORLD_SIZE or 1
+        world = args.world_size or cfg.parallel.world_size or int(os.environ.get("WORLD_SIZE", "1"))
+        if not args.world_size and cfg.parallel.world_size:
+            print(f"planned for parallel.world_size {world} (the recipe's; --world-size N plans another)", flush=True)
+        print_plan(cfg, world_size=world)
         return 0
     try:  # the layout checks, before any process group (MPI without a size variable: checked after init)
         world = detect_env(use_mpi4py=False).world_size

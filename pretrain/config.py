@@ -79,7 +79,10 @@ class TrainConfig:
     min_lr: float = Field(0.0, ge=0.0, description="cosine: final learning rate, <= lr (constant: unused)")
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="LR after the linear warm-up")
     warmup_steps: int = Field(100, ge=0, description="linear warm-up steps from 0 to lr")
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay (see train.weight_decay_style)")
+    weight_decay_style: Literal["adamw", "decoupled"] = Field("adamw", description=(
+        "adamw: torch's, matrices decay by lr_t * weight_decay per step, norms and biases not at all; decoupled: "
+        "Composer's DecoupledAdamW (the reference's), every parameter decays by (lr_t / lr) * weight_decay"))
     beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW first-moment decay")
     beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW second-moment decay")
     adam_eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon")

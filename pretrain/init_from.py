@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.schema import ConfigError
-from model.config import PRESETS, ModelConfig
+from model.config import PRESET_VOCAB, PRESETS, ModelConfig
 from model.convert import hf_stock
 from model.convert.errors import ConvertError
 
@@ -196,6 +196,11 @@ def prepare_for_plan(cfg) -> str | None:
     if not src:
         return None
     if not rundir.split_selector(Path(str(src)).expanduser())[0].exists():
+        vocab = PRESET_VOCAB.get(cfg.model.preset or "")
+        if vocab and cfg.data.tokenizer == _DEFAULT_TOKENIZER and cfg.model.vocab_size <= 0 and cfg.model.mask_id < 0:
+            cfg.model.vocab_size, cfg.model.mask_id = vocab  # the source's tokenizer would give these
+            return (f"note: train.init_from {str(src)!r} is not on this machine: planned with the recipe's model section "
+                    f"and the {cfg.model.preset} preset's vocabulary ({vocab[0]:,} tokens with MASK id {vocab[1]})")
         return (f"note: train.init_from {str(src)!r} is not on this machine: planned with the recipe's model section "
                 f"and data.tokenizer {cfg.data.tokenizer!r} (set model.vocab_size / model.mask_id to the source's)")
     prepare(cfg)

@@ -233,6 +233,7 @@ class Trainer:
             self.logger.write(f"validation unigram baseline: {last['val/unigram_nll']:.4f} nats/token")
             self.logger.log(0, last)
         train_iter = iter(self.train_loader)
+        handler.end_setup()  # a signal during set-up said "stopping after set-up"; from here it stops at a step's end
         window_t, window_steps = time.perf_counter(), 0
         window_loss: dict = {}
         preempted = False
