@@ -106,7 +106,8 @@ class TrainConfig:
     sample_at_end: bool = Field(False, description="print a sample from the final model")
     sample_tokens: int = Field(48, ge=1, description="tokens of the end-of-run sample")
     sample_prompt: Text = Field("", description="prompt of the end-of-run sample (empty: unconditional)")
-    export_hf: bool = Field(False, description="at the end: write RUN/hf, a Hugging Face export of the final checkpoint")
+    export_hf: bool = Field(False, description=(
+        "at the end: write RUN/hf, a Hugging Face export of the final checkpoint (with train.keep_best: the best)"))
     sample_temperature: float = Field(0.0, ge=0.0, description="end-of-run sample temperature (0: greedy)")
     sample_top_p: float = Field(1.0, gt=0.0, le=1.0, description="end-of-run sample nucleus mass")
     sample_threshold: float = Field(0.0, ge=0.0, le=1.0, description=(

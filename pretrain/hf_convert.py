@@ -448,15 +448,20 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
     return write_run(Path(out), cfg, train_sd, tok, info=info, overwrite=overwrite, log=log)
 
 
-def export_at_end(run_dir) -> str:
-    """train.export_hf: export the run's latest checkpoint (EMA weights when present) to RUN/hf."""
+def export_at_end(run_dir, *, best: bool = False) -> str:
+    """train.export_hf: export the run's latest checkpoint, or with `best` (train.keep_best) its best one
+    (RUN:best, the released-model convention), EMA weights when present, to RUN/hf."""
     run_dir = Path(run_dir)
+    src = f"{run_dir}:best" if best and rundir.best_record(rundir.checkpoints_dir(run_dir)) else str(run_dir)
     try:
-        out = export_checkpoint(run_dir, run_dir / EXPORT_SUBDIR, ema=True, overwrite=True, log=lambda m: None)
-        return f"Hugging Face export: {out} (AutoModelForMaskedLM.from_pretrained(..., trust_remote_code=True))"
+        out = export_checkpoint(src, run_dir / EXPORT_SUBDIR, ema=True, overwrite=True, log=lambda m: None)
+        stock = (json.loads((out / "config.json").read_text()).get("model_type") != "setdlm")
+        how = ("AutoModelForCausalLM.from_pretrained(...)" if stock else
+               "AutoModelForMaskedLM.from_pretrained(..., trust_remote_code=True)")
+        return f"Hugging Face export of {src}: {out} ({how})"
     except Exception as e:  # noqa: BLE001 - training is done and saved; report and let the user rerun
         return (f"Hugging Face export failed ({type(e).__name__}: {e}); the checkpoint is saved, rerun "
-                f"`setdlm convert to-hf --checkpoint {run_dir} --out {run_dir / EXPORT_SUBDIR}`")
+                f"`setdlm convert to-hf --checkpoint {src} --out {run_dir / EXPORT_SUBDIR}`")
 
 
 # -- command line ----------------------------------------------------------------------------------

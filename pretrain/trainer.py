@@ -282,7 +282,7 @@ class Trainer:
         if not preempted and t.export_hf and self.rank == 0:  # Hugging Face export of the final checkpoint
             from .hf_convert import export_at_end
 
-            self.logger.write(export_at_end(self.run_dir))
+            self.logger.write(export_at_end(self.run_dir, best=t.keep_best))
         self.logger.close()
         last["preempted"] = preempted
         last["step"] = self.step

@@ -30,7 +30,8 @@ def test_best_checkpoint_is_kept_outside_keep_last_and_selected_by_run_best(tmp_
     from pretrain.checkpoint.inference import checkpoint_weights, load_model
 
     # best_mode max on a falling val/nll: the best is the first validation, long before `latest`
-    run, out = _run(tmp_path, "kb", "train.keep_best=true", "train.best_mode=max", "train.ema=0.9")
+    run, out = _run(tmp_path, "kb", "train.keep_best=true", "train.best_mode=max", "train.ema=0.9",
+                    "train.export_hf=true")
     vals = _val_rows(run)
     assert sorted(vals) == [2, 4, 6]
     root = run / "checkpoints"
@@ -50,6 +51,9 @@ def test_best_checkpoint_is_kept_outside_keep_last_and_selected_by_run_best(tmp_
         torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=0)
     raw, used = checkpoint_weights(root / rundir.tag_for(want), rundir.read_meta(root / rundir.tag_for(want)), ema=False)
     assert not used and any(not torch.equal(raw[n], ema[n]) for n in ema)
+    # train.export_hf exports the best checkpoint (the released-model convention), and says so
+    assert json.loads((run / "hf" / "setdlm_recipe.json").read_text())["step"] == want
+    assert f"Hugging Face export of {run}:best" in out.stdout + out.stderr
     # every command takes it: sampling and the Hugging Face export
     s = setdlm("sample", "--checkpoint", f"{run}:best", "--prompt", "The", "--max-new-tokens", "4", timeout=300)
     assert s.returncode == 0, s.stderr[-2000:]

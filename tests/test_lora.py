@@ -133,7 +133,7 @@ def _fresh(cfg, hf):
 
 
 def test_ar_merged_export_equals_the_live_model_and_peft_equals_the_merged(runs):
-    import peft
+    peft = pytest.importorskip("peft", reason="the PEFT check needs peft (the test extra)")
     from transformers import AutoModelForCausalLM
 
     tmp = runs["tmp"]
@@ -161,7 +161,7 @@ def test_ar_merged_export_equals_the_live_model_and_peft_equals_the_merged(runs)
 
 
 def test_setdlm_merged_export_equals_the_live_model_and_peft_equals_the_merged(runs):
-    import peft
+    peft = pytest.importorskip("peft", reason="the PEFT check needs peft (the test extra)")
     from transformers import AutoModelForMaskedLM
 
     tmp = runs["tmp"]
