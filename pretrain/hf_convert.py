@@ -304,6 +304,9 @@ def import_hf(model_dir, out, *, overrides=(), overwrite: bool = False, log=prin
     if not d.is_dir():
         raise ConvertError(f"--model {d}: no such directory")
     config = read_json(d / "config.json", "not a Hugging Face model directory")
+    if config.get("model_type") in STOCK_CLASSES:
+        raise ConvertError(f"{d / 'config.json'}: a stock {config.get('model_type')} model (an AR export, or a hub "
+                           f"model); continue from it with train.init_from={d}")
     if config.get("model_type") != "setdlm":
         raise ConvertError(f"{d / 'config.json'}: model_type is {config.get('model_type')!r}, not 'setdlm'; for the "
                            "reference implementation's checkpoints use `setdlm convert from-reference`")
