@@ -37,7 +37,7 @@ from model.convert.errors import ConvertError
 from model.convert.hf_config import CODE_FILES, HF_CODE_DIR, RECIPE_FILE, configs_from_hf, hf_config
 from model.convert.hf_files import DTYPES, cast, parameter_total, parse_size, read_json, read_weights, write_weights
 from model.convert.hf_map import from_hf_state_dict, pad_rows, to_hf_state_dict
-from model.convert.hf_stock_export import STOCK_CLASSES, stock_config, stock_type, why_not_stock
+from model.convert.hf_stock_export import FORMATS, STOCK_CLASSES, export_type, stock_config
 from model.convert.hf_stock_export import generation_config as stock_generation
 
 from .checkpoint import rundir
@@ -125,33 +125,7 @@ def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
-FORMATS = ("auto", "stock", "setdlm")
 LORA_EXPORTS = ("merge", "adapter", "base")
-
-
-def _source_model_type(cfg) -> str | None:
-    """model_type of the Hugging Face directory the run started from (train.init_from), when readable."""
-    src = cfg.train.init_from
-    try:
-        return json.loads((Path(str(src)) / "config.json").read_text()).get("model_type") if src else None
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def export_type(cfg, fmt: str = "auto") -> str | None:
-    """The stock model_type of an export of `cfg` (None: setdlm's own modeling code); `fmt`: auto (stock
-    where the model is one), stock (or a ConvertError saying why not) or setdlm."""
-    if fmt not in FORMATS:
-        raise ConvertError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
-    if fmt == "setdlm":
-        return None
-    src = _source_model_type(cfg)
-    mtype = stock_type(cfg.model, cfg.objective.name, src)
-    if mtype is None and fmt == "stock":
-        why = why_not_stock(cfg.model, cfg.objective.name, src if src in STOCK_CLASSES else
-                            ("qwen3" if cfg.model.qk_norm else "llama"))
-        raise ConvertError(f"--format stock: this model is not a stock architecture: {why}; use --format setdlm")
-    return mtype
 
 
 def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32", max_shard_size="5GB",
@@ -305,8 +279,8 @@ def import_hf(model_dir, out, *, overrides=(), overwrite: bool = False, log=prin
         raise ConvertError(f"--model {d}: no such directory")
     config = read_json(d / "config.json", "not a Hugging Face model directory")
     if config.get("model_type") in STOCK_CLASSES:
-        raise ConvertError(f"{d / 'config.json'}: a stock {config.get('model_type')} model (an AR export, or a hub "
-                           f"model); continue from it with train.init_from={d}")
+        raise ConvertError(f"{d / 'config.json'}: model_type is {config.get('model_type')!r}, not 'setdlm': a stock model "
+                           f"(an AR export or a hub model); continue from it with train.init_from={d}")
     if config.get("model_type") != "setdlm":
         raise ConvertError(f"{d / 'config.json'}: model_type is {config.get('model_type')!r}, not 'setdlm'; for the "
                            "reference implementation's checkpoints use `setdlm convert from-reference`")

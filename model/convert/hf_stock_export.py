@@ -15,11 +15,15 @@ has it); a stock model has no -inf bias on MASK, so its MASK logit is finite whe
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from .errors import ConvertError
 from .hf_stock import SUPPORTED
 
-__all__ = ["STOCK_CLASSES", "why_not_stock", "stock_type", "stock_config", "generation_config"]
+__all__ = ["STOCK_CLASSES", "FORMATS", "why_not_stock", "stock_type", "export_type", "stock_config", "generation_config"]
 
+FORMATS = ("auto", "stock", "setdlm")  # `setdlm convert to-hf --format`
 STOCK_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "llama": ("LlamaConfig", "LlamaForCausalLM"),
                  "mistral": ("MistralConfig", "MistralForCausalLM")}
 
@@ -50,6 +54,31 @@ def stock_type(model_cfg, objective_name: str, source_type: str | None = None) -
         if why_not_stock(model_cfg, objective_name, t) is None:
             return t
     return None
+
+
+def _source_model_type(cfg) -> str | None:
+    """model_type of the Hugging Face directory the run started from (train.init_from), when readable."""
+    src = cfg.train.init_from
+    try:
+        return json.loads((Path(str(src)) / "config.json").read_text()).get("model_type") if src else None
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
+def export_type(cfg, fmt: str = "auto") -> str | None:
+    """The stock model_type of an export of recipe `cfg` (None: setdlm's own modeling code); `fmt`: auto
+    (stock where the model is one), stock (or a ConvertError saying why not) or setdlm."""
+    if fmt not in FORMATS:
+        raise ConvertError(f"--format: {fmt!r} is not one of {', '.join(FORMATS)}")
+    if fmt == "setdlm":
+        return None
+    src = _source_model_type(cfg)
+    mtype = stock_type(cfg.model, cfg.objective.name, src)
+    if mtype is None and fmt == "stock":
+        why = why_not_stock(cfg.model, cfg.objective.name, src if src in STOCK_CLASSES else
+                            ("qwen3" if cfg.model.qk_norm else "llama"))
+        raise ConvertError(f"--format stock: this model is not a stock architecture: {why}; use --format setdlm")
+    return mtype
 
 
 def stock_config(model_cfg, model_type: str, *, tokenizer_meta: dict | None = None, dtype: str = "fp32",
