@@ -276,9 +276,14 @@ def type_text(fi) -> str:
     ann = _unwrap(ann)
     if get_origin(ann) is Literal:
         text = " | ".join(str(v) for v in get_args(ann))
-    elif get_origin(ann) in (list, tuple):  # list[int], tuple[str, ...]
+    elif get_origin(ann) in (list, tuple):  # list[int], tuple[str, ...], list[Literal[...]]
         item = _unwrap(get_args(ann)[0]) if get_args(ann) else str
-        text = f"list of {getattr(item, '__name__', str(item))}"
+        if get_origin(item) is Literal:
+            text = "list of " + " | ".join(str(v) for v in get_args(item))
+        else:
+            text = f"list of {getattr(item, '__name__', str(item))}"
+    elif hasattr(ann, "__recipe_section__"):  # a nested section: its keys are listed as key.sub
+        text = "mapping"
     else:
         text = getattr(ann, "__name__", str(ann))
         bound = _bound_text(fi)

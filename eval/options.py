@@ -34,7 +34,7 @@ def eval_options(name: str):
 class RunOptions:
     option_group = "run"
 
-    checkpoint: PathText | None = Field(None, description="run directory (newest checkpoint) or a checkpoints/step_* folder")
+    checkpoint: PathText | None = Field(None, description="run directory (newest checkpoint), RUN:best / RUN:STEP, or a checkpoints/step_* folder")
     out: PathText = Field(description="output directory (per-rank records, metrics.json, summary.md)")
     seed: int = Field(0, description="base seed (per-example seeds derive from it)")
     limit: int = Field(0, ge=0, description="evaluate only the first N examples (0: all)")

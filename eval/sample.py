@@ -39,7 +39,7 @@ class PromptOptions:
 
     option_group = "prompts and output"
 
-    checkpoint: PathText = Field(description="run directory or checkpoint directory")
+    checkpoint: PathText = Field(description="run directory (newest checkpoint), RUN:best / RUN:STEP, or a checkpoint directory")
     prompt: TextList | None = Field(None, description="prompt text (repeatable); the prefix when infilling")
     infill: int | None = Field(None, ge=0, json_schema_extra={"metavar": "N"}, description=(
         "fill N masked tokens between --prompt and --suffix instead of continuing the prompt"))
@@ -135,8 +135,10 @@ def load_checkpoint(opts: SampleOptions):
 
     from pretrain.checkpoint.inference import load_model
 
+    from pretrain.checkpoint.rundir import split_selector
+
     ckpt = Path(opts.checkpoint)
-    if not ckpt.exists():
+    if not split_selector(ckpt)[0].exists():  # RUN:best and the other selectors name a run that exists
         raise InputFileError(f"--checkpoint {ckpt}: no such directory")
     device = opts.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model, tokenizer, recipe = load_model(ckpt, ema=not opts.no_ema, device=device)

@@ -80,9 +80,12 @@ def pretrain_main(argv: list[str]) -> int:
         from common.envvars import env_number
         from pretrain.plan import MAX_WORLD
 
-        world = args.world_size
+        # --world-size, else the world the recipe is written for (parallel.world_size), else WORLD_SIZE or 1
+        world = args.world_size or cfg.parallel.world_size
         if world is None:
             world = env_number("WORLD_SIZE", 1, ge=1, le=MAX_WORLD, what="the world size to plan for; or --world-size")
+        elif not args.world_size:
+            print(f"planned for parallel.world_size {world} (the recipe's; --world-size N plans another)", flush=True)
         print_plan(cfg, world_size=world)
         return 0
     try:  # the layout checks, before any process group (MPI without a size variable: checked after init)

@@ -31,6 +31,11 @@ PRESETS: dict[str, dict] = {
     ),
 }
 
+# The vocabulary a preset's run gets from its model's tokenizer: (model.vocab_size, model.mask_id) as
+# train.init_from of the model's Hugging Face directory and the built-in tokenizer give them (Qwen3:
+# 151,669 tokens, MASK appended as id 151669). The dry run plans with it when the directory is absent.
+PRESET_VOCAB: dict[str, tuple[int, int]] = {"qwen3-1.7b": (151670, 151669), "qwen3-8b": (151670, 151669)}
+
 OBJECTIVES = ("ar", "mdlm", "bd3lm", "setdlm")
 ORDERS = ("sliding_window", "any_order", "left_to_right")
 
@@ -158,4 +163,4 @@ def model_config_from_dict(section: dict) -> ModelConfig:
     return ModelConfig(**section)
 
 
-__all__ = ["ModelConfig", "ObjectiveConfig", "PRESETS", "OBJECTIVES", "ORDERS", "apply_preset", "model_config_from_dict"]
+__all__ = ["ModelConfig", "ObjectiveConfig", "PRESETS", "PRESET_VOCAB", "OBJECTIVES", "ORDERS", "apply_preset", "model_config_from_dict"]

@@ -9,7 +9,8 @@ under any tensor-parallel x pipeline split, and a rank draws only what it holds.
 * Names are global (`layers.7.attn.qkv.weight` on any pipeline split), and the last stage's copy of
   a tied embedding has the embedding's name, hence the same values.
 * Normal(0, init_std) for the embedding, QKV, fc1 and the head; Normal(0, init_std / sqrt(2 n_layers))
-  for the output projections (attn.proj, mlp.fc2); norm weights 1, biases 0.
+  for the output projections (attn.proj, mlp.fc2); norm weights 1, biases 0. LoRA adapters
+  (model/lora.py): A ~ Normal(0, 1 / rank), B = 0, so an adapted model starts as its base.
 
 `shard_init` says which units of a named parameter one TP rank holds and how they are drawn
 (`ShardInit`); `fill` writes them into the rank's tensor one unit at a time, so the host never holds
@@ -70,9 +71,12 @@ def shard_init(name: str, shape, split_dim: int | None, cfg, base: int, tp: int 
     """How TP rank `tp_rank` of `tp` initialises its shard (of `shape`) of parameter `name`;
     `split_dim` is the dimension tensor parallelism splits (None: replicated)."""
     shape = tuple(shape)
-    if len(shape) < 2:
+    if len(shape) < 2 or name.endswith(".lora.B"):
         return ShardInit(name, shape, constant=1.0 if "norm" in name and name.endswith("weight") else 0.0)
-    std = cfg.init_std / math.sqrt(2 * cfg.n_layers) if name.endswith(_OUT_PROJ) else cfg.init_std
+    if name.endswith(".lora.A"):
+        std = 1.0 / shape[0]  # A [rank, in]: PEFT's gaussian init
+    else:
+        std = cfg.init_std / math.sqrt(2 * cfg.n_layers) if name.endswith(_OUT_PROJ) else cfg.init_std
     dim = split_dim if split_dim is not None else 0
     ranks, rank = (tp, tp_rank) if split_dim is not None else (1, 0)
     n_units = units(cfg) if split_dim is not None else 1

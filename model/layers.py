@@ -29,7 +29,8 @@ from typing import Any
 import torch
 
 
-def _layout(p: torch.nn.Parameter, dim: int) -> None:
+def mark_split(p: torch.nn.Parameter, dim: int) -> None:
+    """Record that tensor parallelism splits `p` along `dim` (the layout attributes above)."""
     p.tensor_model_parallel, p.partition_dim, p.partition_stride = True, dim, 1
 
 
@@ -42,11 +43,11 @@ class LocalLinear(torch.nn.Module):
         super().__init__()
         self.input_size, self.output_size, self.skip_bias_add = input_size, output_size, skip_bias_add
         self.weight = torch.nn.Parameter(torch.empty(output_size, input_size, dtype=params_dtype))
-        _layout(self.weight, split_dim)
+        mark_split(self.weight, split_dim)
         if bias:
             self.bias = torch.nn.Parameter(torch.empty(output_size, dtype=params_dtype))
             if split_dim == 0:
-                _layout(self.bias, 0)
+                mark_split(self.bias, 0)
         else:
             self.register_parameter("bias", None)
 
@@ -68,7 +69,7 @@ class LocalEmbedding(torch.nn.Module):
         super().__init__()
         self.num_embeddings, self.embedding_dim = num_embeddings, embedding_dim
         self.weight = torch.nn.Parameter(torch.empty(num_embeddings, embedding_dim, dtype=params_dtype))
-        _layout(self.weight, 0)
+        mark_split(self.weight, 0)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         return torch.nn.functional.embedding(ids, self.weight)
@@ -155,9 +156,20 @@ class TensorParallel:
         """[T, B, H] -> this rank's slice of the sequence (sequence parallelism)."""
         return x
 
-    def gather_sequence(self, x: torch.Tensor) -> torch.Tensor:
+    def gather_sequence(self, x: torch.Tensor, reduce_grad: bool = False) -> torch.Tensor:
         """This rank's slice of the sequence -> [T, B, H]; the backward splits the (already complete)
-        gradient without reducing it."""
+        gradient without reducing it, or with `reduce_grad` (each rank's gradient is a part of the sum,
+        as behind a column-parallel linear) reduce-scatters it."""
+        return x
+
+    def reduce(self, x: torch.Tensor) -> torch.Tensor:
+        """Each rank's partial result -> their sum on every rank (forward all-reduce, identity backward:
+        the output of a row-parallel linear)."""
+        return x
+
+    def reduce_scatter_sequence(self, x: torch.Tensor) -> torch.Tensor:
+        """Each rank's partial [T, B, H] -> this rank's slice of the sequence of the sum (a row-parallel
+        linear's output under sequence parallelism; all-gather backward)."""
         return x
 
     def gather_vocab(self, logits: torch.Tensor) -> torch.Tensor:
@@ -173,4 +185,4 @@ class TensorParallel:
         return vocab_cross_entropy(logits, target)
 
 
-__all__ = ["LocalEmbedding", "LocalLinear", "TensorParallel", "vocab_cross_entropy"]
+__all__ = ["LocalEmbedding", "LocalLinear", "TensorParallel", "mark_split", "vocab_cross_entropy"]

@@ -11,13 +11,14 @@ out-of-range values are one-line errors that name the field.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 import yaml
-from pydantic import field_validator, model_validator
+from pydantic import BeforeValidator, field_validator, model_validator
 
 from common.io import atomic_write_text
 from common.schema import ConfigError, Field, Text, annotation_is_nullable, annotation_is_text, check_keys, section
@@ -42,16 +43,46 @@ class RunConfig:
         return v
 
 
+LORA_TARGETS = ("qkv", "proj", "fc1", "fc2")
+
+
+@section("train.lora")
+class LoRAConfig:
+    """Low-rank adapters (LoRA, Hu et al. 2021) on the block linears: W x + (alpha / rank) B A x, with A
+    [rank, in] Gaussian (std 1/rank, PEFT's "gaussian" init) and B [out, rank] zero, so step 0 is the
+    base model; only A and B train (model/lora.py, pretrain/parallelize.py)."""
+
+    rank: int = Field(8, ge=1, description="adapter rank r")
+    alpha: float = Field(16.0, gt=0.0, description="scaling numerator: the update is (alpha / rank) B A x")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input (the base path has none)")
+    targets: list[Literal[LORA_TARGETS]] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1, description=(
+        "linears adapted: qkv (q/k/v_proj), proj (o_proj), fc1 (gate/up_proj), fc2 (down_proj)"))
+
+
+def _lora_section(value):
+    if value is None or isinstance(value, LoRAConfig):
+        return value
+    if not isinstance(value, dict):
+        raise ConfigError(f"train.lora: must be a mapping of rank, alpha, dropout, targets (or null), got {value!r}")
+    return LoRAConfig(**value)
+
+
 @section("train")
 class TrainConfig:
-    max_steps: int = Field(1000, ge=1, description="optimizer steps to train for")
+    max_steps: int = Field(1000, ge=1, description="optimizer steps to train for (or set train.epochs)")
+    epochs: float | None = Field(None, gt=0.0, description=(
+        "instead of max_steps: passes over the training split; max_steps = ceil(epochs * train sequences / "
+        "global_batch), resolved and printed at start"))
     micro_batch: int = Field(8, ge=1, description="sequences per rank per forward")
     global_batch: int = Field(8, ge=1, description="sequences per optimizer step; accumulation = global / (micro * dp)")
     lr: float = Field(3e-4, gt=0.0, description="peak learning rate (after warm-up)")
     min_lr: float = Field(0.0, ge=0.0, description="cosine: final learning rate, <= lr (constant: unused)")
     lr_schedule: Literal["constant", "cosine"] = Field("constant", description="LR after the linear warm-up")
     warmup_steps: int = Field(100, ge=0, description="linear warm-up steps from 0 to lr")
-    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay")
+    weight_decay: float = Field(0.0, ge=0.0, description="AdamW decoupled weight decay (see train.weight_decay_style)")
+    weight_decay_style: Literal["adamw", "decoupled"] = Field("adamw", description=(
+        "adamw: torch's, matrices decay by lr_t * weight_decay per step, norms and biases not at all; decoupled: "
+        "Composer's DecoupledAdamW (the reference's), every parameter decays by (lr_t / lr) * weight_decay"))
     beta1: float = Field(0.9, ge=0.0, lt=1.0, description="AdamW first-moment decay")
     beta2: float = Field(0.999, ge=0.0, lt=1.0, description="AdamW second-moment decay")
     adam_eps: float = Field(1e-8, gt=0.0, description="AdamW epsilon")
@@ -64,13 +95,19 @@ class TrainConfig:
     eval_batches: int = Field(0, ge=0, description="validation global batches of train.global_batch sequences (0: the whole validation split)")
     save_every: int = Field(500, ge=1, description="steps between checkpoints (the last step and a preemption always save)")
     keep_last: int = Field(2, ge=0, description="complete checkpoints kept (0: keep all)")
+    keep_best: bool = Field(False, description=(
+        "also keep the checkpoint with the best train.best_metric (RUN/checkpoints/best, outside keep_last); "
+        "select it with --checkpoint RUN:best"))
+    best_metric: Text = Field("val/nll", min_length=1, description="validation metric train.keep_best ranks by")
+    best_mode: Literal["min", "max"] = Field("min", description="min: lower train.best_metric is better; max: higher")
     peak_tflops: float = Field(0.0, ge=0.0, description=(
         "per-device peak TFLOP/s that perf/mfu and perf/hfu divide by (0: the detected GPU's datasheet bf16 "
         "dense peak, pretrain/flops.py; N/A on CPU or an unknown GPU)"))
     sample_at_end: bool = Field(False, description="print a sample from the final model")
     sample_tokens: int = Field(48, ge=1, description="tokens of the end-of-run sample")
     sample_prompt: Text = Field("", description="prompt of the end-of-run sample (empty: unconditional)")
-    export_hf: bool = Field(False, description="at the end: write RUN/hf, a Hugging Face export of the final checkpoint")
+    export_hf: bool = Field(False, description=(
+        "at the end: write RUN/hf, a Hugging Face export of the final checkpoint (with train.keep_best: the best)"))
     sample_temperature: float = Field(0.0, ge=0.0, description="end-of-run sample temperature (0: greedy)")
     sample_top_p: float = Field(1.0, gt=0.0, le=1.0, description="end-of-run sample nucleus mass")
     sample_threshold: float = Field(0.0, ge=0.0, le=1.0, description=(
@@ -81,6 +118,9 @@ class TrainConfig:
     activation_checkpointing: Literal["none", "selective", "full"] = Field("none", description=(
         "recompute in the backward: none, selective (attention core + MLP activation) or full (every block)"))
     compile: bool = Field(False, description="torch.compile each block (inductor; eager with a message where unavailable)")
+    lora: Annotated[LoRAConfig | None, BeforeValidator(_lora_section)] = Field(None, description=(
+        "low-rank adapters {rank, alpha, dropout, targets} on the block linears, the base frozen (null: full "
+        "fine-tuning); setdlm pretrain --describe train.lora"))
 
     @model_validator(mode="after")
     def _min_lr_below_lr(self):
@@ -96,6 +136,9 @@ class ParallelConfig:
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage over the data-parallel group")
     sequence_parallel: bool = Field(False, description=(
         "megatron sequence parallelism over the TP group (needs tp >= 2; norms/dropout on T/tp tokens)"))
+    world_size: int | None = Field(None, ge=1, le=1 << 20, description=(
+        "ranks (GPUs) the recipe is written for: --dry-run plans for it unless --world-size is given; a run "
+        "under another world size is allowed (null: 1 for the dry run)"))
 
 
 @section("logging")
@@ -139,6 +182,12 @@ class RecipeConfig:
         if t.compile and p.zero_stage == 3:
             raise ConfigError("train.compile: DeepSpeed ZeRO-3 gathers parameters in module hooks that the compiled "
                               "blocks do not run; use parallel.zero_stage 0-2 with compile, or train.compile: false")
+        if t.keep_best and t.eval_every == 0:
+            raise ConfigError("train.keep_best: ranks checkpoints by validation, which train.eval_every: 0 turns off; "
+                              "set train.eval_every > 0 or train.keep_best: false")
+        if t.lora is not None and self.model.fp8 != "none":
+            raise ConfigError("train.lora: the adapters hook the block linears that model.fp8 replaces with Transformer "
+                              "Engine layers; use model.fp8: none with LoRA")
         if p.sequence_parallel and p.tp < 2:
             raise ConfigError(f"parallel.sequence_parallel: needs tensor parallelism (parallel.tp >= 2, got {p.tp}); "
                               "set it to false or raise parallel.tp")
@@ -168,6 +217,16 @@ class RecipeConfig:
                 raise ConfigError(f"data.tokenizer: {self.data.tokenizer!r} has no MASK token; set model.mask_id "
                                   "or use a tokenizer with one")
             self.model.mask_id = tokenizer.mask_id
+
+    def resolve_epochs(self, train_sequences: int) -> str | None:
+        """train.epochs -> train.max_steps from the number of training sequences; the log line (None
+        when the recipe counts steps)."""
+        t = self.train
+        if t.epochs is None:
+            return None
+        t.max_steps = max(1, math.ceil(t.epochs * train_sequences / t.global_batch))
+        return (f"train.epochs {t.epochs:g} x {train_sequences:,} training sequences / global batch {t.global_batch} "
+                f"-> train.max_steps {t.max_steps:,}")
 
     def dp_size(self, world_size: int) -> int:
         return world_size // (self.parallel.tp * self.parallel.pp)
@@ -206,11 +265,36 @@ def parse_overrides(items: list[str]) -> dict:
 
 
 def _merge(base: dict, extra: dict) -> dict:
+    """`extra`'s keys over `base`'s, per section; a dotted key (`train.lora.rank=4`) sets one key of a
+    nested mapping (`lora`), keeping its other keys."""
     merged = {k: (dict(v) if isinstance(v, dict) else v) for k, v in base.items()}
     for section_name, values in extra.items():
         current = merged.get(section_name)
-        merged[section_name] = {**(current if isinstance(current, dict) else {}), **values}
+        out = dict(current if isinstance(current, dict) else {})
+        for key, value in values.items():
+            if "." in key:
+                head, tail = key.split(".", 1)
+                inner = out.get(head)
+                out[head] = {**(inner if isinstance(inner, dict) else {}), tail: value}
+            else:
+                out[key] = value
+        merged[section_name] = out
     return merged
+
+
+def _one_length(raw: dict, overrides: dict) -> None:
+    """train.epochs and train.max_steps are two ways to say how long: a command-line override of one
+    replaces the recipe file's other; both in the same place is an error."""
+    over = overrides.get("train") or {}
+    train = raw.get("train")
+    if not isinstance(train, dict):
+        return
+    for given, other in (("epochs", "max_steps"), ("max_steps", "epochs")):
+        if over.get(given) is not None and other not in over:
+            train.pop(other, None)
+    if train.get("epochs") is not None and train.get("max_steps") is not None:
+        raise ConfigError(f"train.epochs: set either train.epochs ({train['epochs']}) or train.max_steps "
+                          f"({train['max_steps']}), not both")
 
 
 def from_dict(raw: dict) -> RecipeConfig:
@@ -244,7 +328,9 @@ def load_config(path: str | os.PathLike | None, overrides: list[str] | None = No
             raw = {}
         if not isinstance(raw, dict):
             raise ConfigError(f"--config: {path} does not hold a mapping of sections (run, model, objective, data, train, ...)")
-    merged = _merge(raw, parse_overrides(overrides or []))
+    parsed = parse_overrides(overrides or [])
+    merged = _merge(raw, parsed)
+    _one_length(merged, parsed)
     missing = [s for s in require if not merged.get(s)]
     if path is not None and missing:
         raise ConfigError(f"--config: {path} does not set the section{'s' if len(missing) > 1 else ''} "

@@ -7,7 +7,17 @@ import json
 
 from common.schema import ConfigError, field_rows, format_rows
 
-from .config import _CLASSES, REQUIRED_SECTIONS, RecipeConfig
+from .config import _CLASSES, REQUIRED_SECTIONS, LoRAConfig, RecipeConfig
+
+# mappings inside a section (their keys are described as `section.key.sub`)
+_NESTED = {"train": (("lora", LoRAConfig),)}
+
+
+def _rows(name: str) -> list:
+    rows = field_rows(_CLASSES[name], name)
+    for key, cls in _NESTED.get(name, ()):
+        rows += field_rows(cls, f"{name}.{key}")
+    return rows
 
 __all__ = ["describe", "json_schema"]
 
@@ -26,11 +36,11 @@ def describe(section: str | None = None) -> str:
         out.append("Recipe keys (YAML sections; any key can be overridden as section.key=value). "
                    f"A recipe file must set the sections {', '.join(REQUIRED_SECTIONS)}.")
     for name in names:
-        rows = field_rows(_CLASSES[name], name)
+        rows = _rows(name)
         if key is not None:
-            rows = [r for r in rows if r[0] == f"{name}.{key}"]
+            rows = [r for r in rows if r[0] == f"{name}.{key}" or r[0].startswith(f"{name}.{key}.")]
             if not rows:
-                valid = ", ".join(r[0].split(".", 1)[1] for r in field_rows(_CLASSES[name], name))
+                valid = ", ".join(r[0].split(".", 1)[1] for r in _rows(name))
                 raise ConfigError(f"--describe: {name}.{key}: unknown key; valid keys: {valid}")
         out += ["", *format_rows(name, rows)]
     return "\n".join(out).lstrip("\n")

@@ -63,7 +63,15 @@ class MegatronMPU:
     get_pipeline_model_parallel_world_size = staticmethod(parallel_state.get_pipeline_model_parallel_world_size)
 
 
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+def param_groups(model: torch.nn.Module, weight_decay: float, style: str = "adamw", lr: float = 1.0) -> list[dict]:
+    """AdamW parameter groups of the trainable parameters (a frozen LoRA base has none).
+
+    `style` "adamw" (torch): every matrix decays by lr_t * weight_decay per step, norm weights and
+    biases not at all. "decoupled" (Composer's DecoupledAdamW, the reference's optimizer): every
+    parameter decays by (lr_t / lr) * weight_decay per step, i.e. torch's AdamW with weight_decay /
+    lr, the peak LR `lr`, on one group."""
+    if style == "decoupled":
+        return [{"params": [p for p in model.parameters() if p.requires_grad], "weight_decay": weight_decay / lr}]
     decay, no_decay = [], []
     for name, p in model.named_parameters():
         if not p.requires_grad:
@@ -161,7 +169,8 @@ def build_engine(model: torch.nn.Module, cfg, world_size: int, precision: str = 
     t = cfg.train
     # torch's fused AdamW (one kernel per parameter group, CUDA and CPU alike) instead of its
     # per-parameter loop.
-    optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.beta1, t.beta2),
+    optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay, t.weight_decay_style, t.lr), lr=t.lr,
+                                  betas=(t.beta1, t.beta2),
                                   eps=t.adam_eps, fused=True)
     scheduler = build_scheduler(optimizer, t)
     engine, optimizer, _, scheduler = deepspeed.initialize(

@@ -19,6 +19,9 @@ Matmul FLOPs only (2 per multiply-add), forward + backward = 3x forward:
   counted; flex attention skips fully masked tiles and comes close to the count. Key padding is not
   subtracted (the data are packed).
 
+Under `train.lora` the frozen weights need no weight gradient: their matmuls cost forward + input
+gradient (2x forward), and the adapters' own matmuls (2 per adapter weight per token) cost 3x.
+
 *Model* FLOPs count the work the step needs; *hardware* FLOPs add what activation checkpointing
 recomputes (Megatron-LM's and PaLM's MFU vs HFU): `full` one more forward of the blocks, `selective`
 the attention core's forward (the activation function is not a matmul). `perf/mfu` and `perf/hfu` divide
@@ -117,19 +120,31 @@ class StepFlops:
 
 
 def train_step_flops(model_cfg, objective_name: str, seq_len: int, sequences: int, block_size: int = 4,
-                     recompute: str = "none") -> float:
-    """Model FLOPs of one optimizer step over `sequences` sequences (hardware FLOPs with `recompute`)."""
+                     recompute: str = "none", adapters_per_layer: int | None = None) -> float:
+    """Model FLOPs of one optimizer step over `sequences` sequences (hardware FLOPs with `recompute`);
+    `adapters_per_layer` (LoRA adapter weights of one block): the other weights are frozen."""
+    c = model_cfg
     kind, t_in, t_out = objective_layout(objective_name, seq_len, block_size)
     pairs = attention_pairs(kind, seq_len, block_size)
-    per_seq = 3.0 * forward_flops(model_cfg, t_in, t_out, pairs) + recompute_flops(model_cfg, recompute, t_in, pairs)
+    per_seq = 3.0 * forward_flops(c, t_in, t_out, pairs) + recompute_flops(c, recompute, t_in, pairs)
+    if adapters_per_layer is not None:  # no weight gradients of the frozen matmuls; the adapters' own work
+        per_seq -= c.n_layers * linear_flops_per_token(c) * t_in + 2 * c.hidden * c.padded_vocab_size * t_out
+        adapters = c.n_layers * 2.0 * adapters_per_layer * t_in
+        per_seq += 3.0 * adapters + (adapters if recompute == "full" else 0.0)
     return sequences * per_seq
 
 
 def step_flops(cfg) -> StepFlops:
     """Model and hardware FLOPs of one optimizer step of recipe `cfg`."""
+    lora, adapters = getattr(cfg.train, "lora", None), None
+    if lora is not None:
+        from model.lora import block_adapter_params
+
+        adapters = sum(p.numel for p in block_adapter_params(cfg.model, rank=lora.rank, targets=lora.targets).values())
     args = (cfg.model, cfg.objective.name, cfg.data.seq_len, cfg.train.global_batch, cfg.objective.block_size)
     mode = getattr(cfg.train, "activation_checkpointing", "none")
-    return StepFlops(model=train_step_flops(*args), hardware=train_step_flops(*args, recompute=mode))
+    return StepFlops(model=train_step_flops(*args, adapters_per_layer=adapters),
+                     hardware=train_step_flops(*args, recompute=mode, adapters_per_layer=adapters))
 
 
 def datasheet_peak_tflops(device_name: str) -> float | None:

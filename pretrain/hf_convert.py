@@ -3,13 +3,18 @@ reference implementation's DiT checkpoints (docs/convert.md).
 
     setdlm convert to-hf --checkpoint RUN_OR_CKPT --out DIR [--ema/--no-ema] [--dtype fp32|bf16]
                          [--max-shard-size 5GB] [--results FILE ...] [--overwrite]
+                         [--format auto|stock|setdlm] [--adapter-only | --base-only]
     setdlm convert from-hf --model DIR --out RUN_DIR [--overwrite] [section.key=value ...]
     setdlm convert from-reference --model PATH --out RUN_DIR [--family F] [--set-size D] [--seq-len L]
                          [--n-heads N] [--tokenizer gpt2] [--ema/--no-ema] [--sigma 0] [section.key=value ...]
     setdlm convert consolidate ...      (sharded TP/PP/ZeRO-3 checkpoints; pretrain/checkpoint/consolidate.py)
 
 The weight mapping itself is pure tensor code in model/convert/; this module reads and writes run
-directories through the checkpoint file layer (pretrain/checkpoint/rundir.py).
+directories through the checkpoint file layer (pretrain/checkpoint/rundir.py). An AR model whose shape
+is a stock architecture (Qwen3, Llama, Mistral) exports as that architecture (`--format auto`, the
+default; model/convert/hf_stock_export.py), every other model with setdlm's modeling code. A LoRA run
+(`train.lora`) exports with its adapters merged; `--adapter-only` writes them as a PEFT adapter
+(pretrain/hf_adapter.py) and `--base-only` the frozen base model it loads onto.
 """
 
 from __future__ import annotations
@@ -30,11 +35,13 @@ from common.io import HOST, process_alive
 from common.jsonl import read_jsonl
 from common.storage import check_output_dir, write_failure
 
-from model.convert.card import render_card
+from model.convert.card import render_card, render_stock_card
 from model.convert.errors import ConvertError
 from model.convert.hf_config import CODE_FILES, HF_CODE_DIR, RECIPE_FILE, configs_from_hf, hf_config
 from model.convert.hf_files import DTYPES, cast, parameter_total, parse_size, read_json, read_weights, write_weights
 from model.convert.hf_map import from_hf_state_dict, pad_rows, to_hf_state_dict
+from model.convert.hf_stock_export import FORMATS, STOCK_CLASSES, export_type, stock_config
+from model.convert.hf_stock_export import generation_config as stock_generation
 
 from .checkpoint import rundir
 from .safe_load import CheckpointError
@@ -43,14 +50,15 @@ EXPORT_SUBDIR = "hf"  # train.export_hf writes RUN/hf
 
 
 # -- reading training checkpoints ------------------------------------------------------------------
-def read_checkpoint(path, *, ema: bool = True):
-    """(checkpoint dir, meta, RecipeConfig, tp=1 weights, whether EMA weights were used)."""
+def read_checkpoint(path, *, ema: bool = True, merge_lora: bool = True):
+    """(checkpoint dir, meta, RecipeConfig, tp=1 weights, whether EMA weights were used); LoRA adapters
+    merged into the weights unless `merge_lora=False`."""
     from .checkpoint.inference import checkpoint_weights
 
     ckpt = rundir.resolve_checkpoint(path)
     meta = rundir.read_meta(ckpt)
     cfg = rundir.read_recipe(ckpt, meta)
-    weights, used_ema = checkpoint_weights(ckpt, meta, ema=ema)  # any layout; weights-only reads
+    weights, used_ema = checkpoint_weights(ckpt, meta, ema=ema, merge_lora=merge_lora)  # any layout; weights-only
     return ckpt, meta, cfg, weights, used_ema
 
 
@@ -135,16 +143,38 @@ def _write_json(path: Path, data: dict) -> None:
     path.write_text(json.dumps(data, indent=2, default=str) + "\n")
 
 
+LORA_EXPORTS = ("merge", "adapter", "base")
+
+
 def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32", max_shard_size="5GB",
-                      results=(), overwrite: bool = False, log=print) -> Path:
-    """`to-hf`: write a Hugging Face export of a training checkpoint to `out`."""
+                      results=(), overwrite: bool = False, log=print, fmt: str = "auto", lora: str = "merge") -> Path:
+    """`to-hf`: write a Hugging Face export of a training checkpoint to `out`: stock architecture or
+    setdlm code (`fmt`, see `export_type`); a LoRA run's adapters merged, or (`lora`) as a PEFT adapter
+    alone ("adapter") or left out ("base": the frozen base model the adapter loads onto)."""
     import transformers
 
     if dtype not in DTYPES:
         raise ConvertError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
+    if lora not in LORA_EXPORTS:
+        raise ConvertError(f"lora: {lora!r} is not one of {', '.join(LORA_EXPORTS)}")
     shard_bytes = parse_size(max_shard_size)
-    ckpt, meta, cfg, weights, used_ema = read_checkpoint(checkpoint, ema=ema)
+    ckpt, meta, cfg, weights, used_ema = read_checkpoint(checkpoint, ema=ema, merge_lora=lora == "merge")
     tokenizer = rundir.checkpoint_tokenizer(ckpt, meta, cfg.data.tokenizer)
+    mtype = export_type(cfg, fmt)
+    if lora != "merge":
+        from .hf_adapter import adapter_files, split_adapters, write_adapter_files
+
+        flag = "--adapter-only" if lora == "adapter" else "--base-only"
+        weights, adapters = split_adapters(weights, cfg, ckpt, flag)
+        if lora == "adapter":  # a PEFT adapter directory (pretrain/hf_adapter.py)
+            files = adapter_files(adapters, cfg, name=Path(out).name, meta=meta, used_ema=used_ema, model_type=mtype)
+            with staging(Path(out), overwrite, "output directory") as tmp:
+                write_adapter_files(files, tmp)
+                tokenizer.save(tmp)
+            n = sum(t.numel() for t in files["tensors"].values())
+            log(f"setdlm convert: wrote the PEFT adapter {out} ({n:,} parameters, rank {cfg.train.lora.rank} on "
+                f"{', '.join(files['targets'])}) of {ckpt}; load it onto the --base-only export")
+            return Path(out)
     hf = cast(to_hf_state_dict(weights, cfg.model), dtype)
     config = hf_config(cfg.model, cfg.objective, cfg.data.seq_len, tokenizer_meta=tokenizer.meta(), dtype=dtype,
                        extra={"transformers_version": transformers.__version__})
@@ -160,25 +190,40 @@ def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32",
                                     "confidence_threshold": None, "block_size": sd.get("block_size")},
                   "transformers_version": transformers.__version__}
     training = {"steps trained": step, "tokens seen": meta.get("tokens_seen"),
-                "exported weights": "EMA" if used_ema else "raw (no EMA)"}
+                "exported weights": ("EMA" if used_ema else "raw (no EMA)") + (
+                    "; LoRA adapters merged" if cfg.train.lora and lora == "merge" else
+                    "; the frozen base (LoRA adapters left out)" if lora == "base" else "")}
     res = collect_results(rundir.run_of(ckpt), step, results)
     name = Path(out).name or "setdlm-model"
-    card = render_card(config, name=name, recipe=cfg.to_dict(), training=training, results=res,
-                       params=parameter_total(hf), source=f"{cfg.run.name} step {step}")
+    code = CODE_FILES
+    if mtype is not None:  # a stock architecture: its own config, greedy generation, no custom code
+        stock = stock_config(cfg.model, mtype, tokenizer_meta=tokenizer.meta(), dtype=dtype)
+        config, generation, code = stock.to_dict(), stock_generation(tokenizer.meta()), ()
+        recipe["export"] = {"model_type": mtype}
+        card = render_stock_card(config, name=name, recipe=cfg.to_dict(), training=training, results=res,
+                                 params=parameter_total(hf), source=f"{cfg.run.name} step {step}")
+    else:
+        card = render_card(config, name=name, recipe=cfg.to_dict(), training=training, results=res,
+                           params=parameter_total(hf), source=f"{cfg.run.name} step {step}")
     with staging(Path(out), overwrite, "output directory", need=_tensor_bytes(hf)) as tmp:
         files = write_weights(hf, tmp, shard_bytes)
-        _write_json(tmp / "config.json", config)
+        if mtype is not None:
+            stock.save_pretrained(str(tmp))
+        else:
+            _write_json(tmp / "config.json", config)
         _write_json(tmp / "generation_config.json", generation)
         _write_json(tmp / RECIPE_FILE, recipe)
         tokenizer.save(tmp)
         tok_cfg = read_json(tmp / "tokenizer_config.json", "tokenizer config")
         tok_cfg["model_max_length"] = int(cfg.data.seq_len)
         _write_json(tmp / "tokenizer_config.json", tok_cfg)
-        for f in CODE_FILES:
+        for f in code:
             shutil.copyfile(HF_CODE_DIR / f, tmp / f)
         (tmp / "README.md").write_text(card)
     log(f"setdlm convert: wrote {out} ({len(files)} weight file(s), {parameter_total(hf) / 1e6:.2f}M parameters, "
-        f"{dtype}, {'EMA' if used_ema else 'raw'} weights of {ckpt})")
+        f"{dtype}, {'EMA' if used_ema else 'raw'} weights of {ckpt}; "
+        + (f"stock {mtype}: AutoModelForCausalLM loads it without trust_remote_code)" if mtype else
+           "setdlm modeling code: trust_remote_code=True)"))
     return Path(out)
 
 
@@ -251,6 +296,9 @@ def import_hf(model_dir, out, *, overrides=(), overwrite: bool = False, log=prin
     if not d.is_dir():
         raise ConvertError(f"--model {d}: no such directory")
     config = read_json(d / "config.json", "not a Hugging Face model directory")
+    if config.get("model_type") in STOCK_CLASSES:
+        raise ConvertError(f"{d / 'config.json'}: model_type is {config.get('model_type')!r}, not 'setdlm': a stock model "
+                           f"(an AR export or a hub model); continue from it with train.init_from={d}")
     if config.get("model_type") != "setdlm":
         raise ConvertError(f"{d / 'config.json'}: model_type is {config.get('model_type')!r}, not 'setdlm'; for the "
                            "reference implementation's checkpoints use `setdlm convert from-reference`")
@@ -395,18 +443,23 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
     return write_run(Path(out), cfg, train_sd, tok, info=info, overwrite=overwrite, log=log)
 
 
-def export_at_end(run_dir) -> str:
-    """train.export_hf: export the run's latest checkpoint (EMA weights when present) to RUN/hf."""
+def export_at_end(run_dir, *, best: bool = False) -> str:
+    """train.export_hf: export the run's latest checkpoint, or with `best` (train.keep_best) its best one
+    (RUN:best, the released-model convention), EMA weights when present, to RUN/hf."""
     run_dir = Path(run_dir)
+    src = f"{run_dir}:best" if best and rundir.best_record(rundir.checkpoints_dir(run_dir)) else str(run_dir)
     try:
-        out = export_checkpoint(run_dir, run_dir / EXPORT_SUBDIR, ema=True, overwrite=True, log=lambda m: None)
-        return f"Hugging Face export: {out} (AutoModelForMaskedLM.from_pretrained(..., trust_remote_code=True))"
+        out = export_checkpoint(src, run_dir / EXPORT_SUBDIR, ema=True, overwrite=True, log=lambda m: None)
+        stock = (json.loads((out / "config.json").read_text()).get("model_type") != "setdlm")
+        how = ("AutoModelForCausalLM.from_pretrained(...)" if stock else
+               "AutoModelForMaskedLM.from_pretrained(..., trust_remote_code=True)")
+        return f"Hugging Face export of {src}: {out} ({how})"
     except StorageError as e:  # a full disk: one line and an error status (the last export is kept)
         raise StorageError(f"train.export_hf: {e}; the checkpoint is saved: free space and rerun `setdlm convert "
-                           f"to-hf --checkpoint {run_dir} --out {run_dir / EXPORT_SUBDIR} --overwrite`") from None
+                           f"to-hf --checkpoint {src} --out {run_dir / EXPORT_SUBDIR} --overwrite`") from None
     except Exception as e:  # noqa: BLE001 - training is done and saved; report and let the user rerun
         return (f"Hugging Face export failed ({type(e).__name__}: {e}); the checkpoint is saved, rerun "
-                f"`setdlm convert to-hf --checkpoint {run_dir} --out {run_dir / EXPORT_SUBDIR}`")
+                f"`setdlm convert to-hf --checkpoint {src} --out {run_dir / EXPORT_SUBDIR}`")
 
 
 # -- command line ----------------------------------------------------------------------------------
@@ -419,9 +472,18 @@ def build_parser() -> argparse.ArgumentParser:
     parser = CLIParser(prog="setdlm convert", description="Checkpoint conversion (docs/convert.md).")
     sub = parser.add_subparsers(dest="command", metavar="{to-hf,from-hf,from-reference,consolidate}")
     p = sub.add_parser("to-hf", help="export a training checkpoint as a Hugging Face model directory")
-    p.add_argument("--checkpoint", required=True, help="run directory, its checkpoints/ folder, or one checkpoint")
+    p.add_argument("--checkpoint", required=True, help="run directory (newest checkpoint), RUN:best / RUN:STEP, its checkpoints/ folder, or one checkpoint")
     p.add_argument("--out", required=True, help="output directory")
     _bool_flag(p, "ema", True, "export the EMA weights when the checkpoint has them (default) or the raw weights")
+    p.add_argument("--format", default="auto", choices=FORMATS, dest="fmt",
+                   help="auto (default): a stock Qwen3/Llama/Mistral architecture for an AR model of that shape, else "
+                        "setdlm's modeling code; stock: require the stock architecture; setdlm: always setdlm's code")
+    lo = p.add_mutually_exclusive_group()
+    lo.add_argument("--adapter-only", action="store_true",
+                    help="a LoRA run: write only its adapters, as a PEFT adapter (adapter_config.json, "
+                         "adapter_model.safetensors) for the --base-only export")
+    lo.add_argument("--base-only", action="store_true",
+                    help="a LoRA run: write the frozen base model, without the adapters (default: merged into it)")
     p.add_argument("--dtype", default="fp32", choices=("fp32", "bf16", "fp16"), help="weights dtype (default fp32)")
     p.add_argument("--max-shard-size", default="5GB", help="split model.safetensors above this size (default 5GB)")
     p.add_argument("--results", nargs="*", default=[], help="metrics JSON files to list in the model card")
@@ -462,7 +524,8 @@ def main(argv: list[str] | None = None) -> int:
     check_output_dir(args.out, "--out")  # a file, a read-only mount: refused before any checkpoint is read
     if args.command == "to-hf":
         export_checkpoint(args.checkpoint, args.out, ema=args.ema, dtype=args.dtype, max_shard_size=args.max_shard_size,
-                          results=args.results, overwrite=args.overwrite)
+                          results=args.results, overwrite=args.overwrite, fmt=args.fmt,
+                          lora="adapter" if args.adapter_only else "base" if args.base_only else "merge")
     elif args.command == "from-hf":
         import_hf(args.model, args.out, overrides=args.overrides, overwrite=args.overwrite)
     else:

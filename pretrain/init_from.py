@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.schema import ConfigError
-from model.config import PRESETS, ModelConfig
+from model.config import PRESET_VOCAB, PRESETS, ModelConfig
 from model.convert import hf_stock
 from model.convert.errors import ConvertError
 
@@ -178,8 +178,11 @@ def prepare(cfg) -> InitSource | None:
     if own is not None:
         return _resume_source(cfg, own)
     d = Path(str(src)).expanduser()
-    if not d.exists():
+    base, selector = rundir.split_selector(d)  # RUN:best, RUN:latest, RUN:STEP
+    if not base.exists():
         _bad(f"{str(src)!r} does not exist (expected a Hugging Face model directory or a setdlm run/checkpoint)")
+    if selector is not None:
+        return _prepare_checkpoint(cfg, Path(f"{base.resolve()}:{selector}"))
     if d.is_dir() and (d / "config.json").is_file() and not (d / rundir.META).is_file():
         return _prepare_hf(cfg, d.resolve())
     return _prepare_checkpoint(cfg, d.resolve())
@@ -192,7 +195,12 @@ def prepare_for_plan(cfg) -> str | None:
     src = getattr(cfg.train, "init_from", None)
     if not src:
         return None
-    if not Path(str(src)).expanduser().exists():
+    if not rundir.split_selector(Path(str(src)).expanduser())[0].exists():
+        vocab = PRESET_VOCAB.get(cfg.model.preset or "")
+        if vocab and cfg.data.tokenizer == _DEFAULT_TOKENIZER and cfg.model.vocab_size <= 0 and cfg.model.mask_id < 0:
+            cfg.model.vocab_size, cfg.model.mask_id = vocab  # the source's tokenizer would give these
+            return (f"note: train.init_from {str(src)!r} is not on this machine: planned with the recipe's model section "
+                    f"and the {cfg.model.preset} preset's vocabulary ({vocab[0]:,} tokens with MASK id {vocab[1]})")
         return (f"note: train.init_from {str(src)!r} is not on this machine: planned with the recipe's model section "
                 f"and data.tokenizer {cfg.data.tokenizer!r} (set model.vocab_size / model.mask_id to the source's)")
     prepare(cfg)
@@ -223,10 +231,12 @@ def load(engine, source: InitSource | None, model_cfg, ema=None) -> list[str]:
         return []
     from .checkpoint.relayout import load_consolidated
 
+    from model.lora import is_adapter
+
     w = weights(source, model_cfg)
-    try:
+    try:  # LoRA adapters are not in the source: they keep their initial values (B = 0: the source's model)
         load_consolidated(engine, {"module": w, "ema": w if ema is not None else None, "optimizer": None},
-                          ema=ema, optimizer=False)
+                          ema=ema, optimizer=False, optional=is_adapter)
     except CheckpointError as e:
         _bad(f"{source.path}: {e}")
     return list(source.notes)

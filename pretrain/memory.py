@@ -20,20 +20,32 @@ class StageParams:
     sharded: int = 0  # parameters split over TP ranks (count for the whole TP group)
     replicated: int = 0  # parameters every TP rank holds in full
     copies: int = 0  # a tied embedding's copy on the last stage (sharded over TP)
+    lora: bool = False  # train.lora: only the adapters train
+    adapter_sharded: int = 0  # LoRA adapters split over TP ranks
+    adapter_replicated: int = 0  # LoRA adapters every TP rank holds in full
 
     def per_rank(self, tp: int) -> int:
-        return (self.sharded + self.copies) // tp + self.replicated
+        """Parameters one TP rank holds (adapters included)."""
+        return (self.sharded + self.copies + self.adapter_sharded) // tp + self.replicated + self.adapter_replicated
+
+    def trainable_per_rank(self, tp: int) -> int:
+        """Parameters with gradients and optimizer states on one TP rank (under LoRA: the adapters)."""
+        return self.adapter_sharded // tp + self.adapter_replicated if self.lora else self.per_rank(tp)
 
 
-def stage_params(m, pp: int) -> list[StageParams]:
+def stage_params(m, pp: int, lora=None) -> list[StageParams]:
     """Per pipeline stage, its parameters at TP=1 (model/shapes.py: read from the module), split into
-    TP-sharded, replicated and the last stage's copy of a tied embedding."""
+    TP-sharded, replicated and the last stage's copy of a tied embedding; with `lora` (a train.lora
+    section) the adapters of its blocks (model/lora.py, read from a block as well)."""
+    from model.lora import block_adapter_params
+
     from .parallelize import stage_layers  # imports megatron (no process group)
 
+    adapters = block_adapter_params(m, rank=lora.rank, targets=lora.targets) if lora is not None else {}
     out = []
     for s in range(pp):
         layers = stage_layers(m.n_layers, pp, s)
-        sp = StageParams(s, layers)
+        sp = StageParams(s, layers, lora=lora is not None)
         for name, p in model_params(m, layers, pre_process=s == 0, post_process=s == pp - 1).items():
             if name == "embed.weight" and s != 0:
                 sp.copies += p.numel
@@ -41,6 +53,11 @@ def stage_params(m, pp: int) -> list[StageParams]:
                 sp.sharded += p.numel
             else:
                 sp.replicated += p.numel
+        for p in adapters.values():
+            if p.sharded:
+                sp.adapter_sharded += p.numel * len(layers)
+            else:
+                sp.adapter_replicated += p.numel * len(layers)
         out.append(sp)
     return out
 
@@ -139,6 +156,7 @@ class StageMemory:
     stage: int
     layers: range
     params: int
+    trainable: int
     weights: float
     grads: float
     optimizer: float
@@ -164,9 +182,12 @@ def tokens_in(cfg) -> tuple[int, int]:
 
 def estimate_memory(cfg, world_size: int, *, precision: str | None = None, device: str = "cuda",
                     micro_batch: int | None = None, checkpointing: str | None = None,
-                    compiled: bool | None = None) -> list[StageMemory]:
+                    compiled: bool | None = None, lora: bool = True) -> list[StageMemory]:
     """Per pipeline stage, the memory of one rank (bytes); `micro_batch` / `checkpointing` / `compiled`
-    override the recipe's (`train.micro_batch`, `train.activation_checkpointing`, `train.compile`)."""
+    override the recipe's (`train.micro_batch`, `train.activation_checkpointing`, `train.compile`);
+    `lora=False` plans the recipe as full fine-tuning. Under `train.lora` gradients and optimizer
+    states (with DeepSpeed's fp32 masters) are held for the adapters only; the frozen base counts as
+    weights; activations are those of full fine-tuning (the adapters' own are rank-sized)."""
     m, p, t = cfg.model, cfg.parallel, cfg.train
     mode = checkpointing or getattr(t, "activation_checkpointing", "none")
     compiled = bool(getattr(t, "compile", False)) if compiled is None else compiled
@@ -190,8 +211,8 @@ def estimate_memory(cfg, world_size: int, *, precision: str | None = None, devic
         working += cpu_mask
     out = []
     sp_on = sp and p.tp > 1
-    for sp in stage_params(m, p.pp):
-        n = sp.per_rank(p.tp)
+    for sp in stage_params(m, p.pp, getattr(t, "lora", None) if lora else None):
+        n, n_train = sp.per_rank(p.tp), sp.trainable_per_rank(p.tp)
         in_flight = min(p.pp - sp.stage, accum) if p.pp > 1 else 1
         acts = per_layer * len(sp.layers) * in_flight + (working if len(sp.layers) else 0.0)
         if not len(sp.layers):  # the embedding output / received activations (else the first block's input)
@@ -201,8 +222,8 @@ def estimate_memory(cfg, world_size: int, *, precision: str | None = None, devic
             acts += (T + n_out) * b * m.hidden * act_bytes  # the final norm's input and the head's input
             # fp32 logits and the cross-entropy's saved softmax on the predicted tokens (one micro-batch)
             logits = 2 * n_out * b * m.padded_vocab_size / p.tp * 4
-        out.append(StageMemory(sp.stage, sp.layers, n, n * bpp["weights"], n * bpp["grads"], n * bpp["optimizer"],
-                               acts, logits, in_flight))
+        out.append(StageMemory(sp.stage, sp.layers, n, n_train, n * bpp["weights"], n_train * bpp["grads"],
+                               n_train * bpp["optimizer"], acts, logits, in_flight))
     return out
 
 

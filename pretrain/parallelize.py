@@ -14,6 +14,12 @@ partitions while the model is constructed).
    is constructed; then the layout-invariant initialisation fills each rank's shard (model/init.py),
    or each rank's partition of it (pretrain/zero3.py). No rank holds the whole stage, nor on the host
    a whole weight matrix;
+   With `train.lora`, the block linears get their low-rank adapters (model/lora.py) before that
+   initialisation: allocated and partitioned like every other parameter, split over TP like the
+   layer each adapts, drawn by the same layout-invariant init (A Gaussian, B zero, so the adapted
+   model starts as its base); then every other parameter is frozen, so gradients, AdamW states and
+   DeepSpeed's fp32 masters exist for the adapters alone (pretrain/engine.py `param_groups` takes
+   only trainable parameters; pretrain/memory.py counts what that saves);
 4. pipeline stage flags: a last stage's copy of a tied embedding is marked (`shared_embedding` for
    the checkpoint and the gradient sync, `ds_pipe_replicated` so DeepSpeed's norm skips it).
 
@@ -36,6 +42,7 @@ from megatron.core import parallel_state
 
 from common.schema import ConfigError
 
+from model import lora as model_lora
 from model.transformer import Transformer
 
 from . import fp8, zero3
@@ -63,21 +70,28 @@ def mark_pipeline_copies(model: Transformer) -> None:
 
 
 def build_stage(model_cfg, tp: int, pp: int, *, device=None, sequence_parallel: bool = False,
-                zero_init=None) -> Transformer:
+                zero_init=None, lora=None) -> Transformer:
     """This rank's part of the model: its pipeline stage's layers, tensor-parallel over `tp` ranks
     (megatron's parallel state must be initialised for (tp, pp) when either is > 1). With `device`,
     the shards are allocated and initialised there directly: the host never holds the stage. With
     `zero_init` (ZeRO-3: pretrain.engine.zero3_init), the stage is built inside that
-    `deepspeed.zero.Init` context, in its dtype, and each rank initialises only its partition."""
+    `deepspeed.zero.Init` context, in its dtype, and each rank initialises only its partition. With
+    `lora` (a `train.lora` section), the block linears carry adapters and only those train."""
     stage = parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else 0
     dtype = zero_init.dtype if zero_init is not None else torch.float32
     layers = tensor_parallel(tp, sequence_parallel=sequence_parallel, params_dtype=dtype)
     with torch.device(device) if device is not None else contextlib.nullcontext(), \
             zero_init if zero_init is not None else contextlib.nullcontext():
         model = Transformer(model_cfg, layers, pre_process=stage == 0, post_process=stage == pp - 1,
-                            layers=stage_layers(model_cfg.n_layers, pp, stage), init=zero_init is None)
+                            layers=stage_layers(model_cfg.n_layers, pp, stage), init=False)
+        if lora is not None:
+            model_lora.attach(model, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, targets=lora.targets)
         if zero_init is not None:
             zero3.init_partitions(model)
+        else:
+            model.init_weights()
+    if lora is not None:
+        model_lora.freeze_base(model)
     mark_pipeline_copies(model)
     return model
 
@@ -96,12 +110,24 @@ def _seed_sequence_parallel_dropout(cfg) -> None:
         install_cpu_rng_tracker(cfg.run.seed, parallel_state.get_tensor_model_parallel_rank())
 
 
+def lora_note(cfg) -> str:
+    """The start-of-run line of a LoRA run: what is adapted and how much of the model trains."""
+    from model.shapes import parameter_count
+
+    lo = cfg.train.lora
+    n = model_lora.adapter_count(cfg.model, rank=lo.rank, targets=lo.targets)
+    total = parameter_count(cfg.model)
+    return (f"LoRA: rank {lo.rank}, alpha {lo.alpha:g}, dropout {lo.dropout:g} on {', '.join(lo.targets)} of "
+            f"{cfg.model.n_layers} blocks: {n:,} trainable parameters ({100 * n / total:.2f}% of "
+            f"{total:,}); the base is frozen (no gradients, optimizer states or fp32 masters for it)")
+
+
 def prepare_model(model: Transformer, cfg) -> list[str]:
     """After `build_stage`: FP8 layers, the sequence-parallel dropout stream, activation checkpointing,
     then per-block torch.compile. Returns the log lines."""
     fp8.apply_fp8(model, cfg.model.fp8)
     _seed_sequence_parallel_dropout(cfg)
-    notes = []
+    notes = [lora_note(cfg)] if cfg.train.lora is not None else []
     note = apply_activation_checkpointing(model, cfg.train.activation_checkpointing)
     if note:
         notes.append(note)
@@ -110,4 +136,4 @@ def prepare_model(model: Transformer, cfg) -> list[str]:
     return notes
 
 
-__all__ = ["build_stage", "mark_pipeline_copies", "prepare_model", "stage_layers"]
+__all__ = ["build_stage", "lora_note", "mark_pipeline_copies", "prepare_model", "stage_layers"]

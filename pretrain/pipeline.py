@@ -165,9 +165,9 @@ class StepRunner:
 
     def _sync_tied_embedding_grads(self) -> None:
         """Sum the gradients of the tied embedding's copies (first and last stage), as Megatron-LM does."""
-        if not self.tied:
+        p = self.module.embed.weight if self.tied else None
+        if p is None or not p.requires_grad:  # frozen under LoRA: no gradient to sum
             return
-        p = self.module.embed.weight
         if p.grad is None:
             p.grad = torch.zeros_like(p)
         grad = p.grad

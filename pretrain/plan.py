@@ -32,11 +32,13 @@ def comm_bytes_per_step(cfg, world_size: int, precision: str) -> dict:
     accum = cfg.grad_accum(world_size)
     T, _ = tokens_in(cfg)
     act = 2 if precision == "bf16" else 4
-    params = max(sp.per_rank(p.tp) for sp in stage_params(m, p.pp))
+    stages = stage_params(m, p.pp, getattr(t, "lora", None))
+    params = max(sp.per_rank(p.tp) for sp in stages)
+    trainable = max(sp.trainable_per_rank(p.tp) for sp in stages)  # LoRA: only the adapters' gradients travel
     layers = math.ceil(m.n_layers / p.pp)
     ring = lambda n: 2 * (n - 1) / n if n > 1 else 0.0  # noqa: E731
     grad_bytes = 2 if precision == "bf16" else 4
-    dp_bytes = ring(dp) * params * grad_bytes * (1.5 if p.zero_stage == 3 else 1.0)
+    dp_bytes = ring(dp) * grad_bytes * (trainable + (0.5 * params if p.zero_stage == 3 else 0.0))
     tp_bytes = ring(p.tp) * 4 * layers * accum * T * t.micro_batch * m.hidden * act  # 2 fwd + 2 bwd all-reduces
     pp_bytes = (2 * accum * T * t.micro_batch * m.hidden * act) if p.pp > 1 else 0.0
     return {"data parallel": dp_bytes, "tensor parallel": tp_bytes, "pipeline": pp_bytes}
@@ -99,6 +101,7 @@ def plan(cfg, world_size: int, *, device: str = "cuda", gpus_per_node: int | Non
     gpn = gpus_per_node or env_number("SETDLM_GPUS_PER_NODE", 8, ge=1, le=MAX_WORLD, what="GPUs per node")
     precision = t.precision if t.precision != "auto" else ("bf16" if device == "cuda" else "fp32")
     memory = estimate_memory(cfg, world_size, precision=precision, device=device)
+    full_ft = estimate_memory(cfg, world_size, precision=precision, device=device, lora=False) if t.lora else None
     gpu_gib = env_number("SETDLM_GPU_MEMORY_GIB", 80.0, kind=float, gt=0, le=1e6, what="GiB of memory per GPU")
     fit = micro_batch_fit(cfg, world_size, gpu_gib, device=device)
     flops = step_flops(cfg)
@@ -118,6 +121,7 @@ def plan(cfg, world_size: int, *, device: str = "cuda", gpus_per_node: int | Non
             "sequence_parallel": getattr(p, "sequence_parallel", False),
             "gpus_per_node": gpn, "memory": memory, "flops": flops,
             "bubble": bubble, "comm": comm_bytes_per_step(cfg, world_size, precision), "warnings": warnings,
+            "full_finetune": full_ft,
             "params_total": parameter_count(m)}
 
 
@@ -171,6 +175,12 @@ def format_plan(cfg, info: dict, *, max_ranks: int = 128) -> str:
           f"{_gib(sm.logits)} {_gib(sm.total)}  {sm.in_flight} micro-batch(es)")
     peak = max(sm.total for sm in info["memory"])
     w(f"  peak {peak / GIB:.2f} GiB (plus CUDA context, allocator fragmentation and communication buffers: budget 10-20%)")
+    if info.get("full_finetune"):
+        lo, full = t.lora, max(sm.total for sm in info["full_finetune"])
+        sm = max(info["memory"], key=lambda x: x.total)
+        w(f"  LoRA rank {lo.rank} on {', '.join(lo.targets)}: {sm.trainable:,} of {sm.params:,} parameters per rank "
+          f"train (gradients and optimizer states for them only): peak {peak / GIB:.2f} GiB against "
+          f"{full / GIB:.2f} GiB for full fine-tuning, {(full - peak) / GIB:.2f} GiB saved per GPU")
     fit = ", ".join(f"{mode} {b if b else 'none fits'} ({pk / GIB:.1f} GiB)" for mode, (b, pk) in info["fit"].items())
     w(f"largest micro-batch within 90% of {info['gpu_gib']:.0f} GiB per GPU (SETDLM_GPU_MEMORY_GIB), by "
       f"train.activation_checkpointing: {fit}")

@@ -20,7 +20,8 @@ from the run name) and resumes from its last checkpoint.
 Ctrl-C (SIGINT) is handled like SIGTERM; a second Ctrl-C exits at once (status 130; the last complete
 checkpoint is untouched because checkpoints are published atomically). `setdlm pretrain` installs the
 handler (:func:`active_handler`) before it imports torch or creates the process group, so a signal
-that arrives during start-up is recorded and honoured at the first step boundary after set-up.
+that arrives during start-up is recorded and honoured at the first step boundary after set-up; rank 0
+says so at once, on one line ("stopping after set-up"), until the trainer calls :meth:`end_setup`.
 """
 from __future__ import annotations
 
@@ -50,6 +51,8 @@ class PreemptionHandler:
         self._previous: dict[int, object] = {}
         self._stop = False  # sticky: once agreed, stays True
         self._installed = False
+        self._setting_up = True  # until end_setup(): a signal is honoured after set-up, and says so
+        self._rank = _env_rank()
 
     # -- installation -------------------------------------------------------------------------
     def install(self) -> "PreemptionHandler":
@@ -82,11 +85,19 @@ class PreemptionHandler:
         if self._received is None:
             self._received = signum
             self._received_at = time.monotonic()
-            if signum == signal.SIGINT:
+            if self._setting_up:
+                if self._rank == 0:
+                    os.write(2, f"\nsetdlm: {signal.Signals(signum).name} during start-up: stopping after set-up "
+                                "(a checkpoint is saved at the first step)\n".encode())
+            elif signum == signal.SIGINT:
                 os.write(2, b"\nCtrl-C: saving a checkpoint at the end of this step (Ctrl-C again to exit now)\n")
         elif signum == signal.SIGINT:  # a second Ctrl-C: leave now, without the save
             os.write(2, b"\nCtrl-C again: exiting without saving (the last complete checkpoint is kept)\n")
             os._exit(130)
+
+    def end_setup(self) -> None:
+        """Set-up is over (the training loop starts): a signal from now on stops at the step's end."""
+        self._setting_up = False
 
     # -- queries ------------------------------------------------------------------------------
     @property

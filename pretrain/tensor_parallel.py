@@ -3,8 +3,8 @@
 The model asks its `TensorParallel` for its linears, embedding and head and for the communication
 around them (model/layers.py). Over `size` > 1 ranks this class answers with megatron-core's
 `ColumnParallelLinear` (gather_output=False), `RowParallelLinear` (input_is_parallel),
-`VocabParallelEmbedding`, its region functions (copy-to / scatter / gather, Megatron-LM's sequence
-parallelism) and its vocab-parallel cross-entropy, over megatron's tensor-parallel group
+`VocabParallelEmbedding`, its region functions (copy-to / reduce / scatter / gather / reduce-scatter,
+Megatron-LM's sequence parallelism) and its vocab-parallel cross-entropy, over megatron's tensor-parallel group
 (pretrain/parallel.py initialises it).
 
 The layers are allocated and left uninitialised: megatron's "CPU initialisation" path allocates
@@ -83,10 +83,17 @@ class MegatronTensorParallel(TensorParallel):
     def scatter_sequence(self, x):
         return mtp.scatter_to_sequence_parallel_region(x)
 
-    def gather_sequence(self, x):
+    def gather_sequence(self, x, reduce_grad=False):
         # The head's input gradient is already complete on every rank (all-reduced by the column-
-        # parallel head, or by all_reduce_grad in the tied head), so the gather's backward just splits.
-        return mtp.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=False)
+        # parallel head, or by all_reduce_grad in the tied head), so the gather's backward just splits;
+        # a LoRA adapter's rank-r input before a column-parallel B is reduce-scattered (model/lora.py).
+        return mtp.gather_from_sequence_parallel_region(x, tensor_parallel_output_grad=reduce_grad)
+
+    def reduce(self, x):
+        return mtp.reduce_from_tensor_model_parallel_region(x)
+
+    def reduce_scatter_sequence(self, x):
+        return mtp.reduce_scatter_to_sequence_parallel_region(x)
 
     def gather_vocab(self, logits):
         return mtp.gather_from_tensor_model_parallel_region(logits)

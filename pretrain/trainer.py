@@ -23,6 +23,7 @@ from model.shapes import parameter_count
 
 from . import fp8, init_from
 from .checkpoint import resume, rng, rundir
+from .checkpoint.best import BestCheckpoint
 from .checkpoint.save import check_space, clean_partial, estimate_bytes, expected_bytes, save as save_checkpoint
 from .config import RecipeConfig, save_config
 from .ema import EMA
@@ -66,7 +67,7 @@ class Trainer:
         # this rank's TP shard of its PP stage, allocated and initialised on the device, then FP8,
         # activation checkpointing and torch.compile (pretrain/parallelize.py)
         model = build_stage(cfg.model, p.tp, p.pp, device=self.device, sequence_parallel=p.sequence_parallel,
-                            zero_init=zero_init)
+                            zero_init=zero_init, lora=cfg.train.lora)
         self.notes = prepare_model(model, cfg)
         self.notes += zero3_notes(model, cfg)
         self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len, cross_entropy=model.tp.cross_entropy)
@@ -83,6 +84,9 @@ class Trainer:
         # Orders and noise are drawn per sample from (seed, its global position in the data order), so a
         # sample sees the same draws under any layout (model/noise.py, data_pipeline/order.py).
         self.train_loader = self._loader("train")
+        epochs = cfg.resolve_epochs(self.train_loader.num_samples)  # train.epochs -> train.max_steps
+        if epochs:
+            self.notes.append(epochs)
         self.step = 0
         self.tokens_seen = 0
         self.wandb_id = None
@@ -250,6 +254,7 @@ class Trainer:
     def train(self) -> dict:
         cfg, t = self.cfg, self.cfg.train
         resumed = self.maybe_resume()
+        best = BestCheckpoint.from_config(t, self.ckpt_root)  # train.keep_best (continues a resumed run's best)
         if not resumed:  # train.init_from: pretrained weights (never on resume)
             self.notes += init_from.load(self.engine, self.init_source, cfg.model, self.ema)
         if self.rank == 0:
@@ -285,6 +290,7 @@ class Trainer:
             self.logger.write(f"validation unigram baseline: {last['val/unigram_nll']:.4f} nats/token")
             self.logger.log(0, last)
         train_iter = iter(self.train_loader)
+        handler.end_setup()  # a signal during set-up said "stopping after set-up"; from here it stops at a step's end
         window_t, window_steps = time.perf_counter(), 0
         window_loss: dict = {}
         preempted = False
@@ -322,10 +328,13 @@ class Trainer:
                 last.update(metrics)
                 self.logger.log(self.step, {**carry, **metrics})
                 carry = {}
+            new_best = best is not None and best.improves(metrics)
             preempted = handler.should_stop()
-            if preempted or self.step % t.save_every == 0 or self.step == t.max_steps:
+            if preempted or self.step % t.save_every == 0 or self.step == t.max_steps or new_best:
                 path = self.save()
                 self.logger.write(f"saved checkpoint {path}")
+                if new_best and self.rank == 0:
+                    self.logger.write(best.mark(path, self.step))
             if preempted:
                 self.logger.write(f"preemption signal received: saved at step {self.step}, exiting for requeue")
                 handler.requeue()
@@ -336,7 +345,7 @@ class Trainer:
         if not preempted and t.export_hf and self.rank == 0:  # Hugging Face export of the final checkpoint
             from .hf_convert import export_at_end
 
-            self.logger.write(export_at_end(self.run_dir))
+            self.logger.write(export_at_end(self.run_dir, best=t.keep_best))
         self.logger.close()
         last["preempted"] = preempted
         last["step"] = self.step

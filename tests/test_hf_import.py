@@ -133,14 +133,21 @@ def test_imported_logits_match_transformers_under_tp2_and_survive_export(hf_dirs
     torch.testing.assert_close(ours[..., :N_REAL], ref, atol=1e-4, rtol=0)
     # Export the (for tp=2: sharded, consolidated on the fly) checkpoint and run the export's own code.
     out = tmp_path / "export"
-    r = setdlm("convert", "to-hf", "--checkpoint", run, "--out", out)
+    r = setdlm("convert", "to-hf", "--checkpoint", run, "--out", out, "--format", "setdlm")
     assert r.returncode == 0, r.stderr[-3000:]
-    from transformers import AutoModelForMaskedLM
+    from transformers import AutoModelForCausalLM, AutoModelForMaskedLM
 
     exported = AutoModelForMaskedLM.from_pretrained(str(out), trust_remote_code=True, dtype=torch.float32).eval()
     with torch.no_grad():
         logits = exported(ids, attention_type="causal").logits
     torch.testing.assert_close(logits[..., :N_REAL].float(), ref, atol=1e-4, rtol=0)
+    # The default export of this AR import is the stock architecture it came from (tests/test_stock_export.py).
+    r = setdlm("convert", "to-hf", "--checkpoint", run, "--out", tmp_path / "stock")
+    assert r.returncode == 0, r.stderr[-3000:]
+    stock = AutoModelForCausalLM.from_pretrained(str(tmp_path / "stock"), dtype=torch.float32).eval()
+    assert stock.config.model_type == arch
+    with torch.no_grad():
+        torch.testing.assert_close(stock(input_ids=ids).logits[..., :N_REAL].float(), ref, atol=1e-4, rtol=0)
     # init_from a setdlm checkpoint of another layout (TP=2 shards, consolidated on the fly), in one process.
     from data_pipeline.tokenizers import load_tokenizer
     from pretrain.parallel import ensure_model_parallel

@@ -55,11 +55,15 @@ EXTRA = {
     "gpt_selective": {"train": {"activation_checkpointing": "selective"}},
     "qwen_compile": {"train": {"compile": True, "activation_checkpointing": "selective"}},
     "qwen_sp": {"parallel": {"sequence_parallel": True}},
+    # LoRA (tests/test_lora_parallel.py): adapters on every block linear, the base frozen
+    "qwen_lora": {"train": {"lora": {"rank": 4, "alpha": 8.0}}},
+    "gpt_lora": {"train": {"lora": {"rank": 4, "alpha": 8.0}}},
+    "qwen_lorasp": {"train": {"lora": {"rank": 4, "alpha": 8.0}}, "parallel": {"sequence_parallel": True}},
 }
 for _name in EXTRA:
     MODELS[_name] = MODELS[_name.split("_")[0]]
 ONLY = {"qwen_bf16": {"ref", "tp2pp1z0", "tp1pp2z0", "tp1pp2z1"}, "qwen_compile": {"tp2pp1z0"},
-        "qwen_sp": {"tp2pp1z0"}}
+        "qwen_sp": {"tp2pp1z0"}, "gpt_lora": {"ref", "tp2pp1z0", "tp1pp1z1"}, "qwen_lorasp": {"tp2pp1z0"}}
 SEQ, GLOBAL, MICRO, STEPS, VOCAB = 16, 8, 2, 3, 250
 
 
@@ -118,7 +122,8 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
     dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
     torch.manual_seed(cfg.run.seed)
     model = build_stage(cfg.model, tp, pp, sequence_parallel=cfg.parallel.sequence_parallel,
-                        zero_init=zero3_init(cfg, world, cfg.train.precision))  # ZeRO-3: as the trainer builds it
+                        zero_init=zero3_init(cfg, world, cfg.train.precision),  # ZeRO-3: as the trainer builds it
+                        lora=cfg.train.lora)
     prepare_model(model, cfg)  # activation checkpointing / compile, as the trainer does
     engine, _, _ = build_engine(model, cfg, world, cfg.train.precision)
     objective = build_objective(cfg.objective, cfg.model, SEQ, cross_entropy=model.tp.cross_entropy)

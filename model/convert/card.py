@@ -86,6 +86,41 @@ def render_card(config: dict, *, name: str, recipe: dict | None = None, training
         sched += [("noise eps", sd.get("eps"))]
     sched += [("MASK token id", sd.get("mask_token_id"))]
     out += ["", "## Set schedule", "", _table(sched, ("field", "value"))]
+    out += _recipe_and_results(recipe, training, results, back=True)
+    return "\n".join(out) + "\n"
+
+
+def render_stock_card(config: dict, *, name: str, recipe: dict | None = None, training: dict | None = None,
+                      results: list[tuple[str, object]] | None = None, params: int | None = None,
+                      source: str | None = None) -> str:
+    """Model card of an AR model exported in a stock architecture (hf_stock_export.py): plain
+    transformers usage, no custom code."""
+    arch = (config.get("architectures") or ["?"])[0]
+    out = ["---", "library_name: transformers", "pipeline_tag: text-generation", "tags:", "- setdlm", "- ar",
+           f"- {config.get('model_type')}", "---", "", f"# {name}", "",
+           f"An autoregressive language model fine-tuned with setdlm and exported by `setdlm convert to-hf` as a "
+           f"stock `{config.get('model_type')}` model (`{arch}`): it loads without `trust_remote_code`."]
+    if source:
+        out += ["", f"Converted from `{source}`."]
+    out += ["", "## Usage", "", "```python", "from transformers import AutoModelForCausalLM, AutoTokenizer", "",
+            'path = "PATH_OR_REPO"', "tok = AutoTokenizer.from_pretrained(path)",
+            "model = AutoModelForCausalLM.from_pretrained(path).eval()",
+            'ids = tok("The meaning of life is", return_tensors="pt").input_ids',
+            "print(tok.decode(model.generate(ids, max_new_tokens=64)[0]))", "```", ""]
+    rows = [("parameters", f"{params / 1e6:.1f}M" if params else None), ("architecture", arch),
+            ("layers", config.get("num_hidden_layers")), ("hidden size", config.get("hidden_size")),
+            ("attention heads (KV heads)", f"{config.get('num_attention_heads')} ({config.get('num_key_value_heads')})"),
+            ("head dim", config.get("head_dim")), ("vocabulary", config.get("vocab_size")),
+            ("tied embeddings", config.get("tie_word_embeddings")), ("weights dtype", config.get("dtype"))]
+    out += ["## Model", "", _table(rows, ("field", "value")),
+            "", "The tokenizer has setdlm's MASK token; the model never predicts it in training, but as a stock "
+            "architecture it has no -inf bias on it."]
+    out += _recipe_and_results(recipe, training, results, back=False)
+    return "\n".join(out) + "\n"
+
+
+def _recipe_and_results(recipe, training, results, *, back: bool) -> list[str]:
+    out: list[str] = []
     if recipe or training:
         out += ["", "## Training recipe", ""]
         rows: list[tuple[str, object]] = []
@@ -102,16 +137,20 @@ def render_card(config: dict, *, name: str, recipe: dict | None = None, training
                      ("dropout", recipe.get("model", {}).get("dropout")),
                      ("layout", f"tp {p.get('tp')}, pp {p.get('pp')}, ZeRO-{p.get('zero_stage')}"),
                      ("seed", recipe.get("run", {}).get("seed"))]
+            if tr.get("lora"):
+                lo = tr["lora"]
+                rows.append(("LoRA", f"rank {lo.get('rank')}, alpha {lo.get('alpha')} on {', '.join(lo.get('targets', []))}"))
         out.append(_table(rows, ("field", "value")))
         if recipe:
-            out += ["", "The full recipe is in `setdlm_recipe.json`; `setdlm convert from-hf` turns this directory "
-                        "back into a training run."]
+            out += ["", "The full recipe is in `setdlm_recipe.json`" + (
+                "; `setdlm convert from-hf` turns this directory back into a training run." if back else
+                "; `train.init_from` continues training from this directory.")]
     out += ["", "## Evaluation", ""]
     if results:
         out.append(_table(results, ("metric", "value")))
     else:
         out.append("No evaluation results were recorded with this checkpoint.")
-    return "\n".join(out) + "\n"
+    return out
 
 
-__all__ = ["render_card"]
+__all__ = ["render_card", "render_stock_card"]

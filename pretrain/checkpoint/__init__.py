@@ -2,7 +2,9 @@
 
     rundir.py       the run directory's files: checkpoint tags, the `latest` pointer (with its
                     fallback to the newest complete checkpoint), COMPLETE markers, meta.json, the
-                    tokenizer's location and sha256 check. Everything that reads a run uses it.
+                    tokenizer's location and sha256 check, the `best` record and the
+                    RUN:best / RUN:latest / RUN:STEP names. Everything that reads a run uses it.
+    best.py         train.keep_best: the best validation checkpoint, kept outside keep_last
     rng.py          the per-rank random-number state kept in a checkpoint
     save.py         saving from every rank (atomic publish, disk-full handling) and pruning
     resume.py       continuing a run: the same layout through DeepSpeed, another one from consolidated.pt

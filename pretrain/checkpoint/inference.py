@@ -25,10 +25,18 @@ def _sharded(meta: dict) -> bool:
     return (layout.get("tp") or 1) != 1 or (layout.get("pp") or 1) != 1 or (layout.get("zero_stage") or 0) >= 3
 
 
-def checkpoint_weights(ckpt: Path, meta: dict, *, ema: bool = True) -> tuple[dict, bool]:
+def lora_section(meta: dict) -> dict | None:
+    """The `train.lora` section a checkpoint was trained with (None: no adapters)."""
+    lora = ((meta.get("config") or {}).get("train") or {}).get("lora")
+    return lora if isinstance(lora, dict) else None
+
+
+def checkpoint_weights(ckpt: Path, meta: dict, *, ema: bool = True, merge_lora: bool = True) -> tuple[dict, bool]:
     """The full (TP=1, PP=1) weights of checkpoint `ckpt`, whatever layout saved it, and whether they
     are the EMA weights: consolidated.pt when present, the model file of an unsharded run, else the
-    shards merged in memory (consolidate.py, which refuses an incomplete checkpoint)."""
+    shards merged in memory (consolidate.py, which refuses an incomplete checkpoint). The LoRA adapters
+    of a `train.lora` run are merged into the base weights (W + (alpha / r) B A), so the result is a
+    plain model's; `merge_lora=False` keeps them (names `....lora.A` / `.lora.B`)."""
     ckpt = Path(ckpt)
     cons = ckpt / rundir.CONSOLIDATED
     if cons.is_file():
@@ -50,7 +58,15 @@ def checkpoint_weights(ckpt: Path, meta: dict, *, ema: bool = True) -> tuple[dic
     if ema and isinstance(state.get("ema"), dict) and state["ema"]:
         weights.update(state["ema"])
         used_ema = True
-    return {k: v for k, v in weights.items() if torch.is_tensor(v)}, used_ema
+    weights = {k: v for k, v in weights.items() if torch.is_tensor(v)}
+    lora = lora_section(meta)
+    if merge_lora and any(k.endswith(".lora.A") for k in weights):
+        from model.lora import merge
+
+        if lora is None:
+            raise CheckpointError(f"{ckpt}: holds LoRA adapters but its recipe has no train.lora section to merge them by")
+        weights = merge(weights, rank=int(lora["rank"]), alpha=float(lora["alpha"]))
+    return weights, used_ema
 
 
 def build_model(model_cfg) -> torch.nn.Module:

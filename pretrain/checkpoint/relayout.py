@@ -33,10 +33,12 @@ def _deepspeed_partitioned(p: torch.nn.Parameter) -> bool:
     return hasattr(p, "_hp_mapping") or hasattr(p, "ds_id")
 
 
-def load_consolidated(engine, state: dict, *, ema=None, optimizer: bool = True) -> list[str]:
+def load_consolidated(engine, state: dict, *, ema=None, optimizer: bool = True, optional=None) -> list[str]:
     """Load a consolidated (TP=1, PP=1) state into this rank's shard of the model, its fp32 master
     weights and, when present, the Adam moments; `ema` (an EMA) gets its slice of the consolidated
-    EMA. Works under any TP x PP x DP layout and ZeRO stage. Returns notes."""
+    EMA. Works under any TP x PP x DP layout and ZeRO stage. Parameters for which `optional(name)` is
+    true may be absent from the state (LoRA adapters on imported weights): they keep their values.
+    Returns notes."""
     import deepspeed
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
     from megatron.core import parallel_state
@@ -45,7 +47,7 @@ def load_consolidated(engine, state: dict, *, ema=None, optimizer: bool = True) 
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     module, notes = engine.module, []
     weights = state["module"]
-    params = list(module.named_parameters())
+    params = [(n, p) for n, p in module.named_parameters() if n in weights or not (optional and optional(n))]
     missing = [n for n, _ in params if n not in weights]
     if missing:
         raise CheckpointError(f"consolidated checkpoint: no weights for {missing[:3]} (a different model?)")
@@ -62,7 +64,8 @@ def load_consolidated(engine, state: dict, *, ema=None, optimizer: bool = True) 
                     p.data.copy_(value.to(p.dtype))
             else:
                 p.data.copy_(value.to(p.dtype))
-            safe_set_full_fp32_param(p, value.float())  # ZeRO / bf16 fp32 masters (no-op without them)
+            if p.requires_grad:  # ZeRO / bf16 fp32 masters (no-op without them; none for a frozen parameter)
+                safe_set_full_fp32_param(p, value.float())
     opt = state.get("optimizer") if optimizer else None
     if opt:
         step = int(opt["step"])

@@ -3,14 +3,20 @@
     RUN/config.yaml                 resolved recipe
     RUN/tokenizer/                  the tokenizer the run trained with
     RUN/checkpoints/latest          name of the newest complete checkpoint (replaced atomically)
+    RUN/checkpoints/best            with train.keep_best: JSON naming the checkpoint with the best
+                                    validation metric (tag, step, metric, value, mode); kept out of
+                                    keep_last pruning
     RUN/checkpoints/step_00000100/  one checkpoint: meta.json, COMPLETE, and the files of save.py
 
 Everything that reads a run directory (resume, `train.init_from`, consolidate, convert, sample,
 eval) finds checkpoints, `meta.json` and the tokenizer through this module. A `latest` pointer that
 names a missing or incomplete step is not trusted: the newest complete checkpoint is used instead,
-and the fallback is reported. A `checkpoints/`, `step_*` or `latest` that is a symbolic link looping
-or resolving outside the run directory is refused (`check_run_dir`): setdlm reads, writes and prunes
-only checkpoints inside the run. Every problem is a `CheckpointError` naming the file.
+and the fallback is reported. Wherever a checkpoint is named, `RUN:best`, `RUN:latest` and `RUN:STEP`
+(`RUN:2000`, `RUN:step_00002000`) select one of a run's checkpoints (`resolve_checkpoint`); `best` is
+exact (no fallback: the best checkpoint is the one the validation chose). A `checkpoints/`, `step_*`
+or `latest` that is a symbolic link looping or resolving outside the run directory is refused
+(`check_run_dir`): setdlm reads, writes and prunes only checkpoints inside the run. Every problem is a
+`CheckpointError` naming the file.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from ..safe_load import CheckpointError
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
+BEST = "best"
 COMPLETE = "COMPLETE"
 META = "meta.json"
 CONSOLIDATED = "consolidated.pt"
@@ -202,11 +209,86 @@ def latest_checkpoint(root: str | os.PathLike, notes: list[str] | None = None) -
     return done[-1]
 
 
+# -- the best checkpoint (train.keep_best) -----------------------------------------------------------
+def point_best(root: str | os.PathLike, record: dict) -> None:
+    """Record checkpoint `record["tag"]` as the run's best (`record`: tag, step, metric, value, mode)."""
+    atomic_write_text(Path(root) / BEST, json.dumps(record, indent=1))
+
+
+def best_record(root: str | os.PathLike) -> dict | None:
+    """What `best` records (None when the run has no readable `best`)."""
+    try:
+        record = json.loads((Path(root) / BEST).read_text())
+    except (OSError, UnicodeDecodeError, ValueError):
+        return None
+    return record if isinstance(record, dict) and isinstance(record.get("tag"), str) else None
+
+
+def best_tag(root: str | os.PathLike) -> str | None:
+    record = best_record(root)
+    return record["tag"] if record else None
+
+
+def best_checkpoint(root: str | os.PathLike) -> Path:
+    """The checkpoint `best` names (CheckpointError when there is none or it is not complete)."""
+    root = Path(root)
+    record = best_record(root)
+    if record is None:
+        why = "unreadable" if (root / BEST).exists() else "missing"
+        raise CheckpointError(f"{root / BEST}: {why}: the run kept no best checkpoint (train.keep_best: true with "
+                              "train.eval_every > 0 keeps one); name a checkpoint instead (RUN, RUN:latest, RUN:STEP)")
+    path = root / record["tag"]
+    if "/" in record["tag"] or not is_complete(path):
+        raise CheckpointError(f"{root / BEST}: names {record['tag']}, which is missing or incomplete")
+    return path
+
+
+# -- naming a checkpoint -----------------------------------------------------------------------------
+SELECTORS = (BEST, LATEST)
+
+
+def split_selector(path: str | os.PathLike) -> tuple[Path, str | None]:
+    """`RUN:best` -> (RUN, "best"); `RUN:2000` / `RUN:step_00002000` -> (RUN, "step_00002000");
+    `RUN:latest` -> (RUN, "latest"); a path that exists as written, or has no such suffix, -> (path, None)."""
+    text = os.fspath(path)
+    p = Path(text)
+    if p.exists() or ":" not in text:
+        return p, None
+    base, _, sel = text.rpartition(":")
+    if sel in SELECTORS:
+        return Path(base), sel
+    if sel.isdigit():
+        return Path(base), tag_for(int(sel))
+    if sel.startswith("step_") and sel[5:].isdigit():
+        return Path(base), sel
+    return p, None
+
+
+def _select(run: Path, sel: str, notes: list[str] | None) -> Path:
+    root = next((r for r in (checkpoints_dir(run), run) if r.is_dir() and (r / LATEST).exists()), None)
+    if root is None:
+        raise CheckpointError(f"checkpoint {run}:{sel}: {run} is not a run directory (no {CHECKPOINTS}/{LATEST})")
+    if sel == BEST:
+        return best_checkpoint(root)
+    if sel == LATEST:
+        return resolve_checkpoint(root, notes)
+    path = root / sel
+    if not is_complete(path):
+        have = ", ".join(c.name for c in complete_checkpoints(root)[-4:]) or "none"
+        raise CheckpointError(f"checkpoint {run}:{sel}: no complete checkpoint {path} (complete: {have})")
+    return path
+
+
 def resolve_checkpoint(path: str | os.PathLike, notes: list[str] | None = None) -> Path:
-    """One checkpoint folder from a run directory, its checkpoints/ folder, or the folder itself. When
-    `latest` is broken, the newest complete checkpoint is used and the fallback is reported in `notes`
-    (printed to stderr when no list is given)."""
-    p = Path(path)
+    """One checkpoint folder from a run directory, its checkpoints/ folder, or the folder itself; or
+    `RUN:best`, `RUN:latest`, `RUN:STEP` (`split_selector`). When `latest` is broken, the newest
+    complete checkpoint is used and the fallback is reported in `notes` (printed to stderr when no
+    list is given)."""
+    p, sel = split_selector(path)
+    if sel is not None:
+        if not p.exists():
+            raise CheckpointError(f"checkpoint {p}: no such file or directory")
+        return _select(p, sel, notes)
     if not p.exists():
         raise CheckpointError(f"checkpoint {p}: no such file or directory")
     if (p / META).is_file():

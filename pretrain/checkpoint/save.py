@@ -192,13 +192,14 @@ def _raise_if_any_failed(failure: BaseException | None, root: Path, partial: lis
 
 
 def prune(root: Path, keep_last: int) -> None:
-    """Remove all but the newest `keep_last` complete checkpoints (never the one `latest` names), and
+    """Remove all but the newest `keep_last` complete checkpoints (never the ones `latest` and `best`
+    name: the best checkpoint of train.keep_best lives outside keep_last), and
     the steps older than the newest complete one that are not complete (a prune a kill interrupted
     in an older setdlm, or a damaged copy). Each goes by a rename to .tmp-pruned-step_N first."""
     if keep_last <= 0:
         return
     root = Path(root)
-    latest = rundir.latest_tag(root)
+    keep = {rundir.latest_tag(root), rundir.best_tag(root)}
     done = rundir.complete_checkpoints(root)
     doomed = list(done[:-keep_last])
     if done:
@@ -206,7 +207,7 @@ def prune(root: Path, keep_last: int) -> None:
         doomed += [p for p in root.glob("step_*") if p.is_dir() and not p.is_symlink() and p not in done
                    and (rundir.step_of(p) or 0) < newest]
     for p in doomed:
-        if p.name == latest:
+        if p.name in keep:
             continue
         gone = root / (PRUNED + p.name)
         try:
