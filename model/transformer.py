@@ -273,7 +273,7 @@ class Transformer(torch.nn.Module):
         if cache is not None:
             B, T = position_ids.shape
             mask = cache.begin(commit if commit is not None else torch.zeros(B, T, dtype=torch.bool, device=x.device),
-                               attn_mask)
+                               attn_mask, position_ids)
         with self.block_context():
             for block in self.layers.values():
                 x = block(x, rope, mask, cache)
@@ -310,13 +310,15 @@ class Transformer(torch.nn.Module):
             return device.type == "cuda" and flex.available() and self.cfg.attention_dropout == 0
         return backend == "flex"
 
-    def new_cache(self, batch: int, capacity: int, dtype=None, device=None, extra: int = 0) -> KVCache:
+    def new_cache(self, batch: int, capacity: int, dtype=None, device=None, extra: int = 0,
+                  positions: bool = False) -> KVCache:
         """KV cache of `batch` slots holding `capacity` committed tokens each (+ `extra` scratch entries
-        for the uncommitted tokens of the widest decoding forward)."""
+        for the uncommitted tokens of the widest decoding forward); `positions`: entries record their
+        positions, so the oldest can be dropped when decoding outgrows max_seq_len."""
         cfg, tp = self.cfg, self.tp.size
         p = next(self.parameters())
         return KVCache(self.layer_range, batch, cfg.kv_heads // tp, cfg.dim_head, capacity,
-                       dtype=dtype or p.dtype, device=device or p.device, extra=extra)
+                       dtype=dtype or p.dtype, device=device or p.device, extra=extra, positions=positions)
 
 
 def full_logits(model: Transformer, logits: torch.Tensor) -> torch.Tensor:

@@ -19,8 +19,7 @@ class ARDecoder(Decoder):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         S, dev = self.S, self.device
-        self.cache = self.model.new_cache(S, self.capacity, extra=1)
-        self.cache.static = self.static
+        self.cache = self.new_slot_cache(1)
         self.pend_ids = torch.zeros(S, 1, dtype=torch.long, device=dev)
         self.pend_pos = torch.zeros(S, 1, dtype=torch.long, device=dev)
         self.pend_valid = torch.zeros(S, 1, dtype=torch.bool, device=dev)
@@ -43,6 +42,7 @@ class ARDecoder(Decoder):
 
     def device_step(self) -> None:
         pv = self.pend_valid & (self.pend_pos < self.span_end[:, None])
+        self.fit_context(pv.sum(1))
         logits = self.logits(self.pend_ids, self.pend_pos, None, cache=self.cache, commit=pv)
         pos = self.todo.int().argmax(1, keepdim=True)
         active = self.todo.gather(1, pos)

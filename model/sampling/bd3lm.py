@@ -55,6 +55,9 @@ class BD3LMDecoder(SetDLMDecoder):
         self._posc, self._in_block = posc, in_block
         return self.canvas.gather(1, posc), posc, pos, active, in_block
 
+    def context_tokens(self, active: torch.Tensor, q_keys: torch.Tensor) -> torch.Tensor:
+        return q_keys  # the block's span slots, decoded or masked
+
     def accept(self, conf: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         left = (self.steps_per_block - self.block_steps).clamp(min=1)
         n = active.sum(1)

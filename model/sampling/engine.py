@@ -106,6 +106,9 @@ class Decoder:
         self.S = max(1, min(n, cfg.max_batch or n))
         L = max((r.length for r in requests), default=0)
         cap = max((self.cache_need(r) for r in requests), default=0)
+        self.need = cap  # most entries one request commits (before rounding)
+        self.limit = int(getattr(model.cfg, "max_seq_len", 0) or 0)  # the model's context (0: none)
+        self.drops = False  # set by new_slot_cache: requests can outgrow the context
         if self.static:  # fewer distinct shapes (each is a compile / a graph)
             L, cap = _round_up(max(L, 1), 64), _round_up(max(cap, 1), 64)
         self.L, self.capacity = L, max(cap, 1)
@@ -114,6 +117,25 @@ class Decoder:
     def cache_need(self, r: Request) -> int:
         """KV entries one request can commit (visible context + span)."""
         return len(r.visible) + r.span
+
+    def new_slot_cache(self, extra: int):
+        """The slot-indexed KV cache, for forwards of up to `extra` uncommitted tokens. When a request
+        can outgrow the model's context (committed entries + one forward > max_seq_len), its entries
+        carry positions and each step drops the oldest (`fit_context`)."""
+        self.drops = bool(self.limit) and self.need + extra > self.limit
+        if self.drops and extra >= self.limit:
+            raise SamplingError(f"generate: a {self.cfg.family} step forwards up to {extra} tokens, which leaves no "
+                                f"room for context in the model's max_seq_len {self.limit}; lower the window or block size")
+        cache = self.model.new_cache(self.S, self.capacity, extra=extra, positions=self.drops)
+        cache.static = self.static
+        return cache
+
+    def fit_context(self, incoming: torch.Tensor) -> None:
+        """Context overflow (as the reference implementation decodes past its context): before a forward
+        of `incoming` [B] tokens per row, drop each row's lowest-position cache entries so that cache +
+        forward fit in max_seq_len. A no-op unless a request can outgrow it."""
+        if self.drops:
+            self.cache.drop_oldest(self.limit, incoming)
 
     # -- layout ----------------------------------------------------------------------------------
     def _alloc(self, S: int) -> None:
@@ -188,7 +210,7 @@ class Decoder:
             self.model(ids, pos, mask, cache=cache, commit=valid, logits_slice=slice(0, 0))
             cache.static = static
         else:
-            tmp = self.model.new_cache(len(slots), ids.shape[1])
+            tmp = self.model.new_cache(len(slots), ids.shape[1], positions=cache.pos is not None)
             self.model(ids, pos, mask, cache=tmp, commit=valid, logits_slice=slice(0, 0))
             cache.load_rows(st, tmp)
 
