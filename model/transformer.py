@@ -222,25 +222,31 @@ class Transformer(torch.nn.Module):
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel logits (this rank's slice of the padded vocabulary) with MASK/padding at -inf."""
         hidden = self.final_norm(hidden)
-        fast = (not torch.compiler.is_compiling() and hidden.device.type == "cpu" and torch.is_inference_mode_enabled()
-                and not self.sp)
+        weight_t = self.transposed_head() if (hidden.device.type == "cpu" and torch.is_inference_mode_enabled()
+                                              and not self.sp) else None
         if self.cfg.tie_embeddings:
             weight = self.shared_embedding_weight()
             hidden = self.tp.all_reduce_grad(hidden)  # each rank computes its slice of the vocabulary
-            logits = hidden @ self._transposed(weight) if fast else F.linear(hidden, weight)
-        elif fast:  # the head's forward is a plain matmul in inference (its TP input copy is the identity)
-            logits = hidden @ self._transposed(self.head.weight)
+            logits = hidden @ weight_t if weight_t is not None else F.linear(hidden, weight)
+        elif weight_t is not None:  # the head's forward is a plain matmul in inference (its TP input copy is the identity)
+            logits = hidden @ weight_t
             logits = logits + self.head.bias if self.head.bias is not None else logits
         else:
             logits, _ = self.head(hidden)
         return logits.float() + self.logit_bias
 
-    def _transposed(self, weight: torch.Tensor) -> torch.Tensor:
+    def transposed_head(self) -> torch.Tensor | None:
         """Inference fast path on CPU: a contiguous [hidden, vocab] copy of the output weight (the decode
         matmul with few rows runs 1.3-3x faster on it than on the [vocab, hidden] layout). Rebuilt when
-        the weight changes (new storage or an in-place update); not part of the state dict."""
-        key = (weight.data_ptr(), 0 if weight.is_inference() else weight._version, weight.dtype, weight.shape)
+        the weight changes (new storage or an in-place update); not part of the state dict. Inside a
+        compiled region (a compiled decode step) the copy is read as it is: the storage checks are not
+        traceable, so an eager call must have built it first (the sampler's StepRunner does); None if
+        none was built (the plain layout is used)."""
         cached = self.__dict__.get("_head_t")
+        if torch.compiler.is_compiling():
+            return None if cached is None else cached[1]
+        weight = self.shared_embedding_weight() if self.cfg.tie_embeddings else self.head.weight
+        key = (weight.data_ptr(), 0 if weight.is_inference() else weight._version, weight.dtype, weight.shape)
         if cached is None or cached[0] != key:
             cached = (key, weight.detach().t().contiguous())
             self.__dict__["_head_t"] = cached
@@ -253,13 +259,14 @@ class Transformer(torch.nn.Module):
     # -- forward -----------------------------------------------------------------------------
     def forward(self, input_ids=None, position_ids=None, attn_mask=None, *, hidden_states=None,
                 cache: KVCache | None = None, commit: torch.Tensor | None = None, logits_slice: slice | None = None,
-                mask_spec: MaskSpec | None = None):
+                mask_spec: MaskSpec | None = None, logits_index: torch.Tensor | None = None):
         """Run this stage.
 
         input_ids/position_ids [B, T]; attn_mask bool [T, T] or [B, 1, T, T] (True = attend) among the
         given tokens. With `cache`, tokens also attend to the valid cached entries, and those with
         `commit` [B, T] True are appended to the cache. Returns vocab-parallel logits for the tokens in
-        `logits_slice` (all by default) on the last stage, hidden states otherwise. `mask_spec` names
+        `logits_slice` (all by default; or the token slots `logits_index` [B, n] of each row) on the last
+        stage, hidden states otherwise. `mask_spec` names
         the static mask `attn_mask` holds; with it the flex-attention backend (model.attention_backend)
         uses a cached block mask instead of the dense one.
         """
@@ -283,7 +290,9 @@ class Transformer(torch.nn.Module):
             x = self._from_sequence_parallel(x)
         if not self.post_process:
             return x
-        if logits_slice is not None:
+        if logits_index is not None:
+            x = x.gather(1, logits_index[..., None].expand(-1, -1, x.shape[-1]))
+        elif logits_slice is not None:
             x = x[:, logits_slice]
         return self.output_logits(x)
 
