@@ -34,6 +34,7 @@ class KVCache:
                  positions: bool = False):
         self.capacity = int(capacity)
         self.storage = self.capacity + max(int(extra), 1)
+        self.kv_heads, self.head_dim = int(kv_heads), int(head_dim)
         shape = (batch, kv_heads, self.storage, head_dim)
         self.k = {int(i): torch.zeros(shape, dtype=dtype, device=device) for i in layer_ids}
         self.v = {int(i): torch.zeros(shape, dtype=dtype, device=device) for i in layer_ids}
@@ -43,6 +44,7 @@ class KVCache:
         self.bound = 0
         self.static = False
         self._dest: torch.Tensor | None = None
+        self._kv_idx: torch.Tensor | None = None
 
     @property
     def batch(self) -> int:
@@ -58,25 +60,26 @@ class KVCache:
         new_mask: attention among the new tokens, [T, T] or [B, 1, T, T] (True = attend; None: all);
         positions [B, T]: their token positions (recorded with `positions=True`).
         Returns the forward's full mask [B, 1, T, K] over the attended keys [0, K)."""
-        commit = commit.bool()
+        commit = commit if commit.dtype == torch.bool else commit.bool()
         B, T = commit.shape
         c = commit.long()
-        count = c.sum(1)
-        before = torch.cumsum(c, 1) - c  # committed tokens before each one
-        dest = torch.where(commit, before, count[:, None] + torch.arange(T, device=c.device)[None] - before)
-        self._dest = (self.length[:, None] + dest).clamp_(max=self.storage - 1)
-        self._count = count
+        count = c.sum(1, keepdim=True)
+        before = c.cumsum(1) - c  # committed tokens before each one
+        # committed tokens first (in input order), then the others: [length, length + T)
+        dest = torch.where(commit, before, self.positions[:T] + count - before)
+        self._dest = dest.add_(self.length[:, None]).clamp_(max=self.storage - 1)
+        self._count = count[:, 0]
         self._t_new = T
         K = self.key_count(T)
         self._keys = K
+        self._kv_idx = self._dest.view(B, 1, T, 1).expand(B, self.kv_heads, T, self.head_dim)  # where each layer writes
         if self.pos is not None:
             self.pos.scatter_(1, self._dest, positions)
-        old = self.live(K)[:, None, None, :]  # [B, 1, 1, K]
-        mask = old.expand(B, 1, T, K).clone()
+        mask = self.live(K).view(B, 1, 1, K).expand(B, 1, T, K).clone()
         if new_mask is None:
             new_mask = torch.ones(T, T, dtype=torch.bool, device=c.device)
         new_mask = new_mask.expand(B, 1, T, T) if new_mask.dim() == 2 else new_mask
-        idx = self._dest.clamp(max=K - 1)[:, None, None, :].expand(B, 1, T, T)
+        idx = self._dest.clamp(max=K - 1).view(B, 1, 1, T).expand(B, 1, T, T)
         return mask.scatter_(3, idx, new_mask)
 
     def live(self, K: int) -> torch.Tensor:
@@ -97,17 +100,16 @@ class KVCache:
 
     def attend_kv(self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor):
         """Write the new keys/values in place; return the attended keys/values [B, H, K, D] (views)."""
-        idx = self._dest[:, None, :, None].expand(-1, k_new.shape[1], -1, k_new.shape[3])
         k, v = self.k[layer], self.v[layer]
-        k.scatter_(2, idx, k_new.to(k.dtype))
-        v.scatter_(2, idx, v_new.to(v.dtype))
+        k.scatter_(2, self._kv_idx, k_new if k_new.dtype == k.dtype else k_new.to(k.dtype))
+        v.scatter_(2, self._kv_idx, v_new if v_new.dtype == v.dtype else v_new.to(v.dtype))
         return k[:, :, : self._keys], v[:, :, : self._keys]
 
     def end(self) -> None:
         self.length += self._count
         if not self.static:  # (a static forward reads no host value: nothing for torch.compile to guard on)
             self.bound = min(self.capacity, self.bound + self._t_new)
-        self._dest = None
+        self._dest = self._kv_idx = None
 
     # -- slots ------------------------------------------------------------------------------------
     def reorder(self, rows: torch.Tensor) -> None:

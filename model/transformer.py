@@ -233,6 +233,8 @@ class Transformer(torch.nn.Module):
             logits = logits + self.head.bias if self.head.bias is not None else logits
         else:
             logits, _ = self.head(hidden)
+        if weight_t is not None and logits.dtype == torch.float32:
+            return logits.add_(self.logit_bias)  # a fresh product: no second [rows, vocab] tensor
         return logits.float() + self.logit_bias
 
     def transposed_head(self) -> torch.Tensor | None:

@@ -37,8 +37,7 @@ class ARDecoder(Decoder):
         ids, pos, valid = self.visible_batch(reqs, left_pad=True, drop_last=True)
         mask = with_key_padding(build_mask("causal", ids.shape[1], device=self.device), valid)
         self.prefill_cache(st, slots, ids, pos, mask, valid)
-        self.len_ub[slots] = [len(r.prefix) - 1 for r in reqs]
-        self.cache.bound = int(self.len_ub.max())
+        self.set_cached(slots, [len(r.prefix) - 1 for r in reqs])
 
     def device_step(self) -> None:
         pv = self.pend_valid & (self.pend_pos < self.span_end[:, None])
@@ -46,7 +45,7 @@ class ARDecoder(Decoder):
         logits = self.logits(self.pend_ids, self.pend_pos, None, cache=self.cache, commit=pv)
         pos = self.todo.int().argmax(1, keepdim=True)
         active = self.todo.gather(1, pos)
-        tok, _ = self.choose(logits)
+        tok, _ = self.choose(logits, confidence=False)
         self.steps += active[:, 0]
         self.write(pos, tok, active)
         self.pend_ids.copy_(tok)

@@ -150,6 +150,8 @@ class Decoder:
         self.steps = torch.zeros(S, dtype=torch.long, device=dev)
         self.rows = [-1] * S  # request index held by each slot (-1: free)
         self.len_ub = np.zeros(S, dtype=np.int64)  # host upper bound on each slot's cached entries
+        self.grown = 0  # entries every slot may have gained since len_ub was last brought up to date
+        self.ub_max = 0  # max(len_ub) (kept by the host: the cache's own bound also counts uncommitted tokens)
         self.arange_L = torch.arange(L + 1, device=dev)
 
     def admit(self, slots: list[int], idx: list[int], now: float) -> None:
@@ -218,9 +220,9 @@ class Decoder:
     def logits(self, *args, **kw) -> torch.Tensor:
         return full_logits(self.model, self.model(*args, **kw))
 
-    def choose(self, logits: torch.Tensor):
+    def choose(self, logits: torch.Tensor, confidence: bool = True):
         present = presence(self.canvas[:, : self.L], self.vocab) if self.cfg.repetition_penalty != 1.0 else None
-        return choose(logits, self.cfg, self.generator, present)
+        return choose(logits, self.cfg, self.generator, present, confidence)
 
     def write(self, pos: torch.Tensor, tok: torch.Tensor, accept: torch.Tensor) -> None:
         """Write accepted tokens [B, N] at positions [B, N], stamped with each row's own step count;
@@ -239,10 +241,24 @@ class Decoder:
         self.todo &= self.arange_L[None, :] < self.span_end[:, None]
 
     def grow_bound(self, n: int) -> None:
-        """Host bookkeeping after a step: each slot's cache grew by at most n entries."""
+        """Host bookkeeping after a step: each slot's cache grew by at most n entries (one integer update;
+        len_ub catches up when it is next used)."""
         if self.uses_cache and not self.static:
-            self.len_ub = np.minimum(self.len_ub + n, self.capacity)
-            self.cache.bound = int(self.len_ub.max())
+            self.grown += n
+            self.ub_max = min(self.ub_max + n, self.capacity)
+            self.cache.bound = self.ub_max
+
+    def sync_len_ub(self) -> np.ndarray:
+        """The per-slot upper bounds, brought up to date."""
+        if self.grown:
+            self.len_ub = np.minimum(self.len_ub + self.grown, self.capacity)
+            self.grown = 0
+        return self.len_ub
+
+    def set_cached(self, slots: list[int], lengths: list[int]) -> None:
+        """After a prefill: `slots` hold `lengths` cached entries; the attended key range follows."""
+        self.sync_len_ub()[slots] = lengths
+        self.ub_max = self.cache.bound = int(self.len_ub.max())
 
     # -- family hooks ----------------------------------------------------------------------------
     def reset_slots(self, st: torch.Tensor, reqs: list[Request]) -> None:
@@ -261,7 +277,8 @@ class Decoder:
         """Keep only the given slots (device index tensor). Subclasses extend for their state."""
         for name in ("canvas", "todo", "span_start", "span_end", "row_len", "can_stop", "commit_step", "steps"):
             setattr(self, name, getattr(self, name)[keep])
-        self.len_ub = self.len_ub[keep.cpu().numpy()]
+        self.len_ub = self.sync_len_ub()[keep.cpu().numpy()]
+        self.ub_max = int(self.len_ub.max()) if len(self.len_ub) else 0
 
     # -- loop ------------------------------------------------------------------------------------
     def run(self) -> list[SampleOutput]:

@@ -64,11 +64,11 @@ class Reference:
         self.vocab = model.cfg.vocab_size
         self.limit = int(getattr(model.cfg, "max_seq_len", 0) or 0)
 
-    def choose(self, row: _Row, logits):
+    def choose(self, row: _Row, logits, confidence: bool = True):
         present = None
         if self.cfg.repetition_penalty != 1.0:
             present = presence(torch.tensor([row.canvas], device=logits.device), self.vocab)
-        return choose(logits, self.cfg, self.generator, present)
+        return choose(logits, self.cfg, self.generator, present, confidence)
 
     def write(self, row: _Row, pos: list[int], tok: list[int], acc: list[bool], step: int) -> None:
         for p, t, a in zip(pos, tok, acc):
@@ -216,7 +216,7 @@ class Reference:
         ids = [t for t, _, _ in row.committed]
         mask = torch.ones(c, c, dtype=torch.bool).tril() & self.seen(row)
         logits = _forward(self.model, ids, [q for _, q, _ in row.committed], mask, 1)
-        tok, _ = self.choose(row, logits)
+        tok, _ = self.choose(row, logits, confidence=False)
         row.steps += 1
         tok = tok[0].tolist()
         self.write(row, [p], tok, [True], step)

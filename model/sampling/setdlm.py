@@ -101,8 +101,7 @@ class SetDLMDecoder(Decoder):
     def prefill(self, st, slots, reqs) -> None:
         ids, pos, valid = self.visible_batch(reqs, left_pad=True)
         self.prefill_cache(st, slots, ids, pos, self.prefill_mask(pos, valid), valid)
-        self.len_ub[slots] = [len(r.visible) for r in reqs]
-        self.cache.bound = int(self.len_ub.max())
+        self.set_cached(slots, [len(r.visible) for r in reqs])
 
     def device_step(self) -> None:
         p, w = self.p, self.w
@@ -112,7 +111,7 @@ class SetDLMDecoder(Decoder):
         ids = torch.cat((self.pend_ids, q_ids), 1)
         positions = torch.cat((self.pend_pos, q_pos), 1)
         keys = torch.cat((pv, q_keys), 1)
-        mask = ((self.template[None] & keys[:, None, :]) | self.eye[None])[:, None]
+        mask = ((self.template & keys[:, None, :]) | self.eye)[:, None]
         commit = torch.cat((pv, self.no_commit), 1)
         if self.head_on_active:
             tok, conf = self.choose_active(ids, positions, mask, commit, active)
@@ -128,6 +127,9 @@ class SetDLMDecoder(Decoder):
         """The step's forward with the output head on the active query slots only (packed left; the
         widest row sets the count), their choices scattered back to [B, w] (inactive: confidence -1)."""
         n = int(active.sum(1).max())  # a host read: free on a CPU, where the head is compute bound
+        if n == self.w:
+            return self.choose(self.logits(ids, positions, mask, cache=self.cache, commit=commit,
+                                           logits_slice=slice(self.p, self.p + n)))
         slots = torch.sort((~active).to(torch.int8), dim=1, stable=True).indices[:, :n]
         logits = self.logits(ids, positions, mask, cache=self.cache, commit=commit, logits_index=self.p + slots)
         tok, conf = self.choose(logits)
