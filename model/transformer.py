@@ -261,14 +261,14 @@ class Transformer(torch.nn.Module):
     # -- forward -----------------------------------------------------------------------------
     def forward(self, input_ids=None, position_ids=None, attn_mask=None, *, hidden_states=None,
                 cache: KVCache | None = None, commit: torch.Tensor | None = None, logits_slice: slice | None = None,
-                mask_spec: MaskSpec | None = None, logits_index: torch.Tensor | None = None):
+                mask_spec: MaskSpec | None = None, head: bool = True):
         """Run this stage.
 
         input_ids/position_ids [B, T]; attn_mask bool [T, T] or [B, 1, T, T] (True = attend) among the
         given tokens. With `cache`, tokens also attend to the valid cached entries, and those with
         `commit` [B, T] True are appended to the cache. Returns vocab-parallel logits for the tokens in
-        `logits_slice` (all by default; or the token slots `logits_index` [B, n] of each row) on the last
-        stage, hidden states otherwise. `mask_spec` names
+        `logits_slice` (all by default) on the last stage, hidden states otherwise (`head=False`: also on the
+        last stage, before the final norm; `output_logits` applies the head to any of them). `mask_spec` names
         the static mask `attn_mask` holds; with it the flex-attention backend (model.attention_backend)
         uses a cached block mask instead of the dense one.
         """
@@ -290,11 +290,9 @@ class Transformer(torch.nn.Module):
             cache.end()
         if self.sp:
             x = self._from_sequence_parallel(x)
-        if not self.post_process:
+        if not self.post_process or not head:
             return x
-        if logits_index is not None:
-            x = x.gather(1, logits_index[..., None].expand(-1, -1, x.shape[-1]))
-        elif logits_slice is not None:
+        if logits_slice is not None:
             x = x[:, logits_slice]
         return self.output_logits(x)
 

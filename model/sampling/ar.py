@@ -42,10 +42,14 @@ class ARDecoder(Decoder):
     def device_step(self) -> None:
         pv = self.pend_valid & (self.pend_pos < self.span_end[:, None])
         self.fit_context(pv.sum(1))
-        logits = self.logits(self.pend_ids, self.pend_pos, None, cache=self.cache, commit=pv)
+        if self.cpu_head:
+            hidden = self.model(self.pend_ids, self.pend_pos, None, cache=self.cache, commit=pv, head=False)
+            tok, _ = self.head_choose(hidden, confidence=False)
+        else:
+            tok, _ = self.choose(self.logits(self.pend_ids, self.pend_pos, None, cache=self.cache, commit=pv),
+                                 confidence=False)
         pos = self.todo.int().argmax(1, keepdim=True)
         active = self.todo.gather(1, pos)
-        tok, _ = self.choose(logits, confidence=False)
         self.steps += active[:, 0]
         self.write(pos, tok, active)
         self.pend_ids.copy_(tok)

@@ -102,6 +102,8 @@ class Decoder:
             ids.append(int(eos_id))
         self.stop_ids = torch.tensor(sorted(set(ids)), dtype=torch.long, device=self.device) if ids else None
         self.static = bool(cfg.compile) and self.compilable  # fixed shapes: attend to the whole cache
+        # on a CPU the output head and the token choice run eagerly on the active slots only (head_choose)
+        self.cpu_head = self.device.type == "cpu"
         n = len(requests)
         self.S = max(1, min(n, cfg.max_batch or n))
         L = max((r.length for r in requests), default=0)
@@ -219,6 +221,26 @@ class Decoder:
     # -- shared step pieces ----------------------------------------------------------------------
     def logits(self, *args, **kw) -> torch.Tensor:
         return full_logits(self.model, self.model(*args, **kw))
+
+    @torch.compiler.disable  # a compiled step is two graphs around this (inductor's head and choice are slower on a CPU)
+    def head_choose(self, hidden: torch.Tensor, active: torch.Tensor | None = None, confidence: bool = True):
+        """CPU path: the output head and token choice on the final hidden states [B, N, H] of the slots
+        to decide, with `active` [B, N] on the active ones only (packed left; the widest row sets the
+        count, read back: free on a CPU, where the head is compute bound). Returns tokens and
+        confidence [B, N] (inactive slots: confidence -1). A GPU keeps the head in the step (fixed
+        shapes, no host read; there the few extra rows of a memory-bound head cost little)."""
+        n = hidden.shape[1] if active is None else int(active.sum(1).max())
+        slots = None
+        if n < hidden.shape[1]:
+            slots = torch.sort((~active).to(torch.int8), dim=1, stable=True).indices[:, :n]
+            hidden = hidden.gather(1, slots[..., None].expand(-1, -1, hidden.shape[-1]))
+        tok, conf = self.choose(full_logits(self.model, self.model.output_logits(hidden)), confidence)
+        if slots is None:
+            return tok, conf
+        tok = torch.zeros_like(active, dtype=tok.dtype).scatter_(1, slots, tok)
+        if conf is not None:
+            conf = torch.full(active.shape, -1.0, dtype=conf.dtype, device=conf.device).scatter_(1, slots, conf)
+        return tok, conf
 
     def choose(self, logits: torch.Tensor, confidence: bool = True):
         present = presence(self.canvas[:, : self.L], self.vocab) if self.cfg.repetition_penalty != 1.0 else None

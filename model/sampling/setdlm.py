@@ -38,9 +38,6 @@ class SetDLMDecoder(Decoder):
         self.query_mask_ids = torch.full((S, w), self.mask_id, dtype=torch.long, device=dev)
         self.no_commit = torch.zeros(S, w, dtype=torch.bool, device=dev)
         self.cache = self.new_slot_cache(p + w)
-        # eager on a CPU the head runs on the active query slots only (choose_active); a compiled step
-        # or a GPU keeps fixed shapes and no host read (there the few extra head rows cost little)
-        self.head_on_active = dev.type == "cpu" and not self.static
 
     # -- policy hooks (BD3-LM overrides them) ----------------------------------------------------
     def slot_count(self) -> int:
@@ -113,8 +110,9 @@ class SetDLMDecoder(Decoder):
         keys = torch.cat((pv, q_keys), 1)
         mask = ((self.template & keys[:, None, :]) | self.eye)[:, None]
         commit = torch.cat((pv, self.no_commit), 1)
-        if self.head_on_active:
-            tok, conf = self.choose_active(ids, positions, mask, commit, active)
+        if self.cpu_head:
+            hidden = self.model(ids, positions, mask, cache=self.cache, commit=commit, head=False)
+            tok, conf = self.head_choose(hidden[:, p:], active)
         else:
             tok, conf = self.choose(self.logits(ids, positions, mask, cache=self.cache, commit=commit,
                                                 logits_slice=slice(p, p + w)))
@@ -122,19 +120,6 @@ class SetDLMDecoder(Decoder):
         self.steps += active.any(1)
         self.write(pos, tok, accept)
         self.after_write(tok, pos, accept, active)
-
-    def choose_active(self, ids, positions, mask, commit, active):
-        """The step's forward with the output head on the active query slots only (packed left; the
-        widest row sets the count), their choices scattered back to [B, w] (inactive: confidence -1)."""
-        n = int(active.sum(1).max())  # a host read: free on a CPU, where the head is compute bound
-        if n == self.w:
-            return self.choose(self.logits(ids, positions, mask, cache=self.cache, commit=commit,
-                                           logits_slice=slice(self.p, self.p + n)))
-        slots = torch.sort((~active).to(torch.int8), dim=1, stable=True).indices[:, :n]
-        logits = self.logits(ids, positions, mask, cache=self.cache, commit=commit, logits_index=self.p + slots)
-        tok, conf = self.choose(logits)
-        return (torch.zeros_like(active, dtype=tok.dtype).scatter_(1, slots, tok),
-                torch.full(active.shape, -1.0, dtype=conf.dtype, device=conf.device).scatter_(1, slots, conf))
 
     def after_step(self) -> None:
         self.grow_bound(self.p)  # at most p entries were appended per row
