@@ -165,8 +165,11 @@ class Block(torch.nn.Module):
 
     def forward(self, x, rope, mask, cache=None):
         with self._dropout_rng():
-            x = x + self.drop(self.attn(_apply_norm(self.norm1, x, self.tp), rope, mask, cache))
-            return x + self.drop(self.mlp(_apply_norm(self.norm2, x, self.tp)))
+            x = x + self._drop(self.attn(_apply_norm(self.norm1, x, self.tp), rope, mask, cache))
+            return x + self._drop(self.mlp(_apply_norm(self.norm2, x, self.tp)))
+
+    def _drop(self, h: torch.Tensor) -> torch.Tensor:
+        return self.drop(h) if self.training and self.drop.p > 0 else h  # (an eval-mode dropout is the identity)
 
     def _dropout_rng(self):
         """Under sequence parallelism each TP rank drops on its own slice of the sequence: draw from
