@@ -237,12 +237,10 @@ def median_of(rounds):
 
 
 def table(head, rows):
-    print("| " + " | ".join(head) + " |")
-    print("|" + "|".join("---" for _ in head) + "|")
-    for r in rows:
-        print("| " + " | ".join(str(c) for c in r) + " |")
-    print()
-    sys.stdout.flush()
+    sys.path.insert(0, str(HERE.parent))
+    from bench_sampling import table as markdown
+
+    markdown(head, rows)
 
 
 def report(item, before, after):
@@ -259,8 +257,9 @@ def report(item, before, after):
                 rows.append([n, tag, f"{r['step']:.2f}", f"{r['head']:.2f}", f"{r['body']:.2f}",
                              f"{r['step'] - r['head'] - r['body']:.2f}", f"{r['step'] / (r['head'] + r['body']):.2f}x",
                              f"{r['ops_other']:.0f}", f"{r['ops_body']:.0f}"])
-        print("### batch-1 step vs head matmul + body (ms per step; ops: top-level aten calls per step)")
-        table(["sampler", "code", "step", "head matmul", "body", "rest", "step / (head + body)", "ops outside body",
+        print("### batch-1 step vs head + body (ms per step; head: output_logits in place, all but a few percent the "
+              "vocabulary matmul; ops: top-level aten calls per step)")
+        table(["sampler", "code", "step", "head", "body", "rest", "step / (head + body)", "ops outside body",
                "ops in body"], rows)
     elif item == "adaptive":
         rows = [[k, f"{before[k]['tokens_per_step']:.2f}", f"{after[k]['tokens_per_step']:.2f}", f"{before[k]['ms_per_step']:.2f}",
