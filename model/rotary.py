@@ -25,7 +25,6 @@ class Rotary(torch.nn.Module):
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [B, H, T, D] rotated pairwise (first half, second half) by the given phases."""
     dtype = x.dtype
-    x = x.float()
-    x1, x2 = x.chunk(2, dim=-1)
+    x1, x2 = (x if dtype == torch.float32 else x.float()).chunk(2, dim=-1)
     out = torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
-    return out.to(dtype)
+    return out if dtype == torch.float32 else out.to(dtype)

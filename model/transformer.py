@@ -165,8 +165,11 @@ class Block(torch.nn.Module):
 
     def forward(self, x, rope, mask, cache=None):
         with self._dropout_rng():
-            x = x + self.drop(self.attn(_apply_norm(self.norm1, x, self.tp), rope, mask, cache))
-            return x + self.drop(self.mlp(_apply_norm(self.norm2, x, self.tp)))
+            x = x + self._drop(self.attn(_apply_norm(self.norm1, x, self.tp), rope, mask, cache))
+            return x + self._drop(self.mlp(_apply_norm(self.norm2, x, self.tp)))
+
+    def _drop(self, h: torch.Tensor) -> torch.Tensor:
+        return self.drop(h) if self.training and self.drop.p > 0 else h  # (an eval-mode dropout is the identity)
 
     def _dropout_rng(self):
         """Under sequence parallelism each TP rank drops on its own slice of the sequence: draw from
@@ -222,25 +225,33 @@ class Transformer(torch.nn.Module):
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel logits (this rank's slice of the padded vocabulary) with MASK/padding at -inf."""
         hidden = self.final_norm(hidden)
-        fast = (not torch.compiler.is_compiling() and hidden.device.type == "cpu" and torch.is_inference_mode_enabled()
-                and not self.sp)
+        weight_t = self.transposed_head() if (hidden.device.type == "cpu" and torch.is_inference_mode_enabled()
+                                              and not self.sp) else None
         if self.cfg.tie_embeddings:
             weight = self.shared_embedding_weight()
             hidden = self.tp.all_reduce_grad(hidden)  # each rank computes its slice of the vocabulary
-            logits = hidden @ self._transposed(weight) if fast else F.linear(hidden, weight)
-        elif fast:  # the head's forward is a plain matmul in inference (its TP input copy is the identity)
-            logits = hidden @ self._transposed(self.head.weight)
+            logits = hidden @ weight_t if weight_t is not None else F.linear(hidden, weight)
+        elif weight_t is not None:  # the head's forward is a plain matmul in inference (its TP input copy is the identity)
+            logits = hidden @ weight_t
             logits = logits + self.head.bias if self.head.bias is not None else logits
         else:
             logits, _ = self.head(hidden)
+        if weight_t is not None and logits.dtype == torch.float32:
+            return logits.add_(self.logit_bias)  # a fresh product: no second [rows, vocab] tensor
         return logits.float() + self.logit_bias
 
-    def _transposed(self, weight: torch.Tensor) -> torch.Tensor:
+    def transposed_head(self) -> torch.Tensor | None:
         """Inference fast path on CPU: a contiguous [hidden, vocab] copy of the output weight (the decode
         matmul with few rows runs 1.3-3x faster on it than on the [vocab, hidden] layout). Rebuilt when
-        the weight changes (new storage or an in-place update); not part of the state dict."""
-        key = (weight.data_ptr(), 0 if weight.is_inference() else weight._version, weight.dtype, weight.shape)
+        the weight changes (new storage or an in-place update); not part of the state dict. Inside a
+        compiled region (a compiled decode step) the copy is read as it is: the storage checks are not
+        traceable, so an eager call must have built it first (the sampler's StepRunner does); None if
+        none was built (the plain layout is used)."""
         cached = self.__dict__.get("_head_t")
+        if torch.compiler.is_compiling():
+            return None if cached is None else cached[1]
+        weight = self.shared_embedding_weight() if self.cfg.tie_embeddings else self.head.weight
+        key = (weight.data_ptr(), 0 if weight.is_inference() else weight._version, weight.dtype, weight.shape)
         if cached is None or cached[0] != key:
             cached = (key, weight.detach().t().contiguous())
             self.__dict__["_head_t"] = cached
@@ -253,13 +264,14 @@ class Transformer(torch.nn.Module):
     # -- forward -----------------------------------------------------------------------------
     def forward(self, input_ids=None, position_ids=None, attn_mask=None, *, hidden_states=None,
                 cache: KVCache | None = None, commit: torch.Tensor | None = None, logits_slice: slice | None = None,
-                mask_spec: MaskSpec | None = None):
+                mask_spec: MaskSpec | None = None, head: bool = True):
         """Run this stage.
 
         input_ids/position_ids [B, T]; attn_mask bool [T, T] or [B, 1, T, T] (True = attend) among the
         given tokens. With `cache`, tokens also attend to the valid cached entries, and those with
         `commit` [B, T] True are appended to the cache. Returns vocab-parallel logits for the tokens in
-        `logits_slice` (all by default) on the last stage, hidden states otherwise. `mask_spec` names
+        `logits_slice` (all by default) on the last stage, hidden states otherwise (`head=False`: also on the
+        last stage, before the final norm; `output_logits` applies the head to any of them). `mask_spec` names
         the static mask `attn_mask` holds; with it the flex-attention backend (model.attention_backend)
         uses a cached block mask instead of the dense one.
         """
@@ -273,7 +285,7 @@ class Transformer(torch.nn.Module):
         if cache is not None:
             B, T = position_ids.shape
             mask = cache.begin(commit if commit is not None else torch.zeros(B, T, dtype=torch.bool, device=x.device),
-                               attn_mask)
+                               attn_mask, position_ids)
         with self.block_context():
             for block in self.layers.values():
                 x = block(x, rope, mask, cache)
@@ -281,7 +293,7 @@ class Transformer(torch.nn.Module):
             cache.end()
         if self.sp:
             x = self._from_sequence_parallel(x)
-        if not self.post_process:
+        if not self.post_process or not head:
             return x
         if logits_slice is not None:
             x = x[:, logits_slice]
@@ -310,13 +322,15 @@ class Transformer(torch.nn.Module):
             return device.type == "cuda" and flex.available() and self.cfg.attention_dropout == 0
         return backend == "flex"
 
-    def new_cache(self, batch: int, capacity: int, dtype=None, device=None, extra: int = 0) -> KVCache:
+    def new_cache(self, batch: int, capacity: int, dtype=None, device=None, extra: int = 0,
+                  positions: bool = False) -> KVCache:
         """KV cache of `batch` slots holding `capacity` committed tokens each (+ `extra` scratch entries
-        for the uncommitted tokens of the widest decoding forward)."""
+        for the uncommitted tokens of the widest decoding forward); `positions`: entries record their
+        positions, so the oldest can be dropped when decoding outgrows max_seq_len."""
         cfg, tp = self.cfg, self.tp.size
         p = next(self.parameters())
         return KVCache(self.layer_range, batch, cfg.kv_heads // tp, cfg.dim_head, capacity,
-                       dtype=dtype or p.dtype, device=device or p.device, extra=extra)
+                       dtype=dtype or p.dtype, device=device or p.device, extra=extra, positions=positions)
 
 
 def full_logits(model: Transformer, logits: torch.Tensor) -> torch.Tensor:

@@ -129,9 +129,13 @@ def test_generate_refuses_to_decode_past_max_seq_len():
     from model.sampling.testing import tiny_model
 
     model = tiny_model(max_seq_len=16)
+    # MDLM re-reads the whole sequence; the cached families decode past it by dropping the oldest cache
+    # entries, as the reference does (tests/test_sampling_overflow.py), but their prompt must fit
     with pytest.raises(ValueError, match="exceed the model's max_seq_len 16"):
-        generate(model, [[1, 2, 3, 4]], SamplingConfig(family="setdlm", max_new_tokens=13))
-    assert len(generate(model, [[1, 2, 3, 4]], SamplingConfig(family="setdlm", max_new_tokens=12))[0].tokens) <= 12
+        generate(model, [[1, 2, 3, 4]], SamplingConfig(family="mdlm", max_new_tokens=13))
+    assert len(generate(model, [[1, 2, 3, 4]], SamplingConfig(family="mdlm", max_new_tokens=12))[0].tokens) <= 12
+    with pytest.raises(ValueError, match="17 prompt tokens exceed the model's max_seq_len 16"):
+        generate(model, [list(range(1, 18))], SamplingConfig(family="setdlm", max_new_tokens=1))
 
 
 # ------------------------------------------------------------------------------------------ what is reported

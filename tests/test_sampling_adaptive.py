@@ -58,3 +58,23 @@ def test_equal_bounds_is_the_fixed_window(model, threshold):
 def test_bad_bounds():
     with pytest.raises(ValueError, match="sampling.window_max"):
         SamplingConfig(adaptive_window=True, window_min=5, window_max=4).validate()
+
+
+def test_adaptive_window_is_capped_at_s_max(model):
+    """window = S_max (the infill default) used to let window_max = 2 x window open the window to 4D: a
+    D = 4 model committed 16 tokens in one step. With the model's S_max known (from_objective sets it)
+    the default bound is S_max, and a larger window or window_max is refused."""
+    from model.config import ObjectiveConfig
+
+    cfg = SamplingConfig.from_objective(ObjectiveConfig(name="setdlm", set_size=4), window=8, adaptive_window=True,
+                                        threshold=0.0, max_new_tokens=40)
+    assert cfg.s_max == 8 and cfg.max_window == 8
+    per_step = torch.bincount(torch.tensor(generate(model, [[1, 2, 3]], cfg)[0].commit_step))[1:]
+    assert int(per_step.max()) == 8
+    uncapped = SamplingConfig(window=8, adaptive_window=True, threshold=0.0, max_new_tokens=40)  # S_max unknown
+    assert int(torch.bincount(torch.tensor(generate(model, [[1, 2, 3]], uncapped)[0].commit_step)).max()) == 16
+    with pytest.raises(ValueError, match="sampling.window_max: at most the model's S_max = 8"):
+        SamplingConfig.from_objective(ObjectiveConfig(name="setdlm", set_size=4), adaptive_window=True, window_max=16)
+    with pytest.raises(ValueError, match="sampling.window: at most the model's S_max = 8"):
+        SamplingConfig.from_objective(ObjectiveConfig(name="setdlm", set_size=4), window=9)
+    assert SamplingConfig.from_objective(ObjectiveConfig(name="setdlm", set_size=4, s_max=6)).s_max == 6

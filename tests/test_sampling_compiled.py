@@ -34,6 +34,15 @@ def test_compiled_equals_eager(model, family, kw):
     assert _key(compiled) == _key(eager)
 
 
+@pytest.mark.slow
+def test_compiled_overflow_equals_eager():
+    """Past max_seq_len the compiled step drops the oldest cache entries as the eager one does."""
+    m = tiny_model(seed=0, max_seq_len=16)
+    prompts = [list(range(1, 15)), [4, 5, 6], Infill([1, 2, 3], 14, [7, 8])]
+    cfg = SamplingConfig(family="setdlm", window=4, threshold=0.6, max_new_tokens=20, max_batch=2, compact=False)
+    assert _key(generate(m, prompts, cfg, compile=True)) == _key(generate(m, prompts, cfg))
+
+
 def test_compile_refused_for_mdlm():
     with pytest.raises(ValueError, match="sampling.compile"):
         SamplingConfig(family="mdlm", compile=True).validate()

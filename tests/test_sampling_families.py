@@ -97,3 +97,23 @@ def test_infill_sees_the_suffix(model, family):
     a = generate(model, [Infill([1, 2], 8, [3, 4, 5, 6])], cfg)[0].tokens
     b = generate(model, [Infill([1, 2], 8, [40, 41, 42, 43])], cfg)[0].tokens
     assert a != b
+
+
+@pytest.mark.parametrize("family,kw", [("setdlm", dict(window=4)), ("setdlm", dict(window=4, threshold=0.6)),
+                                       ("setdlm", dict(window=2, adaptive_window=True, window_max=8, threshold=0.3)),
+                                       ("bd3lm", dict(block_size=4, threshold=0.5)), ("mdlm", dict(threshold=0.5)), ("ar", {})])
+def test_fixed_shape_head_equals_the_active_slot_head(model, family, kw):
+    """A GPU runs the head on every query slot in the step (fixed shapes, no host read); a CPU on the
+    active slots only, packed (Decoder.head_choose). Both decide alike."""
+    from model.sampling.api import decoder_class
+    from model.sampling.engine import to_requests
+
+    cfg = SamplingConfig(family=family, max_new_tokens=10, **kw)
+    outs = []
+    for cpu_head in (True, False):
+        reqs = to_requests(PROMPTS + INFILL, cfg, model.cfg.mask_id, model.cfg.vocab_size)
+        dec = decoder_class(family)(model, reqs, cfg, mask_id=model.cfg.mask_id, eos_id=None)
+        dec.cpu_head = cpu_head
+        with torch.inference_mode():
+            outs.append(_key(dec.run()))
+    assert outs[0] == outs[1]

@@ -22,6 +22,24 @@ def decoder_class(family: str):
     return cls
 
 
+def check_context(reqs, family: str, limit: int | None) -> None:
+    """What must fit in the model's context `limit` (max_seq_len). The cached families decode past it as
+    the reference implementation does (each step drops the oldest cache entries, by position, so that
+    cache + step fit), but the prompt is prefilled in one forward and must fit; MDLM re-runs the whole
+    sequence every step, so prompt and span must fit."""
+    if not limit:
+        return
+    for i, r in enumerate(reqs):
+        if family == "mdlm" and r.length > limit:
+            raise SamplingError(f"generate: prompts[{i}]: {len(r.visible)} prompt tokens + {r.span} new tokens exceed the "
+                                f"model's max_seq_len {limit} (MDLM re-reads the whole sequence every step); shorten the "
+                                f"prompt or lower max_new_tokens")
+        if len(r.visible) > limit:
+            raise SamplingError(f"generate: prompts[{i}]: {len(r.visible)} prompt tokens exceed the model's max_seq_len "
+                                f"{limit} (decoding past it drops the oldest cached tokens, but the prompt must fit); "
+                                f"shorten the prompt")
+
+
 def generate(model, prompts, config: SamplingConfig | None = None, *, max_batch: int | None = None,
              mask_id: int | None = None,
              eos_id: int | None = None, tokenizer=None, generator: torch.Generator | None = None,
@@ -58,11 +76,7 @@ def generate(model, prompts, config: SamplingConfig | None = None, *, max_batch:
     if generator is None and cfg.seed is not None:
         generator = torch.Generator(device=device).manual_seed(int(cfg.seed))
     reqs = to_requests(prompts, cfg, mask_id, model.cfg.vocab_size, eos_id)
-    limit = getattr(model.cfg, "max_seq_len", None)
-    for i, r in enumerate(reqs):  # positions past max_seq_len were never trained: refuse, do not extrapolate
-        if limit and len(r.prefix) + r.span + len(r.suffix) > limit:
-            raise SamplingError(f"generate: prompts[{i}]: {len(r.prefix) + len(r.suffix)} prompt tokens + {r.span} new tokens "
-                             f"exceed the model's max_seq_len {limit}; shorten the prompt or lower max_new_tokens")
+    check_context(reqs, cfg.family, getattr(model.cfg, "max_seq_len", None))
     cls = decoder_class(cfg.family)
     was_training = model.training
     model.eval()

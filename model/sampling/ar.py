@@ -19,8 +19,7 @@ class ARDecoder(Decoder):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         S, dev = self.S, self.device
-        self.cache = self.model.new_cache(S, self.capacity, extra=1)
-        self.cache.static = self.static
+        self.cache = self.new_slot_cache(1)
         self.pend_ids = torch.zeros(S, 1, dtype=torch.long, device=dev)
         self.pend_pos = torch.zeros(S, 1, dtype=torch.long, device=dev)
         self.pend_valid = torch.zeros(S, 1, dtype=torch.bool, device=dev)
@@ -38,15 +37,19 @@ class ARDecoder(Decoder):
         ids, pos, valid = self.visible_batch(reqs, left_pad=True, drop_last=True)
         mask = with_key_padding(build_mask("causal", ids.shape[1], device=self.device), valid)
         self.prefill_cache(st, slots, ids, pos, mask, valid)
-        self.len_ub[slots] = [len(r.prefix) - 1 for r in reqs]
-        self.cache.bound = int(self.len_ub.max())
+        self.set_cached(slots, [len(r.prefix) - 1 for r in reqs])
 
     def device_step(self) -> None:
         pv = self.pend_valid & (self.pend_pos < self.span_end[:, None])
-        logits = self.logits(self.pend_ids, self.pend_pos, None, cache=self.cache, commit=pv)
+        self.fit_context(pv.sum(1))
+        if self.cpu_head:
+            hidden = self.model(self.pend_ids, self.pend_pos, None, cache=self.cache, commit=pv, head=False)
+            tok, _ = self.head_choose(hidden, confidence=False)
+        else:
+            tok, _ = self.choose(self.logits(self.pend_ids, self.pend_pos, None, cache=self.cache, commit=pv),
+                                 confidence=False)
         pos = self.todo.int().argmax(1, keepdim=True)
         active = self.todo.gather(1, pos)
-        tok, _ = self.choose(logits)
         self.steps += active[:, 0]
         self.write(pos, tok, active)
         self.pend_ids.copy_(tok)

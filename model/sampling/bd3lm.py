@@ -60,6 +60,9 @@ class BD3LMDecoder(SetDLMDecoder):
         blk = self.todo.int().argmax(1) // Bs
         return torch.maximum(blk * Bs, self.span_start), torch.minimum(blk * Bs + Bs, self.span_end)
 
+    def context_tokens(self, active: torch.Tensor, q_keys: torch.Tensor) -> torch.Tensor:
+        return q_keys  # the block's span slots, decoded or masked
+
     def accept(self, conf: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         left = (self.steps_per_block - self.block_steps).clamp(min=1)
         n = active.sum(1)

@@ -40,6 +40,8 @@ class StepRunner:
         self.compiled = bool(cfg.compile) and dec.compilable
         self.graphs = (self.compiled and cfg.cuda_graphs and cfg.greedy and dec.device.type == "cuda")
         self.fn = _compile(dec.device_step) if self.compiled else dec.device_step
+        if self.compiled and dec.device.type == "cpu":  # the compiled step reads the head's CPU layout as built here
+            dec.model.transposed_head()
         self.reset()
 
     @property

@@ -67,7 +67,11 @@ class SamplingConfig:
     adaptive_window: bool = Field(False, description=(
         "SW-SetDLM: each row's window becomes clamp(2 * accepted, window_min, window_max) after each step"))
     window_min: int = Field(1, ge=1, description="adaptive window: lower bound")
-    window_max: int | None = Field(None, ge=1, description="adaptive window: upper bound (null: 2 * window)")
+    window_max: int | None = Field(None, ge=1, description=(
+        "adaptive window: upper bound (null: 2 * window, capped at s_max)"))
+    s_max: int | None = Field(None, ge=1, description=(
+        "SW-SetDLM: the model's S_max (2D, the most positions one step was trained on; from_objective sets it): "
+        "window and window_max may not exceed it, and the default window_max is capped at it (null: no cap)"))
     compile: bool = Field(False, description=(
         "compiled decode step (SetDLM, BD3-LM, AR): fixed shapes per batch bucket and window, torch.compile; "
         "same greedy tokens as eager"))
@@ -81,8 +85,10 @@ class SamplingConfig:
         """Defaults matching a trained objective (ObjectiveConfig or its dict): family, w = D, block size."""
         get = (lambda k, d=None: objective.get(k, d)) if isinstance(objective, dict) else (
             lambda k, d=None: getattr(objective, k, d))
-        kw = dict(family=get("name", "setdlm"), window=int(get("set_size", 4) or 4),
-                  block_size=int(get("block_size", 4) or 4))
+        D = int(get("set_size", 4) or 4)
+        kw = dict(family=get("name", "setdlm"), window=D, block_size=int(get("block_size", 4) or 4))
+        if kw["family"] == "setdlm":
+            kw["s_max"] = int(get("s_max", None) or 2 * D)
         kw.update(overrides)
         return cls(**kw)
 
@@ -99,7 +105,9 @@ class SamplingConfig:
         """Query slots of a SetDLM step: the window, or the adaptive window's upper bound."""
         if not self.adaptive_window:
             return self.window_size
-        return int(self.window_max) if self.window_max is not None else 2 * self.window_size
+        if self.window_max is not None:
+            return int(self.window_max)
+        return min(2 * self.window_size, self.s_max or 2 * self.window_size)
 
     @property
     def initial_window(self) -> int:
@@ -112,6 +120,11 @@ class SamplingConfig:
         assignment); runs on construction, and again in `generate` after assignments."""
         if self.adaptive_window and self.max_window < self.window_min:
             raise ConfigError(f"sampling.window_max: must be >= window_min={self.window_min}, got {self.max_window}")
+        if self.s_max is not None and self.family == "setdlm":
+            for name, value in (("window", self.window_size), ("window_max", self.max_window if self.adaptive_window else 0)):
+                if value > self.s_max:
+                    raise ConfigError(f"sampling.{name}: at most the model's S_max = {self.s_max} (the most positions one "
+                                      f"step was trained on), got {value}")
         if self.compile and self.family == "mdlm":
             raise ConfigError("sampling.compile: the compiled step exists for setdlm, bd3lm and ar (MDLM decodes "
                               "eagerly); set compile: false")

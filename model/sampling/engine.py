@@ -104,10 +104,15 @@ class Decoder:
             ids.append(int(eos_id))
         self.stop_ids = torch.tensor(sorted(set(ids)), dtype=torch.long, device=self.device) if ids else None
         self.static = bool(cfg.compile) and self.compilable  # fixed shapes: attend to the whole cache
+        # on a CPU the output head and the token choice run eagerly on the active slots only (head_choose)
+        self.cpu_head = self.device.type == "cpu"
         n = len(requests)
         self.S = max(1, min(n, cfg.max_batch or n))
         L = max((r.length for r in requests), default=0)
         cap = max((self.cache_need(r) for r in requests), default=0)
+        self.need = cap  # most entries one request commits (before rounding)
+        self.limit = int(getattr(model.cfg, "max_seq_len", 0) or 0)  # the model's context (0: none)
+        self.drops = False  # set by new_slot_cache: requests can outgrow the context
         if self.static:  # fewer distinct shapes (each is a compile / a graph)
             L, cap = _round_up(max(L, 1), 64), _round_up(max(cap, 1), 64)
         self.L, self.capacity = L, max(cap, 1)
@@ -116,6 +121,25 @@ class Decoder:
     def cache_need(self, r: Request) -> int:
         """KV entries one request can commit (visible context + span)."""
         return len(r.visible) + r.span
+
+    def new_slot_cache(self, extra: int):
+        """The slot-indexed KV cache, for forwards of up to `extra` uncommitted tokens. When a request
+        can outgrow the model's context (committed entries + one forward > max_seq_len), its entries
+        carry positions and each step drops the oldest (`fit_context`)."""
+        self.drops = bool(self.limit) and self.need + extra > self.limit
+        if self.drops and extra >= self.limit:
+            raise SamplingError(f"generate: a {self.cfg.family} step forwards up to {extra} tokens, which leaves no "
+                                f"room for context in the model's max_seq_len {self.limit}; lower the window or block size")
+        cache = self.model.new_cache(self.S, self.capacity, extra=extra, positions=self.drops)
+        cache.static = self.static
+        return cache
+
+    def fit_context(self, incoming: torch.Tensor) -> None:
+        """Context overflow (as the reference implementation decodes past its context): before a forward
+        of `incoming` [B] tokens per row, drop each row's lowest-position cache entries so that cache +
+        forward fit in max_seq_len. A no-op unless a request can outgrow it."""
+        if self.drops:
+            self.cache.drop_oldest(self.limit, incoming)
 
     # -- layout ----------------------------------------------------------------------------------
     def _alloc(self, S: int) -> None:
@@ -130,6 +154,8 @@ class Decoder:
         self.steps = torch.zeros(S, dtype=torch.long, device=dev)
         self.rows = [-1] * S  # request index held by each slot (-1: free)
         self.len_ub = np.zeros(S, dtype=np.int64)  # host upper bound on each slot's cached entries
+        self.grown = 0  # entries every slot may have gained since len_ub was last brought up to date
+        self.ub_max = 0  # max(len_ub) (kept by the host: the cache's own bound also counts uncommitted tokens)
         self.arange_L = torch.arange(L + 1, device=dev)
 
     def admit(self, slots: list[int], idx: list[int], now: float) -> None:
@@ -190,7 +216,7 @@ class Decoder:
             self.model(ids, pos, mask, cache=cache, commit=valid, logits_slice=slice(0, 0))
             cache.static = static
         else:
-            tmp = self.model.new_cache(len(slots), ids.shape[1])
+            tmp = self.model.new_cache(len(slots), ids.shape[1], positions=cache.pos is not None)
             self.model(ids, pos, mask, cache=tmp, commit=valid, logits_slice=slice(0, 0))
             cache.load_rows(st, tmp)
 
@@ -198,9 +224,29 @@ class Decoder:
     def logits(self, *args, **kw) -> torch.Tensor:
         return full_logits(self.model, self.model(*args, **kw))
 
-    def choose(self, logits: torch.Tensor):
+    @torch.compiler.disable  # a compiled step is two graphs around this (inductor's head and choice are slower on a CPU)
+    def head_choose(self, hidden: torch.Tensor, active: torch.Tensor | None = None, confidence: bool = True):
+        """CPU path: the output head and token choice on the final hidden states [B, N, H] of the slots
+        to decide, with `active` [B, N] on the active ones only (packed left; the widest row sets the
+        count, read back: free on a CPU, where the head is compute bound). Returns tokens and
+        confidence [B, N] (inactive slots: confidence -1). A GPU keeps the head in the step (fixed
+        shapes, no host read; there the few extra rows of a memory-bound head cost little)."""
+        n = hidden.shape[1] if active is None else int(active.sum(1).max())
+        slots = None
+        if n < hidden.shape[1]:
+            slots = torch.sort((~active).to(torch.int8), dim=1, stable=True).indices[:, :n]
+            hidden = hidden.gather(1, slots[..., None].expand(-1, -1, hidden.shape[-1]))
+        tok, conf = self.choose(full_logits(self.model, self.model.output_logits(hidden)), confidence)
+        if slots is None:
+            return tok, conf
+        tok = torch.zeros_like(active, dtype=tok.dtype).scatter_(1, slots, tok)
+        if conf is not None:
+            conf = torch.full(active.shape, -1.0, dtype=conf.dtype, device=conf.device).scatter_(1, slots, conf)
+        return tok, conf
+
+    def choose(self, logits: torch.Tensor, confidence: bool = True):
         present = presence(self.canvas[:, : self.L], self.vocab) if self.cfg.repetition_penalty != 1.0 else None
-        return choose(logits, self.cfg, self.generator, present)
+        return choose(logits, self.cfg, self.generator, present, confidence)
 
     def write(self, pos: torch.Tensor, tok: torch.Tensor, accept: torch.Tensor) -> None:
         """Write accepted tokens [B, N] at positions [B, N], stamped with each row's own step count;
@@ -219,10 +265,24 @@ class Decoder:
         self.todo &= self.arange_L[None, :] < self.span_end[:, None]
 
     def grow_bound(self, n: int) -> None:
-        """Host bookkeeping after a step: each slot's cache grew by at most n entries."""
+        """Host bookkeeping after a step: each slot's cache grew by at most n entries (one integer update;
+        len_ub catches up when it is next used)."""
         if self.uses_cache and not self.static:
-            self.len_ub = np.minimum(self.len_ub + n, self.capacity)
-            self.cache.bound = int(self.len_ub.max())
+            self.grown += n
+            self.ub_max = min(self.ub_max + n, self.capacity)
+            self.cache.bound = self.ub_max
+
+    def sync_len_ub(self) -> np.ndarray:
+        """The per-slot upper bounds, brought up to date."""
+        if self.grown:
+            self.len_ub = np.minimum(self.len_ub + self.grown, self.capacity)
+            self.grown = 0
+        return self.len_ub
+
+    def set_cached(self, slots: list[int], lengths: list[int]) -> None:
+        """After a prefill: `slots` hold `lengths` cached entries; the attended key range follows."""
+        self.sync_len_ub()[slots] = lengths
+        self.ub_max = self.cache.bound = int(self.len_ub.max())
 
     # -- family hooks ----------------------------------------------------------------------------
     def reset_slots(self, st: torch.Tensor, reqs: list[Request]) -> None:
@@ -251,7 +311,8 @@ class Decoder:
         """Keep only the given slots (device index tensor). Subclasses extend for their state."""
         for name in ("canvas", "todo", "span_start", "span_end", "row_len", "can_stop", "commit_step", "steps"):
             setattr(self, name, getattr(self, name)[keep])
-        self.len_ub = self.len_ub[keep.cpu().numpy()]
+        self.len_ub = self.sync_len_ub()[keep.cpu().numpy()]
+        self.ub_max = int(self.len_ub.max()) if len(self.len_ub) else 0
 
     # -- loop ------------------------------------------------------------------------------------
     def run(self) -> list[SampleOutput]:

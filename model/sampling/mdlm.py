@@ -45,9 +45,12 @@ class MDLMDecoder(Decoder):
         if hi <= lo:
             return
         ids = self.canvas[:, : self.L]
-        logits = self.logits(ids, self.positions.expand_as(ids), self.mask, logits_slice=slice(lo, hi))
         active = self.todo[:, lo:hi]
-        tok, conf = self.choose(logits)
+        if self.cpu_head:
+            hidden = self.model(ids, self.positions.expand_as(ids), self.mask, head=False)
+            tok, conf = self.head_choose(hidden[:, lo:hi], active)
+        else:
+            tok, conf = self.choose(self.logits(ids, self.positions.expand_as(ids), self.mask, logits_slice=slice(lo, hi)))
         left = (self.total_steps - self.steps).clamp(min=1)
         k = (active.sum(1) + left - 1) // left
         if self.cfg.remasking == "random":

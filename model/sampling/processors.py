@@ -50,14 +50,17 @@ def top_p_filter(logits: torch.Tensor, p: float) -> torch.Tensor:
 
 
 def choose(logits: torch.Tensor, cfg, generator: torch.Generator | None = None,
-           present: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """logits [B, N, V] (float) -> (tokens [B, N] long, confidence [B, N] float)."""
+           present: torch.Tensor | None = None, confidence: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """logits [B, N, V] (float) -> (tokens [B, N] long, confidence [B, N] float; None when greedy and
+    `confidence` is False: AR needs only the token)."""
     logits = logits.float()
     if present is not None and cfg.repetition_penalty != 1.0:
         logits = repetition_penalty(logits, present, cfg.repetition_penalty)
-    if cfg.greedy:  # probability of the argmax without materialising the softmax: exp(max - logsumexp)
+    if cfg.greedy:  # probability of the argmax without materialising the softmax: 1 / sum exp(logits - max)
         top, tok = logits.max(-1)
-        return tok, torch.exp(top - torch.logsumexp(logits, -1))
+        if not confidence:
+            return tok, None
+        return tok, (logits - top[..., None]).exp_().sum(-1).reciprocal_()
     logits = logits / cfg.temperature
     logits = top_k_filter(logits, cfg.top_k)
     logits = top_p_filter(logits, cfg.top_p)

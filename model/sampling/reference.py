@@ -4,6 +4,14 @@ Each step re-runs the model over every committed token (in commit order, with th
 cached decoder gives them) plus the step's queries. They define what the cached, batched decoders
 must produce (greedy: the same tokens) and serve as the "recompute" baseline of the benchmark. They
 share only the token choice and acceptance rules (processors.py) with the fast decoders.
+
+Context overflow, stated from the reference implementation's semantics (its `SetDLM.generate` crops
+the KV cache when cache + the step's tokens would exceed the model's length): before the forward of
+step s, if the live context (committed tokens forwarded before s and not dropped) plus the step's
+tokens (those committed by this forward plus its queries) exceed `max_seq_len`, the live tokens with
+the lowest positions are dropped until it fits. A dropped token is never attended again; every
+token keeps what it saw when it was forwarded, so the recomputation gives each committed token only
+the tokens that were live at its own forward.
 """
 
 from __future__ import annotations
@@ -28,6 +36,8 @@ class _Row:
         self.start, self.end, self.end0 = n, n + r.span, n + r.span
         self.commit_step = [0] * len(self.canvas)
         self.committed: list[tuple[int, int, int]] = []  # (token, position, group)
+        self.fwd: list[int] = []  # the step whose forward put each committed token in the context (0: prefill)
+        self.dropped: list[float] = []  # the step before whose forward it was dropped (inf: live)
         self.steps = 0
         self.reason = None
         self.text = None
@@ -52,12 +62,13 @@ class Reference:
         self.stop_ids = set(ids)
         self.stopper = StopChecker(tokenizer, cfg.stop, cfg.stop_regex)
         self.vocab = model.cfg.vocab_size
+        self.limit = int(getattr(model.cfg, "max_seq_len", 0) or 0)
 
-    def choose(self, row: _Row, logits):
+    def choose(self, row: _Row, logits, confidence: bool = True):
         present = None
         if self.cfg.repetition_penalty != 1.0:
             present = presence(torch.tensor([row.canvas], device=logits.device), self.vocab)
-        return choose(logits, self.cfg, self.generator, present)
+        return choose(logits, self.cfg, self.generator, present, confidence)
 
     def write(self, row: _Row, pos: list[int], tok: list[int], acc: list[bool], step: int) -> None:
         for p, t, a in zip(pos, tok, acc):
@@ -92,12 +103,41 @@ class Reference:
                             commit_step=row.commit_step[row.start:row.end], prompt_tokens=len(row.r.visible),
                             sequence=row.canvas[:row.end] + row.canvas[row.end0:])
 
+    # -- context ----------------------------------------------------------------------------------
+    def commit(self, row: _Row, entries, fwd: int) -> None:
+        """Append (token, position, group) entries that the forward of step `fwd` puts in the context."""
+        for e in entries:
+            row.committed.append(e)
+            row.fwd.append(fwd)
+            row.dropped.append(math.inf)
+
+    def fit(self, row: _Row, step: int, n_queries: int) -> None:
+        """Before the forward of `step`: drop the lowest-position live tokens while the live context plus
+        this forward's tokens (those it commits, plus `n_queries`) exceed max_seq_len."""
+        live = [i for i, f in enumerate(row.fwd) if f < step and row.dropped[i] == math.inf]
+        incoming = sum(1 for f in row.fwd if f == step) + n_queries
+        over = len(live) + incoming - self.limit if self.limit else 0
+        for i in sorted(live, key=lambda i: row.committed[i][1])[: max(over, 0)]:
+            row.dropped[i] = step
+
+    def seen(self, row: _Row) -> torch.Tensor:
+        """[c, c] bool: committed token j was live when token i was forwarded."""
+        fwd = torch.tensor(row.fwd, dtype=torch.float64)
+        dropped = torch.tensor(row.dropped, dtype=torch.float64)
+        return dropped[None, :] > fwd[:, None]
+
+    def live(self, row: _Row) -> torch.Tensor:
+        """[c] bool: committed tokens live now (what the step's queries see)."""
+        return torch.tensor([d == math.inf for d in row.dropped], dtype=torch.bool)
+
     # -- families ---------------------------------------------------------------------------------
     def run(self, r: Request) -> SampleOutput:
         t0 = time.perf_counter()
         row = _Row(r, self.mask_id)
         fam = self.cfg.family
-        row.committed = [(t, p, 0) for t, p in zip(r.visible, r.visible_positions)]
+        self.commit(row, [(t, p, 0) for t, p in zip(r.visible, r.visible_positions)], 0)
+        if fam == "ar":  # the engine forwards the prompt's last token at the first step
+            row.fwd[-1] = 1
         step = 0
         while not self.done(row):
             step += 1
@@ -116,11 +156,12 @@ class Reference:
         w = getattr(row, "win", cfg.initial_window)  # fixed window, or this row's adaptive window
         start = next(p for p in range(row.start, row.end) if row.todo(p))
         q = [p for p in range(start, min(start + w, row.end)) if row.todo(p)]
+        self.fit(row, step, len(q))
         c = len(row.committed)
         n = c + len(q)
         mask = torch.zeros(n, n, dtype=torch.bool)
-        mask[:c, :c] = torch.ones(c, c, dtype=torch.bool).tril()  # committed: causal in commit order
-        mask[c:, :c] = True
+        mask[:c, :c] = torch.ones(c, c, dtype=torch.bool).tril() & self.seen(row)  # committed: causal in commit order
+        mask[c:, :c] = self.live(row)
         mask[c:, c:] = torch.eye(len(q), dtype=torch.bool)
         ids = [t for t, _, _ in row.committed] + [self.mask_id] * len(q)
         pos = [p for _, p, _ in row.committed] + q
@@ -132,7 +173,7 @@ class Reference:
         if cfg.adaptive_window:  # the documented rule: twice the tokens accepted, within the bounds
             row.win = min(max(2 * sum(acc), cfg.window_min), cfg.max_window)
         self.write(row, q, tok, acc, step)
-        row.committed += [(t, p, step) for t, p, a in zip(tok, q, acc) if a and p < row.end]
+        self.commit(row, [(t, p, step) for t, p, a in zip(tok, q, acc) if a and p < row.end], step + 1)
 
     def bd3lm_step(self, row: _Row, step: int) -> None:
         B = self.cfg.block_size
@@ -143,6 +184,7 @@ class Reference:
             row.block, row.block_steps = blk, 0
         slots = [p for p in range(blk * B, (blk + 1) * B) if row.start <= p < row.end]
         active = [row.todo(p) for p in slots]
+        self.fit(row, step, len(slots))
         c = len(row.committed)
         n = c + len(slots)
         cpos = [p for _, p, _ in row.committed]
@@ -152,8 +194,9 @@ class Reference:
         mask = torch.zeros(n, n, dtype=torch.bool)
         # token i sees token j of an earlier group; within the prefill (group 0) block-causally, within a
         # completed block (later groups) bidirectionally
-        mask[:c, :c] = (gj < gi) | ((gj == gi) & ((gi > 0) | (blk[None, :] <= blk[:, None])))
-        mask[c:, :] = True
+        mask[:c, :c] = ((gj < gi) | ((gj == gi) & ((gi > 0) | (blk[None, :] <= blk[:, None])))) & self.seen(row)
+        mask[c:, :c] = self.live(row)
+        mask[c:, c:] = True
         ids = [t for t, _, _ in row.committed] + [row.canvas[p] for p in slots]
         logits = _forward(self.model, ids, cpos + slots, mask, len(slots))
         tok, conf = self.choose(row, logits)
@@ -164,16 +207,20 @@ class Reference:
         row.steps += 1
         self.write(row, slots, tok[0].tolist(), acc, step)
         if not any(row.todo(p) for p in slots):  # block complete: commit its span tokens
-            row.committed += [(row.canvas[p], p, step) for p in slots if p < row.end]
+            self.commit(row, [(row.canvas[p], p, step) for p in slots if p < row.end], step + 1)
 
     def ar_step(self, row: _Row, step: int) -> None:
         p = next(p for p in range(row.start, row.end) if row.todo(p))
-        ids = row.canvas[:p]
-        n = len(ids)
-        logits = _forward(self.model, ids, list(range(n)), torch.ones(n, n, dtype=torch.bool).tril(), 1)
-        tok, _ = self.choose(row, logits)
+        self.fit(row, step, 0)  # the step forwards the previous token (committed now), no query
+        c = len(row.committed)
+        ids = [t for t, _, _ in row.committed]
+        mask = torch.ones(c, c, dtype=torch.bool).tril() & self.seen(row)
+        logits = _forward(self.model, ids, [q for _, q, _ in row.committed], mask, 1)
+        tok, _ = self.choose(row, logits, confidence=False)
         row.steps += 1
-        self.write(row, [p], tok[0].tolist(), [True], step)
+        tok = tok[0].tolist()
+        self.write(row, [p], tok, [True], step)
+        self.commit(row, [(tok[0], p, step)], step + 1)
 
 
 def generate_reference(model, prompts, config: SamplingConfig | None = None, *, mask_id=None, eos_id=None,

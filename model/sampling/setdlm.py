@@ -37,8 +37,7 @@ class SetDLMDecoder(Decoder):
         self.eye = torch.eye(p + w, dtype=torch.bool, device=dev)
         self.query_mask_ids = torch.full((S, w), self.mask_id, dtype=torch.long, device=dev)
         self.no_commit = torch.zeros(S, w, dtype=torch.bool, device=dev)
-        self.cache = self.model.new_cache(S, self.capacity, extra=p + w)
-        self.cache.static = self.static
+        self.cache = self.new_slot_cache(p + w)
 
     # -- policy hooks (BD3-LM overrides them) ----------------------------------------------------
     def slot_count(self) -> int:
@@ -79,6 +78,10 @@ class SetDLMDecoder(Decoder):
             self.win.copy_(torch.where(active.any(1), new, self.win))
         return accept
 
+    def context_tokens(self, active: torch.Tensor, q_keys: torch.Tensor) -> torch.Tensor:
+        """[B, w] the query slots that count towards the context (the reference forwards only these)."""
+        return active
+
     def next_pending(self, tok, pos, accept):
         """Tokens to commit next step: the accepted ones, packed left in ascending position order."""
         if self.p == 1:  # at most one accepted: the first accepted slot (or an invalid one)
@@ -95,20 +98,24 @@ class SetDLMDecoder(Decoder):
     def prefill(self, st, slots, reqs) -> None:
         ids, pos, valid = self.visible_batch(reqs, left_pad=True)
         self.prefill_cache(st, slots, ids, pos, self.prefill_mask(pos, valid), valid)
-        self.len_ub[slots] = [len(r.visible) for r in reqs]
-        self.cache.bound = int(self.len_ub.max())
+        self.set_cached(slots, [len(r.visible) for r in reqs])
 
     def device_step(self) -> None:
         p, w = self.p, self.w
         q_ids, q_pos, pos, active, q_keys = self.queries()
         pv = self.pend_valid & (self.pend_pos < self.span_end[:, None])
+        self.fit_context(pv.sum(1) + self.context_tokens(active, q_keys).sum(1))
         ids = torch.cat((self.pend_ids, q_ids), 1)
         positions = torch.cat((self.pend_pos, q_pos), 1)
         keys = torch.cat((pv, q_keys), 1)
-        mask = ((self.template[None] & keys[:, None, :]) | self.eye[None])[:, None]
-        logits = self.logits(ids, positions, mask, cache=self.cache, commit=torch.cat((pv, self.no_commit), 1),
-                             logits_slice=slice(p, p + w))
-        tok, conf = self.choose(logits)
+        mask = ((self.template & keys[:, None, :]) | self.eye)[:, None]
+        commit = torch.cat((pv, self.no_commit), 1)
+        if self.cpu_head:
+            hidden = self.model(ids, positions, mask, cache=self.cache, commit=commit, head=False)
+            tok, conf = self.head_choose(hidden[:, p:], active)
+        else:
+            tok, conf = self.choose(self.logits(ids, positions, mask, cache=self.cache, commit=commit,
+                                                logits_slice=slice(p, p + w)))
         accept = self.accept(conf, active)
         self.steps += active.any(1)
         self.write(pos, tok, accept)
