@@ -81,10 +81,10 @@ def pretrain_main(argv: list[str]) -> int:
         from pretrain.plan import MAX_WORLD
 
         # --world-size, else the world the recipe is written for (parallel.world_size), else WORLD_SIZE or 1
-        world = args.world_size or cfg.parallel.world_size
+        world = args.world_size if args.world_size is not None else cfg.parallel.world_size
         if world is None:
             world = env_number("WORLD_SIZE", 1, ge=1, le=MAX_WORLD, what="the world size to plan for; or --world-size")
-        elif not args.world_size:
+        elif args.world_size is None:
             print(f"planned for parallel.world_size {world} (the recipe's; --world-size N plans another)", flush=True)
         print_plan(cfg, world_size=world)
         return 0

@@ -54,20 +54,15 @@ def sampling_config(req, recipe, s_max: int | None, *, infill: bool, stop_token_
                                            "top_k", "repetition_penalty")}
     fields.update(temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop_on_eos=not ext.ignore_eos,
                   stop_token_ids=sorted(set(stop_token_ids)))
-    cfg = dataclasses.replace(cfg, **{k: v for k, v in fields.items() if v is not None})
-    if cfg.greedy:  # greedy ignores these: requests differing only there share a batch
-        cfg = dataclasses.replace(cfg, top_p=1.0, top_k=0, seed=None)
-    try:
+    try:  # the section checks every value, S_max (SamplingConfig.s_max, from the objective) included
+        cfg = dataclasses.replace(cfg, **{k: v for k, v in fields.items() if v is not None})
+        if cfg.greedy:  # greedy ignores these: requests differing only there share a batch
+            cfg = dataclasses.replace(cfg, top_p=1.0, top_k=0, seed=None)
         cfg.validate()
     except ValueError as e:  # "sampling.window: ..." -> the request's name of that field
         name, _, msg = str(e).partition(": ")
         field = name.removeprefix("sampling.")
         raise RequestError(field if field in ("temperature", "top_p", "seed") else f"setdlm.{field}", msg) from None
-    if cfg.family == "setdlm" and s_max:
-        for name, w in (("window", cfg.window), ("window_max", cfg.window_max)):
-            if w is not None and w > s_max:
-                raise RequestError(f"setdlm.{name}", f"{w} is above the model's S_max={s_max} (it was never "
-                                                     f"trained on wider sets); use at most {s_max}")
     return cfg
 
 
