@@ -9,7 +9,9 @@ Starts N copies of a command on this machine with the torchrun-style environment
 small, dependency-free stand-in for ``torchrun --standalone`` used by tests and laptops:
 
 - ``CMD`` ending in ``.py`` runs under the current interpreter; ``-m module`` too;
-- the first process that fails stops the others (SIGTERM, then SIGKILL after ``--grace``);
+- the first process that fails stops the others, as torchrun's elastic agent does (one line naming
+  it, then SIGTERM, then SIGKILL after ``--grace``); the ranks themselves tell each other first
+  (common/rankguard.py), so each survivor says which rank failed and why;
 - SIGINT / SIGTERM / SIGUSR1 sent to the runner are forwarded to every process (preemption
   tests and Ctrl-C); processes die with the runner (``PR_SET_PDEATHSIG``);
 - ``--log-dir`` writes ``rank{r}.log`` per process instead of sharing the terminal;
@@ -25,8 +27,8 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Sequence
 
 from common.cli import ArgumentParser as CLIParser
 from common.cli import run_command
@@ -62,12 +64,23 @@ def rank_env(rank: int, nproc: int, master_addr: str, master_port: int,
     )
     if nproc > 1:
         env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N processes share the cores
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # as torchrun: NCCL aborts on a failed peer
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 
 def _exit_status(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
+
+
+def describe_status(status: int) -> str:
+    """`exited with status 2`, `was killed by SIGKILL`."""
+    if status > 128:
+        try:
+            return f"was killed by {signal.Signals(status - 128).name}"
+        except ValueError:
+            pass
+    return f"exited with status {status}"
 
 
 def run_local(
@@ -94,7 +107,7 @@ def run_local(
     procs: list[subprocess.Popen] = []
     previous = {}
 
-    def forward(signum, frame):  # noqa: ARG001
+    def forward(signum, frame):
         for p in procs:
             if p.poll() is None:
                 try:
@@ -141,6 +154,9 @@ def _wait(procs: list[subprocess.Popen], timeout: float | None, grace: float) ->
                 status[i] = _exit_status(p.returncode)
                 if status[i] != 0 and failed_at is None:
                     failed_at = time.monotonic()
+                    others = sum(1 for q in procs if q.poll() is None)
+                    print(f"setdlm launch: rank {i} {describe_status(status[i])}"
+                          + (f"; stopping the other {others}" if others else ""), file=sys.stderr, flush=True)
                     _stop_all(procs, signal.SIGTERM)
         now = time.monotonic()
         if failed_at is not None and now - failed_at > grace:

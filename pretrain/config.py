@@ -96,6 +96,11 @@ class ParallelConfig:
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage over the data-parallel group")
     sequence_parallel: bool = Field(False, description=(
         "megatron sequence parallelism over the TP group (needs tp >= 2; norms/dropout on T/tp tokens)"))
+    collective_timeout_s: float = Field(600.0, gt=0.0, description=(
+        "seconds a collective (and the start-up rendezvous) waits for the other ranks before it fails"))
+    heartbeat_timeout_s: float = Field(60.0, ge=0.0, description=(
+        "seconds without a heartbeat after which a rank on another host is declared lost (ranks on the same "
+        "host are checked by process; 0: off, only parallel.collective_timeout_s)"))
 
 
 @section("logging")
