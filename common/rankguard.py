@@ -30,8 +30,9 @@ import signal
 import sys
 import threading
 import time
+import traceback
 
-from .cli import one_line, report
+from .cli import debug_enabled, one_line, report
 from .rankfail import (
     BUG,
     RANK_LOST,
@@ -260,15 +261,15 @@ class Watchdog(threading.Thread):
                 while self.board.left() < self.world and time.monotonic() < end:
                     time.sleep(0.1)
 
-    def outcome(self, error: BaseException) -> int | None:
-        """What becomes of `error` in the main thread: None to re-raise it (this rank's own failure, posted
-        first), or the exit status once this rank's line is printed (another rank's failure, or a broken
-        collective nobody explains)."""
+    def outcome(self, error: BaseException) -> tuple[int, bool] | None:
+        """What becomes of `error` in the main thread: None to let it pass (SystemExit), else (exit status,
+        own): `own` for this rank's own failure (posted; the caller reports it), otherwise this rank's
+        line naming another rank's failure, or a broken collective nobody explains, is printed."""
         if isinstance(error, SystemExit) and self.known is None:
             return None
         if isinstance(error, KeyboardInterrupt):  # Ctrl-C reaches every rank: each says "interrupted"
             self.post_own(130, "interrupted")
-            return None
+            return 130, True
         stopped = isinstance(error, _Stopped)
         if not stopped and not is_comm_error(error):  # this rank's own error, unless another's came first
             notice = self.known
@@ -277,7 +278,7 @@ class Watchdog(threading.Thread):
                 reason = one_line(error) if status != BUG else f"{type(error).__name__}: {one_line(error)}"
                 self.post_own(status, reason)
                 write_status(self.rank, status, reason)
-                return None
+                return status, True
         else:
             notice = self.explain(2 * self.interval_s if stopped else self.heartbeat_timeout_s + 2 * self.interval_s)
         if notice is None and stopped:
@@ -288,7 +289,7 @@ class Watchdog(threading.Thread):
             self.post_own(RANK_LOST, reason)
             notice = self.known or {"rank": self.rank, "status": RANK_LOST, "reason": reason, "by": self.rank}
         self.report_once(notice)
-        return notice["status"]
+        return notice["status"], False
 
 
 def _exit_now(status: int) -> None:
@@ -348,10 +349,18 @@ def guard(prog: str, job=None, *, rank: int | None = None, world: int | None = N
         if isinstance(error, SystemExit) and not error.code and watch.known is None:
             watch.leave()  # sys.exit(0) inside the block: a normal end
             raise
-        status = watch.outcome(error)
+        verdict = watch.outcome(error)
         watch.stop()
-        if status is None:
+        if verdict is None or verdict[1] and debug_enabled():  # SETDLM_DEBUG: this rank's own error as usual
             raise
+        status, own = verdict
+        if own:  # reported here: the exit must not wait for the interpreter's teardown (see _exit_now)
+            if isinstance(error, KeyboardInterrupt):
+                report(prog, "interrupted")
+            elif status == BUG:
+                traceback.print_exception(error)
+            else:
+                report(prog, error)
         _ignore_sigterm()  # the launcher's SIGTERM (it saw the failed rank too) must not replace this status
         _exit_now(status)
     else:

@@ -103,10 +103,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<9} {help_}")
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
-    from common.cli import (  # one-line errors for every subcommand (SETDLM_DEBUG=1: tracebacks)
-        debug_enabled,
-        run_command,
-    )
+    from common.cli import debug_enabled, run_command  # one-line errors for every subcommand (SETDLM_DEBUG=1: tracebacks)
 
     if not debug_enabled():  # before torch loads: c10d's socket warnings print C++ stack dumps when a peer is gone
         os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")

@@ -27,8 +27,8 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Mapping, Sequence
 
 from common.cli import ArgumentParser as CLIParser
 from common.cli import run_command
@@ -107,7 +107,7 @@ def run_local(
     procs: list[subprocess.Popen] = []
     previous = {}
 
-    def forward(signum, frame):
+    def forward(signum, frame):  # noqa: ARG001
         for p in procs:
             if p.poll() is None:
                 try:
