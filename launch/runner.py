@@ -15,8 +15,9 @@ small, dependency-free stand-in for ``torchrun --standalone`` used by tests and 
 - SIGINT / SIGTERM / SIGUSR1 sent to the runner are forwarded to every process (preemption
   tests and Ctrl-C); processes die with the runner (``PR_SET_PDEATHSIG``);
 - ``--log-dir`` writes ``rank{r}.log`` per process instead of sharing the terminal;
-- exit status: 0 when all succeed, else the first failure's status (128+signal if killed),
-  124 on ``--timeout``.
+- exit status: 0 when all succeed, else the first status a rank chose itself (a user error's 2, or
+  75 from the survivors of a killed rank: common/rankfail.py), else 128+signal of the first rank
+  killed by one; 124 on ``--timeout``.
 """
 from __future__ import annotations
 
@@ -183,10 +184,10 @@ def _stop_all(procs: list[subprocess.Popen], sig: int) -> None:
 
 
 def overall_status(statuses: Sequence[int]) -> int:
-    for s in statuses:
-        if s != 0:
-            return s
-    return 0
+    """The job's status: the first status a rank chose itself (2 for a user error, 75 from the survivors of
+    a lost rank, ...), else the first death by a signal (128+n), else 0."""
+    chosen = [s for s in statuses if 0 < s <= 128]
+    return chosen[0] if chosen else next((s for s in statuses if s), 0)
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
