@@ -54,11 +54,16 @@ def status_of(error: BaseException) -> int:
     return int(getattr(error, "exit_status", USER_ERROR)) if is_user_error(error) else BUG
 
 
-def write_status(rank: int, status: int, message: str) -> None:
-    """``$SETDLM_STATUS_DIR/rank<r>.status`` = ``STATUS MESSAGE`` (nothing without the variable)."""
+def write_status(rank: int | None, status: int, message: str) -> None:
+    """``$SETDLM_STATUS_DIR/rank<r>.status`` = ``STATUS MESSAGE`` (nothing without the variable; rank
+    None: this process's rank from the launcher variables)."""
     where = os.environ.get("SETDLM_STATUS_DIR")
     if not where:
         return
+    if rank is None:
+        from .env import env_rank
+
+        rank = env_rank()
     try:
         Path(where).mkdir(parents=True, exist_ok=True)
         (Path(where) / f"rank{rank:05d}.status").write_text(f"{status} {message}\n")

@@ -38,7 +38,6 @@ class Outcome:
     exit_s: list[float | None]  # seconds from the fault to each rank's exit (None: it never exited)
     logs: list[str]
     runner_err: str
-    fault_at: float | None = None  # seconds after the start when the fault happened
     triggered: bool = False  # the kill was sent (False: `when` never held, or the job ended first)
     error_lines: list[list[str]] = field(default_factory=list)
     tracebacks: list[int] = field(default_factory=list)
@@ -91,23 +90,36 @@ def run_with_rank_fault(cmd: list[str], nproc: int, *, log_dir: Path, kill_rank:
     """Run `cmd` (arguments of `setdlm launch local -n N --`) on `nproc` ranks; see the module docstring."""
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
-    runner_log = log_dir / "runner.err"
     argv = [sys.executable, "-m", "launch.cli", "launch", "local", "-n", str(nproc), "--log-dir", str(log_dir),
             "--timeout", str(timeout), "--grace", str(grace), "--", *cmd]
+    rc, ended, fault_at, triggered = watch_job(argv, nproc, log=log_dir / "runner.err", kill_rank=kill_rank,
+                                               when=when, timeout=timeout + grace + 60, env=env)
+    runner_err = (log_dir / "runner.err").read_text(errors="replace")
+    m = re.search(r"exit statuses per rank: \[([\d, ]*)\]", runner_err)
+    statuses = [int(x) for x in m.group(1).split(",")] if m else [rc] * nproc
+    logs = [_read(log_dir / f"rank{r}.log") for r in range(nproc)]
+    return Outcome(statuses=statuses, exit_s=[max(0.0, ended[r] - fault_at) for r in range(nproc)], logs=logs,
+                   runner_err=runner_err, triggered=triggered,
+                   error_lines=[[x for x in log.splitlines() if "error:" in x] for log in logs],
+                   tracebacks=[r for r, log in enumerate(logs) if "Traceback (most recent call last)" in log])
+
+
+def watch_job(argv: list[str], nproc: int, *, log: Path, kill_rank: int | None = None,
+              when: Callable[[], bool] | None = None, timeout: float = 600, env: dict | None = None):
+    """Run `argv` (a launcher: `setdlm launch local`, torchrun, a batch script) with its output in `log`;
+    its ranks are the processes below it with RANK set. Returns (its exit status, when each rank ended,
+    when the fault happened (a kill, else the first rank's end), whether the kill was sent); times
+    are time.monotonic()."""
     t0 = time.monotonic()
-    with open(runner_log, "w") as err:
-        proc = subprocess.Popen(argv, cwd=REPO, env=_env(env), stdout=subprocess.DEVNULL, stderr=err)
+    with open(log, "w") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, env=_env(env), stdout=out, stderr=subprocess.STDOUT)
         pids: dict[int, int] = {}  # rank -> pid
         ended: dict[int, float] = {}  # rank -> when its process ended
-        fault_at = None
-        triggered = False
+        fault_at, triggered = None, False
         try:
             while proc.poll() is None:
                 if len(pids) < nproc:
-                    for pid in _children(proc.pid):
-                        rank = _rank_of(pid)
-                        if rank is not None:
-                            pids[rank] = pid
+                    pids = _ranks_below(proc.pid, pids)
                 now = time.monotonic()
                 for rank, pid in pids.items():
                     if rank not in ended and not _running(pid):
@@ -116,8 +128,8 @@ def run_with_rank_fault(cmd: list[str], nproc: int, *, log_dir: Path, kill_rank:
                         and when is not None and when():
                     os.kill(pids[kill_rank], signal.SIGKILL)
                     fault_at, triggered = time.monotonic(), True
-                if time.monotonic() - t0 > timeout + grace + 60:
-                    raise TimeoutError(f"the runner itself did not exit after {timeout + grace + 60:.0f}s")
+                if now - t0 > timeout:
+                    raise TimeoutError(f"{argv[:4]}... did not exit after {timeout:.0f}s")
                 time.sleep(0.02)
         finally:
             if proc.poll() is None:
@@ -125,17 +137,22 @@ def run_with_rank_fault(cmd: list[str], nproc: int, *, log_dir: Path, kill_rank:
             proc.wait()
     now = time.monotonic()
     for rank in range(nproc):
-        ended.setdefault(rank, now)  # ended between the last poll and the runner's exit
-    if fault_at is None:
-        fault_at = min(ended.values())
-    runner_err = runner_log.read_text(errors="replace")
-    m = re.search(r"exit statuses per rank: \[([\d, ]*)\]", runner_err)
-    statuses = [int(x) for x in m.group(1).split(",")] if m else [proc.returncode] * nproc
-    logs = [_read(log_dir / f"rank{r}.log") for r in range(nproc)]
-    exit_s = [max(0.0, ended[r] - fault_at) for r in range(nproc)]
-    return Outcome(statuses=statuses, exit_s=exit_s, logs=logs, runner_err=runner_err, fault_at=fault_at - t0,
-                   triggered=triggered, error_lines=[[x for x in log.splitlines() if "error:" in x] for log in logs],
-                   tracebacks=[r for r, log in enumerate(logs) if "Traceback (most recent call last)" in log])
+        ended.setdefault(rank, now)  # ended between the last poll and the launcher's exit
+    return proc.returncode, ended, fault_at if fault_at is not None else min(ended.values()), triggered
+
+
+def _ranks_below(root: int, known: dict[int, int]) -> dict[int, int]:
+    """rank -> pid of the highest process below `root` with RANK in its environment."""
+    found = dict(known)
+    todo = _children(root)
+    while todo:
+        pid = todo.pop(0)
+        rank = _rank_of(pid)
+        if rank is not None:
+            found.setdefault(rank, pid)
+        else:
+            todo += _children(pid)
+    return found
 
 
 def _read(path: Path) -> str:
