@@ -87,7 +87,7 @@ class Watchdog(threading.Thread):
         self.seen: dict[int, tuple[int, float]] = {}  # rank -> (heartbeat count, when it last changed)
         self.gone: set[int] = set()  # ranks that finished normally
         self.known: dict | None = None  # the job's failure notice, once read
-        self._stop = threading.Event()
+        self._halt = threading.Event()
         self._lock = threading.Lock()
         self._reported = False
         self.board.register(rank, self.here)
@@ -120,14 +120,14 @@ class Watchdog(threading.Thread):
             if self.known is not None:
                 return
             self.known = notice
-        self._stop.set()
+        self._halt.set()
         with contextlib.suppress(Exception):
             self.board.ack()
 
     # -- the thread -------------------------------------------------------------------------------
     def run(self) -> None:
         try:
-            while not self._stop.wait(self.interval_s):
+            while not self._halt.wait(self.interval_s):
                 self.tick()
         except Exception:  # noqa: BLE001 - the watchdog must never print a traceback of its own
             return
@@ -154,7 +154,7 @@ class Watchdog(threading.Thread):
             if notice is None:
                 notice = self.watch_next()
         except Exception:  # noqa: BLE001 - the store does not answer
-            if self._stop.is_set():
+            if self._halt.is_set():
                 return
             notice = self.store_lost()
         if notice is not None:
@@ -201,7 +201,7 @@ class Watchdog(threading.Thread):
     # -- the main thread's side ---------------------------------------------------------------------
     def stop(self) -> None:
         """Stop watching; waits for the thread unless a failure is known (then it ends the process)."""
-        self._stop.set()
+        self._halt.set()
         if self.known is None and self.is_alive() and threading.current_thread() is not self:
             self.join(timeout=self.interval_s + 5)
 

@@ -294,7 +294,10 @@ def test_a_lost_rank_requeues_the_slurm_job_and_a_user_error_does_not(slurm, tmp
         info = slurm.job_info(job)
     out = log()
     assert "setdlm pretrain: error: rank 1 of 2 was lost: its process" in out, out
-    assert "requeueing job" in out and "Traceback" not in out.split("requeueing job")[0].split("restart 0 on")[-1]
+    assert "requeueing job" in out and "rank00000 exit status 75 rank 1 of 2 was lost" in out
+    first = out.split("requeueing job")[0]
+    assert first.count("Traceback") == first.count("Traceback (most recent call last):\n  File \"" +
+                                                    str(Path(sys.executable).parent / "torchrun"))  # torchrun's own report
     slurm.release(job)
     info = slurm.wait(job, timeout=300)
     out = log()
