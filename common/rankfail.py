@@ -31,27 +31,11 @@ import socket
 import time
 from pathlib import Path
 
-__all__ = [
-    "BUG",
-    "RANK_LOST",
-    "USER_ERROR",
-    "Board",
-    "process_alive",
-    "process_info",
-    "status_of",
-    "write_status",
-]
+__all__ = ["USER_ERROR", "RANK_LOST", "BUG", "Board", "process_info", "process_alive", "write_status"]
 
 BUG = 1
 USER_ERROR = 2
 RANK_LOST = 75
-
-
-def status_of(error: BaseException) -> int:
-    """The exit status a rank that raised `error` leaves: 2 for a user's mistake, 1 for a bug."""
-    from .cli import is_user_error
-
-    return int(getattr(error, "exit_status", USER_ERROR)) if is_user_error(error) else BUG
 
 
 def write_status(rank: int | None, status: int, message: str) -> None:

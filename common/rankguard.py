@@ -32,16 +32,8 @@ import threading
 import time
 import traceback
 
-from .cli import debug_enabled, one_line, report
-from .rankfail import (
-    BUG,
-    RANK_LOST,
-    Board,
-    process_alive,
-    process_info,
-    status_of,
-    write_status,
-)
+from .cli import debug_enabled, is_user_error, one_line, report
+from .rankfail import BUG, RANK_LOST, USER_ERROR, Board, process_alive, process_info, write_status
 
 __all__ = ["Watchdog", "guard", "is_comm_error"]
 
@@ -57,6 +49,11 @@ def is_comm_error(error: BaseException) -> bool:
     if dist is not None and isinstance(error, getattr(dist, "DistError", ())):
         return True
     return isinstance(error, RuntimeError) and any(m in str(error).lower() for m in _COMM)
+
+
+def status_of(error: BaseException) -> int:
+    """The exit status a rank that raised `error` leaves: 2 (or the error's own) for a user's mistake, 1 for a bug."""
+    return int(getattr(error, "exit_status", USER_ERROR)) if is_user_error(error) else BUG
 
 
 def _gone(info: dict) -> str:
