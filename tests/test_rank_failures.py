@@ -28,6 +28,7 @@ TRAIN = ["-m", "launch.cli", "pretrain"]
 
 def assert_others_stopped(out, faulty: int, *, status: int, says: str) -> None:
     """Every rank but `faulty` exited with `status` within the bound, printing one error line holding `says`."""
+    print(f"statuses {out.statuses}; seconds from the fault to each exit: {[round(x, 2) for x in out.exit_s]}")
     shown = [r for r in out.tracebacks if r != faulty]  # (a bug of the faulty rank keeps its own traceback)
     tails = "\n".join(out.logs[r][-3000:] for r in shown)
     assert not shown, f"a traceback in the output of ranks {shown}:\n{tails}"
