@@ -33,7 +33,7 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 from helpers import read_metrics, write_recipe  # noqa: E402
-from rank_faults import checkpoint_intact, run_with_rank_fault, saving, step_logged  # noqa: E402
+from rank_faults import checkpoint_intact, run_with_rank_fault, saving  # noqa: E402
 
 
 def latest_step(run: Path) -> int:
@@ -41,6 +41,16 @@ def latest_step(run: Path) -> int:
         return int((run / "checkpoints" / "latest").read_text().strip().split("_")[1])
     except (OSError, IndexError, ValueError):
         return 0
+
+
+def trained(logs: Path, step: int) -> bool:
+    """Rank 0 of this round (its log in `logs`) has finished `step` (the run's metrics.jsonl still holds
+    the rows a killed round logged after its last checkpoint until the next round resumes)."""
+    try:
+        text = (logs / "rank0.log").read_text(errors="replace")
+    except OSError:
+        return False
+    return any(int(m) >= step for m in re.findall(r"^step (\d+)/", text, flags=re.M))
 
 
 def damaged(run: Path, world: int) -> list[str]:
@@ -59,6 +69,7 @@ def main() -> int:
     args = ap.parse_args()
     rng = random.Random(args.seed)
     work = Path(args.work or tempfile.mkdtemp(prefix="bench_rank_faults_"))
+    work.mkdir(parents=True, exist_ok=True)
     max_steps = 6 * args.kills + 8
     recipe = write_recipe(work / "r.yaml", train={"max_steps": max_steps, "micro_batch": 1, "global_batch": args.ranks,
                                                   "eval_every": 0, "save_every": 2, "keep_last": 3, "log_every": 1})
@@ -76,9 +87,10 @@ def main() -> int:
         rank = rng.randrange(args.ranks)
         mid_save = rng.random() < 0.5
         ahead = rng.randint(1, 4)
-        when = (lambda b=before: saving(run, after_step=b)) if mid_save else \
-            (lambda s=before + ahead: step_logged(run, s))
-        out = run_with_rank_fault(cmd, args.ranks, log_dir=work / f"logs{i:02d}", kill_rank=None if last else rank,
+        logs, t_round = work / f"logs{i:02d}", time.time()
+        when = (lambda b=before, d=logs, t=t_round: trained(d, b + 1) and saving(run, after_step=b, since=t)) \
+            if mid_save else (lambda s=before + ahead, d=logs: trained(d, s))
+        out = run_with_rank_fault(cmd, args.ranks, log_dir=logs, kill_rank=None if last else rank,
                                   when=None if last else when, timeout=900)
         after = latest_step(run)
         said = re.search(r"resumed at step (\d+)", out.logs[0])

@@ -87,6 +87,7 @@ class Watchdog(threading.Thread):
         self._halt = threading.Event()
         self._lock = threading.Lock()
         self._reported = False
+        self._held = False  # hold_store ran
         self.board.register(rank, self.here)
 
     # -- reporting ------------------------------------------------------------------------------
@@ -139,6 +140,7 @@ class Watchdog(threading.Thread):
             time.sleep(0.1)
         if not self.report_once(notice):  # reported by the main thread: it has a few seconds to exit
             time.sleep(EXIT_S)
+        self.hold_store()
         for stream in (sys.stdout, sys.stderr):  # still here: blocked in a collective, or a hung exit
             with contextlib.suppress(Exception):
                 stream.flush()
@@ -242,11 +244,21 @@ class Watchdog(threading.Thread):
         except Exception:  # noqa: BLE001 - the store is gone: nobody to tell
             return
         self.learn(notice)
-        if self.host_rank == self.rank:
-            end = time.monotonic() + max(5.0, 3 * self.interval_s)
-            with contextlib.suppress(Exception):
-                while self.board.acks() < self.world - self.board.left() and time.monotonic() < end:
-                    time.sleep(0.1)
+        self.hold_store()
+
+    def hold_store(self) -> None:
+        """On the rank hosting the store, before it exits after a failure: wait (a few seconds at most)
+        until every other rank still there has read the notice, so that they can name the failed rank
+        (not this one, whose store would be gone)."""
+        notice = self.known
+        if self.host_rank != self.rank or notice is None or self._held:
+            return
+        self._held = True
+        dead = 1 if notice["status"] == RANK_LOST and notice["rank"] != notice["by"] else 0  # it cannot read
+        end = time.monotonic() + max(5.0, 3 * self.interval_s)
+        with contextlib.suppress(Exception):
+            while self.board.acks() < self.world - self.board.left() - dead and time.monotonic() < end:
+                time.sleep(0.05)
 
     def leave(self) -> None:
         """Normal end: stop watching and say so; the rank hosting the store waits for the others."""
@@ -359,6 +371,7 @@ def guard(prog: str, job=None, *, rank: int | None = None, world: int | None = N
             else:
                 report(prog, error)
         _ignore_sigterm()  # the launcher's SIGTERM (it saw the failed rank too) must not replace this status
+        watch.hold_store()
         _exit_now(status)
     else:
         unwinding.set()

@@ -181,11 +181,13 @@ def step_logged(run: Path, step: int) -> bool:
     return False
 
 
-def saving(run: Path, after_step: int = 0) -> bool:
-    """A save of a step after `after_step` is being written (its .tmp-step_* folder exists)."""
+def saving(run: Path, after_step: int = 0, since: float = 0.0) -> bool:
+    """A save of a step after `after_step` is being written (its .tmp-step_* folder exists, made after
+    time `since`: not one a killed run left behind)."""
     root = Path(run) / "checkpoints"
     try:
-        return any(int(p.name.rsplit("_", 1)[1]) > after_step for p in root.glob(".tmp-step_*"))
+        return any(int(p.name.rsplit("_", 1)[1]) > after_step and p.stat().st_mtime >= since
+                   for p in root.glob(".tmp-step_*"))
     except (OSError, ValueError):
         return False
 
