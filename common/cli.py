@@ -86,4 +86,8 @@ def run_command(prog: str, main, argv: list[str]) -> int:
         if debug_enabled() or not is_user_error(e):
             raise
         report(prog, e)
-        return int(getattr(e, "exit_status", 2))  # an Error may name another status (eval merge: 3, incomplete)
+        status = int(getattr(e, "exit_status", 2))  # an Error may name another status (eval merge: 3, incomplete)
+        from .rankfail import write_status  # for a batch script under torchrun, which reports 1 (common/rankfail.py)
+
+        write_status(None, status, one_line(e))
+        return status

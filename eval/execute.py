@@ -8,7 +8,7 @@ from common.storage import check_output_dir
 from .errors import EvalError
 from .merge import merge
 from .report import PERCENT, fmt
-from .shard import detect_shard, isolate_process_group
+from .shard import detect_shard, isolate_process_group, rank_guard
 from .tasks import get_task
 from .units import EvalRun
 
@@ -39,6 +39,11 @@ def execute(name: str, args, *, predictor=None, after_unit=None) -> dict:
     shard = detect_shard(args.shard)
     if args.overwrite and shard.world > 1:
         raise EvalError("--overwrite: with several ranks the deletion would race with their writes; delete --out first")
+    with rank_guard(shard, f"setdlm eval {name}"):  # one rank fails or dies: the others stop, naming it
+        return _execute(name, args, shard, predictor, after_unit)
+
+
+def _execute(name: str, args, shard, predictor, after_unit) -> dict:
     _select_device(shard, args.device)
     isolate_process_group()
     cls = get_task(name)

@@ -52,6 +52,24 @@ def detect_shard(shard: str | None = None) -> Shard:
     return Shard(env.rank, env.world_size, env.local_rank, env.launcher)
 
 
+def rank_guard(shard: Shard, prog: str):
+    """The rank-failure guard of common/rankguard.py for ranks started by a launcher: when one rank
+    fails or is killed, the others stop within seconds with one line naming it (they would otherwise
+    go on, or rank 0 would wait for the merge forever). The ranks share a TCPStore made as the
+    training's rendezvous makes it (rank 0 or torchrun's agent hosts it); explicit shards
+    (``--shard I/N``, independent jobs) and single processes run unguarded."""
+    import contextlib
+
+    if shard.world <= 1 or shard.explicit:
+        return contextlib.nullcontext()
+    from common.dist import rendezvous_store
+    from common.env import detect_env
+    from common.rankguard import guard
+
+    job = rendezvous_store(detect_env(use_mpi4py=False), timeout_s=300, wait_for_workers=False)
+    return guard(prog, job, rank=shard.rank, world=shard.world, stop_on_sigterm=True)
+
+
 def isolate_process_group() -> None:
     """Give this process its own single-rank torch.distributed group, so that nothing it loads or runs
     (a launcher's RANK/WORLD_SIZE, DeepSpeed's or a library's `dist.is_initialized()` checks) joins the

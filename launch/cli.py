@@ -95,11 +95,14 @@ def pretrain_main(argv: list[str]) -> int:
     cfg.validate(world_size=world, need_vocab=False)
 
     from common.dist import init_process_group
+    from common.rankguard import guard
 
-    init_process_group()
+    init_process_group(timeout_s=cfg.parallel.collective_timeout_s)
     from pretrain.trainer import Trainer
 
-    Trainer(cfg).train()
+    # a failure of any rank: one line at every rank, every rank exits (docs/cluster.md)
+    with guard("setdlm pretrain", heartbeat_timeout_s=cfg.parallel.heartbeat_timeout_s):
+        Trainer(cfg).train()
     return 0
 
 
@@ -113,7 +116,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<9} {help_}")
         return 0 if argv else 2
     cmd, rest = argv[0], argv[1:]
-    from common.cli import run_command  # one-line errors for every subcommand (SETDLM_DEBUG=1: tracebacks)
+    from common.cli import debug_enabled, run_command  # one-line errors for every subcommand (SETDLM_DEBUG=1: tracebacks)
+
+    if not debug_enabled():  # before torch loads: c10d's socket warnings print C++ stack dumps when a peer is gone
+        os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
 
     if cmd == "pretrain":
         return run_command("setdlm pretrain", pretrain_main, rest)

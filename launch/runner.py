@@ -9,12 +9,15 @@ Starts N copies of a command on this machine with the torchrun-style environment
 small, dependency-free stand-in for ``torchrun --standalone`` used by tests and laptops:
 
 - ``CMD`` ending in ``.py`` runs under the current interpreter; ``-m module`` too;
-- the first process that fails stops the others (SIGTERM, then SIGKILL after ``--grace``);
+- the first process that fails stops the others, as torchrun's elastic agent does (one line naming
+  it, then SIGTERM, then SIGKILL after ``--grace``); the ranks themselves tell each other first
+  (common/rankguard.py), so each survivor says which rank failed and why;
 - SIGINT / SIGTERM / SIGUSR1 sent to the runner are forwarded to every process (preemption
   tests and Ctrl-C); processes die with the runner (``PR_SET_PDEATHSIG``);
 - ``--log-dir`` writes ``rank{r}.log`` per process instead of sharing the terminal;
-- exit status: 0 when all succeed, else the first failure's status (128+signal if killed),
-  124 on ``--timeout``.
+- exit status: 0 when all succeed, else the first status a rank chose itself (a user error's 2, or
+  75 from the survivors of a killed rank: common/rankfail.py), else 128+signal of the first rank
+  killed by one; 124 on ``--timeout``.
 """
 from __future__ import annotations
 
@@ -62,12 +65,23 @@ def rank_env(rank: int, nproc: int, master_addr: str, master_port: int,
     )
     if nproc > 1:
         env.setdefault("OMP_NUM_THREADS", "1")  # as torchrun: N processes share the cores
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")  # as torchrun: NCCL aborts on a failed peer
     env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 
 def _exit_status(rc: int) -> int:
     return 128 - rc if rc < 0 else rc
+
+
+def describe_status(status: int) -> str:
+    """`exited with status 2`, `was killed by SIGKILL`."""
+    if status > 128:
+        try:
+            return f"was killed by {signal.Signals(status - 128).name}"
+        except ValueError:
+            pass
+    return f"exited with status {status}"
 
 
 def run_local(
@@ -141,6 +155,9 @@ def _wait(procs: list[subprocess.Popen], timeout: float | None, grace: float) ->
                 status[i] = _exit_status(p.returncode)
                 if status[i] != 0 and failed_at is None:
                     failed_at = time.monotonic()
+                    others = sum(1 for q in procs if q.poll() is None)
+                    print(f"setdlm launch: rank {i} {describe_status(status[i])}"
+                          + (f"; stopping the other {others}" if others else ""), file=sys.stderr, flush=True)
                     _stop_all(procs, signal.SIGTERM)
         now = time.monotonic()
         if failed_at is not None and now - failed_at > grace:
@@ -167,10 +184,10 @@ def _stop_all(procs: list[subprocess.Popen], sig: int) -> None:
 
 
 def overall_status(statuses: Sequence[int]) -> int:
-    for s in statuses:
-        if s != 0:
-            return s
-    return 0
+    """The job's status: the first status a rank chose itself (2 for a user error, 75 from the survivors of
+    a lost rank, ...), else the first death by a signal (128+n), else 0."""
+    chosen = [s for s in statuses if 0 < s <= 128]
+    return chosen[0] if chosen else next((s for s in statuses if s), 0)
 
 
 def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:

@@ -139,6 +139,11 @@ class ParallelConfig:
     world_size: int | None = Field(None, ge=1, le=1 << 20, description=(
         "ranks (GPUs) the recipe is written for: --dry-run plans for it unless --world-size is given; a run "
         "under another world size is allowed (null: 1 for the dry run)"))
+    collective_timeout_s: float = Field(600.0, gt=0.0, description=(
+        "seconds a collective (and the start-up rendezvous) waits for the other ranks before it fails"))
+    heartbeat_timeout_s: float = Field(60.0, ge=0.0, description=(
+        "seconds without a heartbeat after which a rank on another host is declared lost (ranks on the same "
+        "host are checked by process; 0: off, only parallel.collective_timeout_s)"))
 
 
 @section("logging")
