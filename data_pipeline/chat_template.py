@@ -15,6 +15,10 @@ sees:
   TRL splits prompt and completion); a conversation whose context rendering is not a prefix of the
   whole one is skipped (``template_prefix``).
 
+A prompt/completion pair (`encode(..., context=prompt)`) takes its context from the prompt's
+rendering with the generation prompt in both cases (TRL's completion-only loss); the tags, where
+present, still end the answer.
+
 Because the rendered text is tokenized with special tokens parsed, a message holding the text of a
 special token (``<|im_end|>``) would forge one: such a conversation is skipped (``special_text``).
 `CHATML_JINJA` is the built-in ChatML template (prompt_answer.py's ``chatml``) written in Jinja with
@@ -116,12 +120,14 @@ class ChatTemplate:
         leading context tokens, or a 0/1 list per token where context follows an answer (multi-turn);
         or a skip reason (``special_text``, ``template_prefix``, ``empty_answer``). Only the first
         `limit` ids are made when given (what a row of ``limit - 1`` tokens needs). `context`: the
-        leading messages that are the context (a prompt/completion pair), whatever the tags say."""
+        leading messages that are context whatever the tags mark (a prompt/completion pair)."""
         if self.forges(messages):
             return "special_text"
+        ctx = None
         if context is not None or not self.tags:
             before = messages[:-1] if context is None else context
             ctx = self.tokens(self.render(before, add_generation_prompt=True)[0], limit)
+        if not self.tags:
             ids = self.tokens(self.render(messages)[0], limit)
             if ids[:len(ctx)] != ctx:
                 return "template_prefix"
@@ -131,13 +137,15 @@ class ChatTemplate:
         if not spans:
             return "empty_answer"
         ids, offsets = encode_prefix_offsets(self._backend, text, limit or len(text) + 1)
+        if ctx is not None and ids[:len(ctx)] != ctx:
+            return "template_prefix"
         keep = sum(1 for a, _ in offsets if a < spans[-1][1])  # leave out what follows the last answer
         mask, k = [], 0
-        for a, b in offsets[:keep]:  # apply_chat_template's rule: a token overlapping a span is the assistant's
+        for i, (a, b) in enumerate(offsets[:keep]):  # apply_chat_template's rule: a token overlapping a span
             while k < len(spans) and a >= spans[k][1]:
                 k += 1
-            mask.append(int(k < len(spans) and b > spans[k][0]))
-        if not any(mask) and keep == len(ids) != limit:
+            mask.append(int(k < len(spans) and b > spans[k][0] and (ctx is None or i >= len(ctx))))
+        if not any(mask) and len(ids) != limit:
             return "empty_answer"
         n_ctx = mask.index(1) if 1 in mask else len(mask)
         if all(mask[n_ctx:]):
