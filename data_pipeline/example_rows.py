@@ -98,28 +98,34 @@ def build_rows(encoded, seq_len: int, packing: str, overlong: str, pad_id: int, 
 
 class ExampleShardWriter:
     """Writes rows of one split as ``SPLIT/shard-NNNNNN.tar`` of `spp` rows each; `entries` are the
-    manifest's shard entries (the split's directory is emptied first)."""
+    manifest's shard entries (the split's directory is emptied first). Rows are copied into one
+    preallocated shard buffer as they come, so memory is one shard's whatever the input's size."""
 
     def __init__(self, out: str, split: str, spp: int):
         self.out, self.split, self.spp = out, split, spp
-        self.entries, self._rows, self._first = [], [], 0
+        self.entries, self._buf, self._n, self._first = [], None, 0, 0
         d = os.path.join(out, split)
         if os.path.isdir(d):
             for f in os.listdir(d):
                 os.remove(os.path.join(d, f))
 
     def add(self, rows) -> None:
-        self._rows += rows
-        if len(self._rows) >= self.spp:
-            self._write()
+        for row in rows:
+            if self._buf is None:
+                self._buf = [np.empty((self.spp, len(a)), dtype=a.dtype) for a in row]
+            for buf, a in zip(self._buf, row):
+                buf[self._n] = a
+            self._n += 1
+            if self._n == self.spp:
+                self._write()
 
     def finish(self) -> list:
-        if self._rows:
+        if self._n:
             self._write()
         return self.entries
 
     def _write(self) -> None:
-        x, ctx, valid = (np.stack([r[k] for r in self._rows]) for k in range(3))
+        x, ctx, valid = (b[: self._n] for b in self._buf)
         os.makedirs(os.path.join(self.out, self.split), exist_ok=True)
         data = encode_shard(x, self._first, {"context_mask": ctx, "valid_mask": valid})
         rel = f"{self.split}/shard-{len(self.entries):06d}.tar"
@@ -127,7 +133,7 @@ class ExampleShardWriter:
         self.entries.append({"path": rel, "num_samples": len(x), "first_sample": self._first, "bytes": len(data),
                              "sha256": sha256_bytes(data)})
         self._first += len(x)
-        self._rows = []
+        self._n = 0
 
 
 def describe_counts(split: str, c: dict, seq_len: int, overlong: str) -> str:
