@@ -5,6 +5,8 @@
                        False where the kernel does not allow it
     peak_rss_mib()     the high-water mark since start or the last reset (VmHWM; ru_maxrss where
                        /proc/self/status has no VmHWM)
+    anon_rss_mib(pid)  resident anonymous memory now (RssAnon: what cannot be paged out, unlike
+                       memory-mapped files); of another process with `pid`; None where not reported
 
 All in MiB. Linux only for the first two (the benchmarks and tests that use them say so).
 """
@@ -40,4 +42,15 @@ def peak_rss_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-__all__ = ["rss_mib", "reset_peak_rss", "peak_rss_mib"]
+def anon_rss_mib(pid: int | str = "self") -> float | None:
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("RssAnon:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
+__all__ = ["rss_mib", "reset_peak_rss", "peak_rss_mib", "anon_rss_mib"]

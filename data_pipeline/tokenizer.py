@@ -40,10 +40,11 @@ class Tokenizer:
     ``vocab_size`` counts every id the model must embed, MASK included; ``sha256`` hashes the
     vocabulary content (model type, tokens in id order, BPE merges, special ids), so the same
     tokenizer has the same hash whether it was built from package files or loaded from a save.
+    ``chat_template`` is its Jinja chat template when it has one (saved in tokenizer_config.json).
     """
 
     def __init__(self, backend: _HFTokenizer, *, name: str, mask_id: int, eos_id=None, bos_id=None,
-                 pad_id=None):
+                 pad_id=None, chat_template: str | None = None):
         backend.no_truncation()
         backend.no_padding()
         backend.encode_special_tokens = True  # "<|endoftext|>" inside a document stays text
@@ -53,6 +54,7 @@ class Tokenizer:
         self.eos_id = None if eos_id is None else int(eos_id)
         self.bos_id = None if bos_id is None else int(bos_id)
         self.pad_id = None if pad_id is None else int(pad_id)
+        self.chat_template = chat_template or None  # Jinja (data_pipeline/chat_template.py); not in sha256
         self.vocab_size = backend.get_vocab_size(with_added_tokens=True)
         for field in ("mask_id", "eos_id", "bos_id", "pad_id"):
             v = getattr(self, field)
@@ -101,10 +103,11 @@ class Tokenizer:
         return {"name": self.name, "vocab_size": self.vocab_size, "mask_id": self.mask_id,
                 "eos_id": self.eos_id, "bos_id": self.bos_id, "pad_id": self.pad_id, "sha256": self.sha256}
 
-    def save(self, directory) -> None:
-        """Write ``tokenizer.json`` (+ HF config files) so `load_tokenizer(directory)` rebuilds it. Each
-        file is written atomically and the meta file last, so a directory with it is complete; a full
-        disk is a StorageError naming the file (common/io.py)."""
+    def save(self, directory, chat_template: str | None = None) -> None:
+        """Write ``tokenizer.json`` (+ HF config files) so `load_tokenizer(directory)` rebuilds it;
+        `chat_template` is written instead of its own one when given. Each file is written atomically
+        and the meta file last, so a directory with it is complete; a full disk is a StorageError naming
+        the file (common/io.py)."""
         d = Path(directory)
         d.mkdir(parents=True, exist_ok=True)
         atomic_write_text(d / "tokenizer.json", self._tok.to_str(pretty=True))
@@ -117,8 +120,10 @@ class Tokenizer:
         if self.pad_id is not None:
             specials["pad_token"] = tok(self.pad_id)
         atomic_write_text(d / "special_tokens_map.json", json.dumps(specials, indent=2) + "\n")
-        atomic_write_text(d / "tokenizer_config.json", json.dumps(
-            {"tokenizer_class": "PreTrainedTokenizerFast", **specials}, indent=2) + "\n")
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", **specials}
+        if chat_template or self.chat_template:
+            config["chat_template"] = chat_template or self.chat_template
+        atomic_write_text(d / "tokenizer_config.json", json.dumps(config, indent=2) + "\n")
         atomic_write_text(d / META_FILE, json.dumps(self.meta(), indent=2) + "\n")
 
     def _content_hash(self) -> str:

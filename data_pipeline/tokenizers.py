@@ -8,8 +8,10 @@ It accepts:
   (``tokenizer.json``, or files ``transformers.AutoTokenizer`` can read);
 * any other name is passed to ``transformers.AutoTokenizer.from_pretrained`` (needs the hub).
 
-A tokenizer without a mask token is refused unless ``add_mask=True`` appends ``<|mask|>``. The
-tokenizer itself (encoding text as text, its content hash, saving): data_pipeline/tokenizer.py.
+Its chat template (tokenizer_config.json's ``chat_template`` or ``chat_template.jinja``) comes
+along (`Tokenizer.chat_template`). A tokenizer without a mask token is refused unless
+``add_mask=True`` appends ``<|mask|>``. The tokenizer itself (encoding text as text, its content
+hash, saving): data_pipeline/tokenizer.py.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from tokenizers import Tokenizer as _HFTokenizer
 from .builtin_tokenizers import BUILDERS, GPT2_MASK
 from .tokenizer import META_FILE, Tokenizer, TokenizerError
 
-__all__ = ["BUILTIN", "Tokenizer", "TokenizerError", "load_tokenizer", "asks_remote_code", "remote_code_refused"]
+__all__ = ["BUILTIN", "Tokenizer", "TokenizerError", "load_tokenizer", "asks_remote_code", "remote_code_refused",
+           "read_chat_template"]
 
 BUILTIN = tuple(BUILDERS)
 
@@ -50,7 +53,27 @@ def _special_token_map(directory: Path) -> dict:
     return out
 
 
-def _finish(backend: _HFTokenizer, name: str, specials: dict, add_mask: bool, where: str) -> Tokenizer:
+def read_chat_template(directory: Path) -> str | None:
+    """The chat template of a tokenizer directory: ``chat_template.jinja`` (where newer transformers
+    save it), else ``chat_template`` in tokenizer_config.json (a string, or named templates: the
+    ``default`` one)."""
+    f = directory / "chat_template.jinja"
+    if f.is_file():
+        return f.read_text(encoding="utf-8")
+    p = directory / "tokenizer_config.json"
+    if not p.is_file():
+        return None
+    try:
+        t = json.loads(p.read_text()).get("chat_template")
+    except (ValueError, AttributeError) as e:
+        raise TokenizerError(f"{p}: not a valid JSON object ({e})") from None
+    if isinstance(t, list):
+        t = next((x.get("template") for x in t if isinstance(x, dict) and x.get("name") == "default"), None)
+    return t if isinstance(t, str) else None
+
+
+def _finish(backend: _HFTokenizer, name: str, specials: dict, add_mask: bool, where: str,
+            chat_template: str | None = None) -> Tokenizer:
     def tid(key):
         t = specials.get(key)
         return None if t is None else backend.token_to_id(t)
@@ -72,7 +95,8 @@ def _finish(backend: _HFTokenizer, name: str, specials: dict, add_mask: bool, wh
     eos = tid("sep_token") if eos is None else eos
     bos = tid("bos_token")
     bos = tid("cls_token") if bos is None else bos
-    return Tokenizer(backend, name=name, mask_id=mask, eos_id=eos, bos_id=bos, pad_id=tid("pad_token"))
+    return Tokenizer(backend, name=name, mask_id=mask, eos_id=eos, bos_id=bos, pad_id=tid("pad_token"),
+                     chat_template=chat_template)
 
 
 def _load_directory(d: Path, add_mask: bool) -> Tokenizer:
@@ -81,13 +105,14 @@ def _load_directory(d: Path, add_mask: bool) -> Tokenizer:
         meta = json.loads(meta_path.read_text())
         tok = Tokenizer(_HFTokenizer.from_file(str(d / "tokenizer.json")), name=str(d),
                         mask_id=meta["mask_id"], eos_id=meta.get("eos_id"), bos_id=meta.get("bos_id"),
-                        pad_id=meta.get("pad_id"))
+                        pad_id=meta.get("pad_id"), chat_template=read_chat_template(d))
         if meta.get("sha256") and meta["sha256"] != tok.sha256:
             raise TokenizerError(f"{d}: tokenizer.json does not match the sha256 recorded in {META_FILE}")
         return tok
     specials = _special_token_map(d)
     if (d / "tokenizer.json").is_file():
-        return _finish(_HFTokenizer.from_file(str(d / "tokenizer.json")), str(d), specials, add_mask, str(d))
+        return _finish(_HFTokenizer.from_file(str(d / "tokenizer.json")), str(d), specials, add_mask, str(d),
+                       read_chat_template(d))
     return _from_transformers(str(d), add_mask)
 
 
@@ -121,7 +146,10 @@ def _from_transformers(name: str, add_mask: bool) -> Tokenizer:
                                                    "sep_token", "cls_token")}
     specials = {k: str(v) for k, v in specials.items() if v is not None}
     backend = _HFTokenizer.from_str(hf.backend_tokenizer.to_str())
-    return _finish(backend, name, specials, add_mask, repr(name))
+    template = getattr(hf, "chat_template", None)
+    if isinstance(template, dict):
+        template = template.get("default")
+    return _finish(backend, name, specials, add_mask, repr(name), template if isinstance(template, str) else None)
 
 
 @functools.lru_cache(maxsize=16)

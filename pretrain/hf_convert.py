@@ -216,6 +216,11 @@ def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32",
         tokenizer.save(tmp)
         tok_cfg = read_json(tmp / "tokenizer_config.json", "tokenizer config")
         tok_cfg["model_max_length"] = int(cfg.data.seq_len)
+        from data_pipeline.chat_template import default_chat_template  # its own, else ChatML where it has the tokens
+
+        template = default_chat_template(tokenizer)
+        if template:
+            tok_cfg["chat_template"] = template
         _write_json(tmp / "tokenizer_config.json", tok_cfg)
         for f in code:
             shutil.copyfile(HF_CODE_DIR / f, tmp / f)
