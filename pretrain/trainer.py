@@ -131,15 +131,18 @@ class Trainer:
         V = cfg.model.vocab_size
 
         def count(split: str, limit: int) -> torch.Tensor:
-            loader = self._loader(split)
+            loader = self._loader(split, pad_last=split == "val")  # the rows validate() scores
             c = torch.zeros(V, dtype=torch.float64)
             for i, batch in enumerate(loader):
                 if limit and i >= limit:
                     break
                 ids = batch["input_ids"]
+                keep = torch.ones_like(ids, dtype=torch.bool)
                 if "valid_mask" in batch:  # prompt/answer rows: the answer tokens, which validation scores
-                    ids = ids[batch["valid_mask"] & ~batch.get("context_mask", torch.zeros_like(ids, dtype=torch.bool))]
-                c += torch.bincount(ids.flatten(), minlength=V)[:V].double()
+                    keep &= batch["valid_mask"] & ~batch.get("context_mask", torch.zeros_like(keep))
+                if "pad_row" in batch:  # the filler rows of a padded last val batch are not scored
+                    keep &= ~batch["pad_row"][:, None]
+                c += torch.bincount(ids[keep], minlength=V)[:V].double()
             if dist.get_world_size(self.dp_group) > 1:
                 dist.all_reduce(c, group=self.dp_group)
             return c
@@ -152,8 +155,11 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict:
+        """val/nll, val/bpt, val/ppl over the rows of the val split it covers (val/rows: all of them
+        unless train.eval_batches stops earlier) and val/tokens. The last global batch is padded with
+        weight-0 filler rows (the loader's pad_last), so every rank and stage runs full batches."""
         cfg = self.cfg
-        loader = self._loader("val")
+        loader = self._loader("val", pad_last=True)
         limit = cfg.train.eval_batches * cfg.grad_accum(self.world)  # eval_batches global batches
         ema = self.ema.applied(self.model) if self.ema is not None else contextlib.nullcontext()
         acc: dict = {}
@@ -163,6 +169,7 @@ class Trainer:
             for i, batch in enumerate(loader):
                 if limit and i >= limit:
                     break
+                add_metrics(acc, {"rows": int((~batch["pad_row"]).sum())})
                 micro.append(self._prepare(batch, VAL, bound=True))
                 if len(micro) == 16:  # bounded memory on long validation splits
                     add_metrics(acc, self.stepper.eval_step(micro))
@@ -171,14 +178,21 @@ class Trainer:
             self.model.train()
         total = self.stepper.reduce(acc)
         s = summarize(total)
+        rows, n = int(total.get("rows", 0)), loader.num_samples
+        if not getattr(self, "_val_noted", False) and hasattr(self, "logger"):  # once per run: what val/nll covers
+            self._val_noted = True
+            self.logger.write(f"validation: all {n} rows of the val split" + (
+                f", the last batch padded with {loader.pad_samples} weight-0 rows" if loader.pad_samples else "")
+                if rows == n else f"validation: {rows} of the {n} rows of the val split (train.eval_batches = "
+                f"{cfg.train.eval_batches} global batches, or bad shards skipped)")
         return {"val/nll": s.get("nll"), "val/bpt": s.get("bpt"), "val/ppl": s.get("ppl"),
-                "val/tokens": total.get("nll_tokens", 0.0)}
+                "val/tokens": total.get("nll_tokens", 0.0), "val/rows": rows}
 
-    def _loader(self, split: str):
+    def _loader(self, split: str, pad_last: bool = False):
         cfg = self.cfg
         return build_loader(cfg.data, split=split, tokenizer=self.tokenizer, micro_batch=cfg.train.micro_batch,
                             dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.run.seed,
-                            global_batch=cfg.train.global_batch)
+                            global_batch=cfg.train.global_batch, pad_last=pad_last)
 
     def _prepare(self, batch: dict, stream: int, **kw):
         """Model inputs of a micro-batch, its noise keyed by the samples' global positions."""
