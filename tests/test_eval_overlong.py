@@ -143,3 +143,22 @@ def test_gsm8k_summarize_and_throughput_follow_the_same_policy(run_dir, tmp_path
     assert t["skipped_overlong"] == 1 and t["prompts_cut"] == 0
     recs = _out(tmp_path / "t")[2]
     assert all(r["prompt_tokens"] < 10 for r in recs.values())
+
+
+def test_gsm8k_through_lm_eval_skips_the_harness_prompts_that_do_not_fit(run_dir, tmp_path):
+    pytest.importorskip("lm_eval")
+    from data_pipeline.tokenizers import load_tokenizer
+
+    from eval.data import load_gsm8k
+    from eval.tasks.gsm8k import TEMPLATE
+
+    tok = load_tokenizer("gpt2")
+    long = sorted(e["id"] for e in load_gsm8k(str(FIX / "gsm8k_test.jsonl"))
+                  if len(tok.encode(TEMPLATE.format(question=e["question"]))) + 36 > 64)
+    out = tmp_path / "lm"
+    m = run_task("gsm8k", ["--checkpoint", str(run_dir), "--out", str(out), "--data", str(FIX / "gsm8k_test.jsonl"),
+                           "--backend", "lm-eval", "--max-new-tokens", "36"])["metrics"]
+    _, _, recs = _out(out)
+    assert sorted(k for k, r in recs.items() if r.get("skipped") == "overlong") == long  # harness doc ids = file order
+    assert m["skipped_overlong"] == len(long) and m["n"] == 12 - len(long) and "lm_eval/exact_match" in m
+    assert "skipped problems as wrong" in m["lm_eval/note"]
