@@ -89,11 +89,17 @@ def write_doc(doc: Path, result: dict, args, parser, total: float, loads) -> Non
     fams, per_seed = result["families"], result["per_seed"]
     first = per_seed[0]
     seeds = sorted({r["seed"] for r in per_seed})
+    secs = result.get("train_seconds") or []
+    known = [t for t in secs if t is not None]
+    trained = (f"training {sum(known) / 60:.1f} minutes summed over the {len(known)} runs, {args.jobs} at a time"
+               if len(known) == len(secs) and secs else
+               f"the {len(secs) - len(known)} runs trained by an earlier invocation of the same command were reused "
+               f"and their training time is not in it")
     lines = [
         f"# Family ordering study ({when})", "",
-        f"Regenerate with `{cmd}` (this file, the JSON and the PNG next to it). Ran at commit {rev} on {mach} in "
-        f"{total / 60:.1f} minutes, load average {loads[0][0]:.1f} at the start and {loads[1][0]:.1f} at the end "
-        "(the machine was shared with other jobs).", "",
+        f"Regenerate with `{cmd}` (this file, the JSON and the PNG next to it). Ran at commit {rev} on {mach}: "
+        f"{total / 60:.1f} minutes for this invocation ({trained}); load average {loads[0][0]:.1f} at the start "
+        f"and {loads[1][0]:.1f} at the end (the machine was shared with other jobs).", "",
         f"Every family: the same 2 x {args.hidden} model (tied GPT-2 embeddings), {args.steps} steps of 8 x 64 tokens of "
         f"the pydoc corpus (GPT-2 tokenizer), trained once per seed ({', '.join(map(str, seeds))}: initialisation, data "
         f"order and training noise). Bounds on the same {first['rows']} validation rows ({first['tokens']} scored tokens "

@@ -91,7 +91,18 @@ def train(name: str, seed: int, args) -> tuple[Path, float]:
     t0 = time.perf_counter()
     if not (run_dir / "checkpoints").is_dir() or args.retrain:
         Trainer(load_config(str(path), [])).train()
+        Path(args.out, f"{slug}.seconds").write_text(f"{time.perf_counter() - t0:.1f}\n")  # for the doc's header
     return run_dir, time.perf_counter() - t0
+
+
+def training_seconds(args) -> list[float | None]:
+    """Wall seconds each run's training took (None: trained by a version that did not record it)."""
+    out = []
+    for name, _ in FAMILIES:
+        for seed in seeds_of(args):
+            f = Path(args.out, f"{run_name(name, seed)}.seconds")
+            out.append(float(f.read_text()) if f.is_file() else None)
+    return out
 
 
 def train_parallel(args, argv: list[str]) -> None:
@@ -206,7 +217,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=3, help="training seeds per family (1234, 1235, ...)")
     p.add_argument("--steps", type=int, default=100, help="optimizer steps per run (8 sequences of 64 tokens each)")
     p.add_argument("--hidden", type=int, default=64, help="model width (2 layers, 4 heads, MLP 4x)")
-    p.add_argument("--orders", type=int, default=8, help="Monte-Carlo draws of each bound per sequence")
+    p.add_argument("--orders", type=int, default=4, help="Monte-Carlo draws of each bound per sequence")
     p.add_argument("--batches", type=int, default=0, help="validation batches of 16 sequences (0: the whole val split)")
     p.add_argument("--examples", type=int, default=3, help="prompts per threshold in the speed sweep")
     p.add_argument("--new-tokens", type=int, default=24)
@@ -249,7 +260,8 @@ def main(argv=None) -> int:
     per_seed, fams = bounds(args, runs)
     orders = [ordering(a, b, fams) for a, b in ORDERINGS]
     speed = speed_sweep(args, runs)
-    write_doc(Path(args.doc), {"per_seed": per_seed, "families": fams, "orderings": orders, "speed": speed},
+    write_doc(Path(args.doc), {"per_seed": per_seed, "families": fams, "orderings": orders, "speed": speed,
+                               "train_seconds": training_seconds(args)},
               args, p, time.perf_counter() - started, (load0, os.getloadavg()))
     print(Path(args.doc).read_text())
     return 0
