@@ -61,7 +61,7 @@ class GSM8KOptions(GenerationOptions):
 class GSM8KTask(GenerationTask):
     name = "gsm8k"
     help = "GSM8K final-answer accuracy (zero/few-shot; lm-evaluation-harness or direct)"
-    headline = ("accuracy", "n", "speed/tokens_per_s", "speed/tokens_per_step")
+    headline = ("accuracy", "n", "skipped_overlong", "speed/tokens_per_s", "speed/tokens_per_step")
     options = GSM8KOptions
 
     def __init__(self, args, shard, predictor=None):

@@ -57,7 +57,7 @@ class InfillOptions(GenerationOptions):
 class InfillTask(GenerationTask):
     name = "infill"
     help = "ROCStories infilling (sentence 3, or 2-4), ROUGE-1/2/L"
-    headline = ("rouge1", "rouge2", "rougeL", "n", "speed/tokens_per_s")
+    headline = ("rouge1", "rouge2", "rougeL", "n", "skipped_overlong", "speed/tokens_per_s")
     options = InfillOptions
 
     def __init__(self, args, shard, predictor=None):

@@ -63,7 +63,7 @@ class LikelihoodOptions(RunOptions):
 class LikelihoodTask(Task):
     name = "likelihood"
     help = "NLL / bits per token / perplexity bound on held-out shards or text"
-    headline = ("nll", "bpt", "ppl", "tokens")
+    headline = ("nll", "bpt", "ppl", "tokens", "sequences")
     options = LikelihoodOptions
 
     def __init__(self, args, shard, predictor=None):

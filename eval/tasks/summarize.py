@@ -38,7 +38,7 @@ class SummarizeOptions(GenerationOptions):
 class SummarizeTask(GenerationTask):
     name = "summarize"
     help = "CNN/DailyMail-style summarisation, ROUGE-1/2/L"
-    headline = ("rouge1", "rouge2", "rougeL", "rougeLsum", "n")
+    headline = ("rouge1", "rouge2", "rougeL", "rougeLsum", "n", "skipped_overlong")
     options = SummarizeOptions
 
     def __init__(self, args, shard, predictor=None):
