@@ -168,9 +168,10 @@ class TokenLoader:
     samples, at positions ``num_samples, num_samples + 1, ...``), and every val batch carries
     ``pad_row`` (bool [micro_batch], True for a filler row). The objectives give a filler row weight 0
     in the loss, the NLL and the token count (model/objectives/base.py), so the batch shape stays
-    fixed on every rank and stage while the totals are those of the real rows. ``epoch`` is the epoch of the latest sample delivered. Bad shards skipped under
-    ``skip_bad_shards`` are counted in ``skipped_shards`` / ``skipped_samples`` and logged; their samples
-    are left out of their micro-batches (a shorter batch, empty if all its samples were bad).
+    fixed on every rank and stage while the totals are those of the real rows. ``epoch`` is the
+    epoch of the latest sample delivered. Bad shards skipped under ``skip_bad_shards`` are counted in
+    ``skipped_shards`` / ``skipped_samples`` and logged; their samples are left out of their
+    micro-batches (a shorter batch, empty if all its samples were bad).
     """
 
     def __init__(self, source, cfg: DataConfig, *, split: str, micro_batch: int, dp_rank: int,
