@@ -120,8 +120,8 @@ def write_doc(doc: Path, result: dict, args, parser, total: float, loads) -> Non
     for o in result["orderings"]:
         lines.append(f"| {o['claim']} | {o['difference']:+.4f} | {o['sigma']:.4f} | {o['z']:+.1f} | {o['verdict']} |")
     lines += ["", "The combined s.e. of a difference is sqrt(s.e._A^2 + s.e._B^2) (families trained independently). "
-              "The paper's orderings are the first three; for SetDLM(D=4) against BD3-LM(B=4) it finds the two about "
-              "equal, so \"not resolved\" agrees with it there.", ""]
+              "The first three rows are the paper's orderings; the last compares SetDLM(D=4) with BD3-LM(B=4), which "
+              "the paper finds about equal (so there \"not resolved\" would agree with it, \"held\" would not).", ""]
     bd = next((f for f in fams.values() if "forced_mask" in f), None)
     if bd:
         fm = bd["forced_mask"]
