@@ -77,7 +77,7 @@ def seeds_of(args) -> list[int]:
     return [BASE_SEED + i for i in range(args.seeds)]
 
 
-def train(name: str, seed: int, args) -> tuple[Path, float]:
+def train(name: str, seed: int, args, retrain: bool | None = None) -> tuple[Path, float]:
     import yaml
 
     from pretrain.config import load_config
@@ -89,7 +89,7 @@ def train(name: str, seed: int, args) -> tuple[Path, float]:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(yaml.safe_dump(recipe(dict(FAMILIES)[name], args.steps, args.out, slug, args.hidden, seed)))
     t0 = time.perf_counter()
-    if not (run_dir / "checkpoints").is_dir() or args.retrain:
+    if not (run_dir / "checkpoints").is_dir() or (args.retrain if retrain is None else retrain):
         Trainer(load_config(str(path), [])).train()
         Path(args.out, f"{slug}.seconds").write_text(f"{time.perf_counter() - t0:.1f}\n")  # for the doc's header
     return run_dir, time.perf_counter() - t0
@@ -242,7 +242,8 @@ def main(argv=None) -> int:
         name, seed = args.train_only.rsplit("@", 1)
         train(name, int(seed), args)
         return 0
-    if args.jobs > 1:
+    trained_apart = args.jobs > 1  # then every run is trained (or retrained) by train_parallel's subprocesses
+    if trained_apart:
         train_parallel(args, argv if argv is not None else sys.argv[1:])
 
     import torch
@@ -255,7 +256,7 @@ def main(argv=None) -> int:
     runs = {}
     for name, _ in FAMILIES:
         for seed in seeds_of(args):
-            runs[name, seed], secs = train(name, seed, args)
+            runs[name, seed], secs = train(name, seed, args, retrain=False if trained_apart else None)
             print(f"[study] trained {name} seed {seed} in {secs:.0f} s", flush=True)
     per_seed, fams = bounds(args, runs)
     orders = [ordering(a, b, fams) for a, b in ORDERINGS]
