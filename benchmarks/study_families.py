@@ -90,6 +90,9 @@ def train(name: str, seed: int, args, retrain: bool | None = None) -> tuple[Path
     path.write_text(yaml.safe_dump(recipe(dict(FAMILIES)[name], args.steps, args.out, slug, args.hidden, seed)))
     t0 = time.perf_counter()
     if not (run_dir / "checkpoints").is_dir() or (args.retrain if retrain is None else retrain):
+        import shutil
+
+        shutil.rmtree(run_dir, ignore_errors=True)  # a run directory with checkpoints would resume, not retrain
         Trainer(load_config(str(path), [])).train()
         Path(args.out, f"{slug}.seconds").write_text(f"{time.perf_counter() - t0:.1f}\n")  # for the doc's header
     return run_dir, time.perf_counter() - t0
