@@ -98,7 +98,7 @@ def write_doc(doc: Path, result: dict, args, parser, total: float, loads) -> Non
     lines = [
         f"# Family ordering study ({when})", "",
         f"Regenerate with `{cmd}` (this file, the JSON and the PNG next to it). Ran at commit {rev} on {mach}: "
-        f"{total / 60:.1f} minutes for this invocation ({trained}); load average {loads[0][0]:.1f} at the start "
+        f"{total / 60:.1f} minutes wall for the whole command ({trained}); load average {loads[0][0]:.1f} at the start "
         f"and {loads[1][0]:.1f} at the end (the machine was shared with other jobs).", "",
         f"Every family: the same 2 x {args.hidden} model (tied GPT-2 embeddings), {args.steps} steps of 8 x 64 tokens of "
         f"the pydoc corpus (GPT-2 tokenizer), trained once per seed ({', '.join(map(str, seeds))}: initialisation, data "

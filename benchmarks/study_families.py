@@ -245,6 +245,7 @@ def main(argv=None) -> int:
         name, seed = args.train_only.rsplit("@", 1)
         train(name, int(seed), args)
         return 0
+    started, load0 = time.perf_counter(), os.getloadavg()  # the whole invocation, training included
     trained_apart = args.jobs > 1  # then every run is trained (or retrained) by train_parallel's subprocesses
     if trained_apart:
         train_parallel(args, argv if argv is not None else sys.argv[1:])
@@ -255,7 +256,6 @@ def main(argv=None) -> int:
 
     torch.set_num_threads(args.threads)
     os.environ.setdefault("WANDB_MODE", "disabled")
-    started, load0 = time.perf_counter(), os.getloadavg()
     runs = {}
     for name, _ in FAMILIES:
         for seed in seeds_of(args):
