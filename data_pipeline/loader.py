@@ -47,16 +47,22 @@ class TokenLoader:
     each other inside the global sequence); ``split="val"`` is one pass over the first
     ``num_samples // global_batch * global_batch`` samples, in the same order every time (``len(loader)``
     batches per rank, all full; ``loader.dropped_samples`` are left out), so every layout evaluates the
-    same samples. ``epoch`` is the epoch of the latest sample delivered. Bad shards skipped under
-    ``skip_bad_shards`` are counted in ``skipped_shards`` / ``skipped_samples`` and logged; their samples
-    are left out of their micro-batches (a shorter batch, empty if all its samples were bad). A mixture's
+    same samples. With ``pad_last=True`` a val pass covers every sample: the last global batch is
+    filled up to full size with ``loader.pad_samples`` filler rows (copies of the split's first
+    samples, at positions ``num_samples, num_samples + 1, ...``), and every val batch carries
+    ``pad_row`` (bool [micro_batch], True for a filler row). The objectives give a filler row weight 0
+    in the loss, the NLL and the token count (model/objectives/base.py), so the batch shape stays
+    fixed on every rank and stage while the totals are those of the real rows. ``epoch`` is the
+    epoch of the latest sample delivered. Bad shards skipped under ``skip_bad_shards`` are counted in
+    ``skipped_shards`` / ``skipped_samples`` and logged; their samples are left out of their
+    micro-batches (a shorter batch, empty if all its samples were bad). A mixture's
     train loader has ``mixture`` (its schedule), ``record()`` (per-source samples and tokens),
     ``source_epochs()``; under ``data.on_exhausted: stop`` it ends before the first step that would
     reread a source and names it in ``exhausted``.
     """
 
     def __init__(self, source, cfg: DataConfig, *, split: str, micro_batch: int, dp_rank: int,
-                 dp_size: int, seed: int, global_batch: int | None = None):
+                 dp_size: int, seed: int, global_batch: int | None = None, pad_last: bool = False):
         global_batch = micro_batch * dp_size if global_batch is None else global_batch
         order.check_layout(global_batch, micro_batch, dp_size)
         self.source, self.cfg, self.split = source, cfg, split
@@ -69,7 +75,13 @@ class TokenLoader:
         self._counts = counts
         self.num_samples = int(counts.sum())
         n_batches = None
-        if split == "val":
+        pad_from = None
+        self.pad_samples = self.dropped_samples = 0
+        if split == "val" and pad_last:
+            n_eval = -(-self.num_samples // global_batch) * global_batch  # whole global batches, the last padded
+            n_batches = n_eval // global_batch * self.accum
+            self.pad_samples, pad_from = n_eval - self.num_samples, self.num_samples
+        elif split == "val":
             n_eval = order.val_samples(self.num_samples, global_batch)
             if n_eval == 0:
                 raise ConfigError(f"micro_batch: the val split of {source.description} has {self.num_samples} "
@@ -82,7 +94,7 @@ class TokenLoader:
             if isinstance(source, MixtureSource) and split == "train" else None
         self._plan = Plan(source, split, micro_batch, global_batch, dp_rank, dp_size, max(1, cfg.num_workers), seed,
                            cfg.shuffle and split == "train", cfg.shuffle_window, cfg.skip_bad_shards,
-                           cfg.with_sample_ids, n_batches)
+                           cfg.with_sample_ids, n_batches, pad_from=pad_from)
         self._num_batches = n_batches
         self._start = 0  # global position of this loader's step 0
         self._batches = 0
@@ -104,6 +116,11 @@ class TokenLoader:
     def position(self) -> int:
         """Global position of the next optimizer step's first sample (exact at step boundaries)."""
         return self._start + self._batches // self.accum * self.global_batch
+
+    def batch_rows(self, j: int) -> int:
+        """Real (not filler) samples in this rank's val batch `j` of a pass (bad shards not counted out)."""
+        pos = order.rank_positions(j, 0, self.global_batch, self.micro_batch, self.dp_rank, self.dp_size)
+        return int((pos < self.num_samples).sum())
 
     def __len__(self) -> int:
         if self.split != "val":
@@ -217,9 +234,11 @@ class TokenLoader:
 
 
 def build_loader(cfg: DataConfig, *, split: str, tokenizer, micro_batch: int, dp_rank: int = 0,
-                 dp_size: int = 1, seed: int = 0, global_batch: int | None = None) -> TokenLoader:
+                 dp_size: int = 1, seed: int = 0, global_batch: int | None = None,
+                 pad_last: bool = False) -> TokenLoader:
     """The loader of `split` ("train" or "val") for data-parallel rank `dp_rank` of `dp_size`; `global_batch`
-    (sequences per optimizer step over all ranks) defaults to micro_batch * dp_size."""
+    (sequences per optimizer step over all ranks) defaults to micro_batch * dp_size. `pad_last` (val):
+    cover every sample, the last global batch filled with weight-0 filler rows (see TokenLoader)."""
     cfg.validate()
     check_split(split)
     for name, v, lo in (("micro_batch", micro_batch, 1), ("dp_size", dp_size, 1), ("dp_rank", dp_rank, 0),
@@ -230,4 +249,4 @@ def build_loader(cfg: DataConfig, *, split: str, tokenizer, micro_batch: int, dp
         raise ValueError(f"dp_rank: {dp_rank} is not below dp_size {dp_size}")
     source = open_source(cfg, tokenizer)
     return TokenLoader(source, cfg, split=split, micro_batch=micro_batch, dp_rank=dp_rank, dp_size=dp_size,
-                       seed=seed, global_batch=global_batch)
+                       seed=seed, global_batch=global_batch, pad_last=pad_last)

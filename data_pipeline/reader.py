@@ -39,6 +39,7 @@ class Plan:
     with_ids: bool
     n_batches: int | None  # val: batches per rank in one pass; train: None (infinite) or where a mixture stops
     blend: object = None  # a mixture's train split: its schedule (blend.Blend); None: one source
+    pad_from: int | None = None  # val with pad_last: positions from here on are filler rows
 
 
 @dataclass
@@ -152,6 +153,10 @@ def batches(plan: Plan, start: int, first: int, stride: int):
         else:
             batch = {"input_ids": torch.from_numpy(tokens.astype(np.int64))}
         batch["sample_index"] = torch.from_numpy(pos.copy())
+        if plan.pad_from is not None:  # the filler rows of a padded last validation batch
+            pad = pos >= plan.pad_from
+            batch["pad_row"] = torch.from_numpy(pad)
+            epochs = np.where(pad, 0, epochs)
         if plan.with_ids:
             batch["sample_id"] = torch.from_numpy(ids.astype(np.int64))
             batch["epoch"] = torch.from_numpy(epochs.astype(np.int64))

@@ -19,6 +19,7 @@ import logging
 from pathlib import Path
 
 from .errors import EvalError
+from .overlong import sort_overlong
 from .records import RecordReader, atomic_write
 from .units import Unit
 
@@ -108,11 +109,21 @@ def run_generation(task, run, after_unit=None) -> dict:
             reqs = sorted(requests, key=lambda r: r.doc_id)
             items = [{"id": str(r.doc_id), "doc": r.doc, "prompt": r.arguments[0],
                       "until": list(r.arguments[1].get("until") or [])} for r in reqs]
+            # --overlong on the harness's prompts (the few-shot ones exist only now): error refuses here,
+            # skip gives the prompts that do not fit a skip record instead of a generation
+            sizes, keep = [0] * len(items), set(range(len(items)))
+            if task.ckpt is not None:
+                sizes = [task.needs(x["prompt"]) for x in items]
+                keep = set(sort_overlong([x["id"] for x in items], sizes, int(task.ckpt.cfg.model.max_seq_len),
+                                         task.args.overlong, what="problems (the harness's prompts + --max-new-tokens)")[0])
+            for i, x in enumerate(items):
+                x["skip"] = None if i in keep else sizes[i]
             units = [Unit(u.index, u.keys, u.payload) for u in _chunks(items, task.args.batch_size)]
 
             def fn(unit):
                 return task._records(unit, [x["doc"] for x in unit.payload], [x["prompt"] for x in unit.payload],
-                                     unit.payload[0]["until"])
+                                     unit.payload[0]["until"],
+                                     skip={i: x["skip"] for i, x in enumerate(unit.payload) if x["skip"] is not None})
 
             stats.update(run.execute(units, fn, after_unit=after_unit))
             recs = RecordReader(run.out).refresh()

@@ -20,6 +20,7 @@ from common.schema import Field, PathText, like
 from model.sampling.config import FAMILIES, REMASKING, SamplingConfig
 
 from .errors import OptionError
+from .overlong import POLICIES
 
 __all__ = ["eval_options", "RunOptions", "DecodingOptions", "GenerationOptions", "sampling_config", "infill_window",
            "decoding_fields"]
@@ -76,6 +77,9 @@ class GenerationOptions(DecodingOptions, RunOptions):
     option_group = "decoding (unset: from the checkpoint's objective)"
 
     batch_size: int = Field(1, ge=1, description="examples decoded together (as in the paper)")
+    overlong: Literal[POLICIES] = Field("skip", description=(
+        "examples that do not fit the model's max_seq_len with the decoded tokens: skip (left out, counted in the "
+        "summary), truncate (cut to fit), error (refuse the run); eval/overlong.py"))
 
 
 def decoding_fields() -> tuple[str, ...]:

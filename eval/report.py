@@ -45,9 +45,19 @@ def summary_markdown(task: str, metrics: dict, spec: dict, created: dict, task_c
                  f"{created.get('time', '')}")
     if metrics.get("partial"):
         lines.append(f"\n**PARTIAL**: {metrics.get('missing_examples')} examples missing")
+    over = spec.get("overlong") or {}
+    if metrics.get("skipped_overlong"):
+        keys = over.get("skipped_keys") or []
+        lines.append(f"\n**SKIPPED**: {metrics['skipped_overlong']} examples do not fit the model's max_seq_len "
+                     f"{over.get('max_seq_len', '')} with the decoded tokens (--overlong {over.get('policy', 'skip')}); "
+                     + (f"the metrics are over the other {metrics['n']}" if "n" in metrics else "they were left out")
+                     + (f" (first skipped: {', '.join(map(str, keys[:5]))})" if keys else ""))
     if metrics.get("prompts_cut"):
-        lines.append(f"\n**TRUNCATED**: {metrics['prompts_cut']} prompts were cut from the left to fit the model's "
+        what = "contexts were cut" if spec.get("span") else "prompts were cut from the left"
+        lines.append(f"\n**TRUNCATED**: {metrics['prompts_cut']} {what} to fit the model's "
                      f"max_seq_len ({metrics.get('prompt_tokens_cut')} tokens in all)")
+    if metrics.get("articles_cut"):
+        lines.append(f"\n**TRUNCATED**: {metrics['articles_cut']} articles were cut to fit the model's max_seq_len")
     for k, v in metrics.items():
         if k.endswith("_warning") and v:
             lines.append(f"\n**WARNING** ({k}): {v}")

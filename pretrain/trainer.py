@@ -174,9 +174,12 @@ class Trainer:
                 if limit and i >= limit:
                     break
                 ids = batch["input_ids"]
+                keep = torch.ones_like(ids, dtype=torch.bool)
                 if "valid_mask" in batch:  # prompt/answer rows: the answer tokens, which validation scores
-                    ids = ids[batch["valid_mask"] & ~batch.get("context_mask", torch.zeros_like(ids, dtype=torch.bool))]
-                c += torch.bincount(ids.flatten(), minlength=V)[:V].double()
+                    keep &= batch["valid_mask"] & ~batch.get("context_mask", torch.zeros_like(keep))
+                if "pad_row" in batch:  # the filler rows of a padded last val batch are not scored
+                    keep &= ~batch["pad_row"][:, None]
+                c += torch.bincount(ids[keep], minlength=V)[:V].double()
             if dist.get_world_size(self.dp_group) > 1:
                 dist.all_reduce(c, group=self.dp_group)
             return c
@@ -192,19 +195,25 @@ class Trainer:
 
     @torch.no_grad()
     def validate(self) -> dict:
-        """val/nll, val/bpt, val/ppl, val/tokens; a mixture adds val/nll/NAME and val/tokens/NAME per source
-        (each source's val split scored as a one-source run scores it) and its totals are the weighted means."""
+        """val/nll, val/bpt, val/ppl over the rows of the val split it covers (val/rows: all of them
+        unless train.eval_batches stops earlier) and val/tokens. The last global batch is padded with
+        weight-0 filler rows (the loader's pad_last), so every rank and stage runs full batches. A mixture
+        adds val/nll/NAME and val/tokens/NAME per source (each source's val split scored as a one-source
+        run scores it) and its totals are the weighted means."""
         parts = self._val_loaders()
         ema = self.ema.applied(self.model) if self.ema is not None else contextlib.nullcontext()
         with ema:  # validate the EMA weights, as they are the ones exported
             self.model.eval()
             totals = [self._score(loader) for _, _, loader in parts]
             self.model.train()
+        self._note_val_rows(sum(int(t.get("rows", 0)) for t in totals), sum(ld.num_samples for _, _, ld in parts),
+                            sum(ld.pad_samples for _, _, ld in parts))
+        rows = sum(int(t.get("rows", 0)) for t in totals)
         if len(parts) == 1 and parts[0][0] is None:
             total = totals[0]
             s = summarize(total)
             return {"val/nll": s.get("nll"), "val/bpt": s.get("bpt"), "val/ppl": s.get("ppl"),
-                    "val/tokens": total.get("nll_tokens", 0.0)}
+                    "val/tokens": total.get("nll_tokens", 0.0), "val/rows": rows}
         out, nll = {}, 0.0
         for (name, share, _), total in zip(parts, totals):
             s = summarize(total)
@@ -212,16 +221,28 @@ class Trainer:
             nll = None if nll is None or s.get("nll") is None else nll + share * s["nll"]
         return {"val/nll": nll, "val/bpt": None if nll is None else nll / math.log(2),
                 "val/ppl": None if nll is None else math.exp(min(nll, 50.0)),
-                "val/tokens": sum(out[f"val/tokens/{n}"] for n, _, _ in parts), **out}
+                "val/tokens": sum(out[f"val/tokens/{n}"] for n, _, _ in parts), "val/rows": rows, **out}
+
+    def _note_val_rows(self, rows: int, n: int, padded: int) -> None:
+        """Once per run: which rows val/nll covers."""
+        if getattr(self, "_val_noted", False) or not hasattr(self, "logger"):
+            return
+        self._val_noted = True
+        self.logger.write(f"validation: all {n} rows of the val split" + (
+            f", the last batch padded with {padded} weight-0 rows" if padded else "")
+            if rows == n else f"validation: {rows} of the {n} rows of the val split (train.eval_batches = "
+            f"{self.cfg.train.eval_batches} global batches, or bad shards skipped)")
 
     def _score(self, loader) -> dict:
-        """Summed objective metrics of (train.eval_batches global batches of) a validation loader."""
+        """Summed objective metrics (and `rows`: the real rows scored) of (train.eval_batches global
+        batches of) a validation loader."""
         limit = self.cfg.train.eval_batches * self.cfg.grad_accum(self.world)  # eval_batches global batches
         acc: dict = {}
         micro = []
         for i, batch in enumerate(loader):
             if limit and i >= limit:
                 break
+            add_metrics(acc, {"rows": int((~batch["pad_row"]).sum()) if "pad_row" in batch else len(batch["input_ids"])})
             micro.append(self._prepare(batch, VAL, bound=True))
             if len(micro) == 16:  # bounded memory on long validation splits
                 add_metrics(acc, self.stepper.eval_step(micro))
@@ -230,16 +251,16 @@ class Trainer:
         return self.stepper.reduce(acc)
 
     def _val_loaders(self) -> list[tuple[str | None, float, object]]:
-        """(name, share, val loader): one source (name None), or each source of a mixture."""
+        """(name, share, val loader with pad_last): one source (name None), or each source of a mixture."""
         if not self.cfg.data.mixture:
-            return [(None, 1.0, self._loader("val"))]
-        return [(name, share, self._loader("val", one)) for name, share, one in source_configs(self.cfg.data)]
+            return [(None, 1.0, self._loader("val", pad_last=True))]
+        return [(name, share, self._loader("val", one, pad_last=True)) for name, share, one in source_configs(self.cfg.data)]
 
-    def _loader(self, split: str, data=None):
+    def _loader(self, split: str, data=None, pad_last: bool = False):
         cfg = self.cfg
         return build_loader(data or cfg.data, split=split, tokenizer=self.tokenizer, micro_batch=cfg.train.micro_batch,
                             dp_rank=self.dp_rank, dp_size=self.dp_size, seed=cfg.run.seed,
-                            global_batch=cfg.train.global_batch)
+                            global_batch=cfg.train.global_batch, pad_last=pad_last)
 
     def _prepare(self, batch: dict, stream: int, **kw):
         """Model inputs of a micro-batch, its noise keyed by the samples' global positions."""

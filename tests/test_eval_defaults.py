@@ -142,7 +142,7 @@ def test_generate_refuses_to_decode_past_max_seq_len():
 def test_truncation_and_weights_are_reported(runs, tmp_path):
     out = tmp_path / "g"
     m = api.gsm8k(checkpoint=str(runs["setdlm"]), out=out, data=str(FIX / "gsm8k_test.jsonl"), backend="direct",
-                  fewshot=2, fewshot_data=str(FIX / "gsm8k_test.jsonl"), max_new_tokens=8, limit=2)
+                  fewshot=2, fewshot_data=str(FIX / "gsm8k_test.jsonl"), max_new_tokens=8, limit=2, overlong="truncate")
     assert m["prompts_cut"] == 2 and m["prompt_tokens_cut"] > 0  # two solved examples do not fit 64 tokens
     summary = (out / "summary.md").read_text()
     assert "**TRUNCATED**: 2 prompts" in summary

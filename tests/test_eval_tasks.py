@@ -162,7 +162,7 @@ def test_gsm8k_gold_generations_score_100_and_shuffled_0(tmp_path, backend):
 def test_gsm8k_generation_is_rank_independent_and_resumes(run_dir, tmp_path):
     base = ["--checkpoint", str(run_dir), "--data", str(FIX / "gsm8k_test.jsonl"), "--limit", "4",
             "--max-new-tokens", "4", "--backend", "direct", "--fewshot", "1",
-            "--fewshot-data", str(FIX / "gsm8k_train.jsonl"), "--temperature", "1.0"]
+            "--fewshot-data", str(FIX / "gsm8k_train.jsonl"), "--temperature", "1.0", "--overlong", "truncate"]
     one = run_task("gsm8k", base + ["--out", str(tmp_path / "one")])
     for i in (0, 1):
         run_task("gsm8k", base + ["--out", str(tmp_path / "two"), "--shard", f"{i}/2"])
@@ -200,7 +200,7 @@ def test_infill_summarize_uncond_throughput_run_end_to_end(run_dir, tmp_path):
     assert rec["n_tokens"] == rec["span_tokens"] > 10 and 0.0 <= m["rouge1"] <= 1.0
 
     m = run_task("summarize", ck + ["--out", str(tmp_path / "sum"), "--data", str(FIX / "cnndm.csv"), "--limit", "2",
-                                    "--max-new-tokens", "12"])["metrics"]
+                                    "--max-new-tokens", "12", "--overlong", "truncate"])["metrics"]
     assert m["n"] == 2 and m["articles_cut"] >= 1  # 64-token context: long articles are cut to fit
     rec = _records(tmp_path / "sum")[0]
     assert rec["article_cut"] and rec["prompt_tokens"] + 12 <= 64 and rec["prompt_cut"] == 0

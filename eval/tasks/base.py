@@ -5,6 +5,7 @@ from __future__ import annotations
 from ..metrics import mean, percentile
 from ..models import Checkpoint, ModelPredictor, pick_device, prompt_budget, sampling_spec
 from ..options import GenerationOptions, RunOptions, sampling_config
+from ..overlong import sort_overlong
 from ..shard import Shard
 from ..units import EvalRun, Unit, seed_for
 
@@ -79,6 +80,7 @@ class GenerationTask(Task):
 
     def __init__(self, args, shard, predictor=None):
         super().__init__(args, shard, predictor)
+        self.overlong = {"policy": args.overlong, "overlong": 0, "skipped": 0, "skipped_keys": []}
         self.sampling = None
         if self.predictor is None:
             self.sampling = sampling_config(self.ckpt.cfg.objective, args, window=self.default_window(),
@@ -99,6 +101,17 @@ class GenerationTask(Task):
             need = 1  # AR starts an empty prompt from EOS
         prompt_budget(self.ckpt.cfg.model.max_seq_len, self.sampling.max_new_tokens, min_prompt=need)
 
+    def fit(self, examples: list, sizes: list[int], *, what: str, option: str = "--data", floors=None,
+            key=lambda e: e["id"]) -> list:
+        """The examples that run under --overlong (eval/overlong.py), given each one's tokens with the
+        decoded ones; records what was left out for the spec. Without a checkpoint (a test predictor)
+        every example runs."""
+        if self.ckpt is None:
+            return examples
+        keep, self.overlong = sort_overlong([str(key(e)) for e in examples], sizes, int(self.ckpt.cfg.model.max_seq_len),
+                                            self.args.overlong, what=what, option=option, floors=floors)
+        return [examples[i] for i in keep]
+
     def default_window(self) -> int | None:
         """SW-SetDLM window when --window is not given (None: D)."""
         return None
@@ -110,6 +123,7 @@ class GenerationTask(Task):
     def spec(self) -> dict:
         s = super().spec()
         s["batch_size"] = self.args.batch_size
+        s["overlong"] = self.overlong
         if self.sampling is not None:
             s["sampling"] = sampling_spec(self.sampling)
         return s
@@ -121,12 +135,6 @@ class GenerationTask(Task):
 
     def unit_seed(self, unit: Unit) -> int:
         return seed_for(self.seed, self.name, unit.keys[0])
-
-
-def truncation_metrics(records: list[dict]) -> dict:
-    """How many prompts were cut (from the left) to fit max_seq_len, and by how many tokens in all."""
-    cut = [int(r.get("prompt_cut") or 0) for r in records]
-    return {"prompts_cut": sum(c > 0 for c in cut), "prompt_tokens_cut": sum(cut)}
 
 
 def speed_metrics(records: list[dict]) -> dict:
@@ -143,4 +151,4 @@ def speed_metrics(records: list[dict]) -> dict:
             "speed/steps": mean([r.get("steps", 0) for r in recs]), "speed/new_tokens": mean([r["n_tokens"] for r in recs])}
 
 
-__all__ = ["UNIT_BATCHES", "Task", "GenerationTask", "chunk_units", "speed_metrics", "truncation_metrics", "seed_for", "Unit"]
+__all__ = ["UNIT_BATCHES", "Task", "GenerationTask", "chunk_units", "speed_metrics", "seed_for", "Unit"]

@@ -26,8 +26,9 @@ from ..data import load_gsm8k
 from ..errors import EvalError
 from ..metrics import extract_answer, gold_answer, mean
 from ..options import GenerationOptions, eval_options
+from ..overlong import overlong_metrics, scored, skip_record
 from ..units import Unit
-from .base import GenerationTask, chunk_units, speed_metrics, truncation_metrics
+from .base import GenerationTask, chunk_units, speed_metrics
 
 TEMPLATE = "Question: {question}\nAnswer:"
 STOP = ["Question:"]
@@ -60,7 +61,7 @@ class GSM8KOptions(GenerationOptions):
 class GSM8KTask(GenerationTask):
     name = "gsm8k"
     help = "GSM8K final-answer accuracy (zero/few-shot; lm-evaluation-harness or direct)"
-    headline = ("accuracy", "n", "speed/tokens_per_s", "speed/tokens_per_step")
+    headline = ("accuracy", "n", "skipped_overlong", "speed/tokens_per_s", "speed/tokens_per_step")
     options = GSM8KOptions
 
     def __init__(self, args, shard, predictor=None):
@@ -86,6 +87,14 @@ class GSM8KTask(GenerationTask):
                 raise EvalError("--fewshot-data: required with --fewshot > 0 (a JSONL of solved problems, e.g. the train split)")
             if len(self.pool) < args.fewshot + 1:
                 raise EvalError(f"--fewshot-data: {len(self.pool)} examples, fewer than --fewshot {args.fewshot} + 1")
+        if self.backend == "direct" and self.tokenizer is not None:  # --overlong (lm-eval: on its prompts, later)
+            self.examples = self.fit(self.examples, [self.needs(self.prompt(e)) for e in self.examples],
+                                     what="problems (prompt, few-shot examples included, + --max-new-tokens)")
+
+    def needs(self, prompt) -> int:
+        """Tokens a prompt (text or ids) needs with the decoded ones."""
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else prompt
+        return len(ids) + self.args.max_new_tokens
 
     @property
     def chat(self) -> bool:
@@ -118,11 +127,20 @@ class GSM8KTask(GenerationTask):
     def units(self) -> list[Unit]:
         return chunk_units(self.examples, self.unit_size())
 
-    def _records(self, unit: Unit, docs: list[dict], prompts: list[str], stop: list[str]) -> list[dict]:
-        outs = self.predictor.complete(prompts, self.unit_seed(unit), examples=docs, stop=list(stop),
-                                       max_batch=self.args.batch_size)
+    def _records(self, unit: Unit, docs: list[dict], prompts: list[str], stop: list[str],
+                 skip: dict | None = None) -> list[dict]:
+        """Records of a unit's problems; `skip`: {index in the unit: tokens needed} of prompts the
+        --overlong policy leaves out at run time (lm-eval)."""
+        skip = skip or {}
+        run = [i for i in range(len(docs)) if i not in skip]
+        outs = iter(self.predictor.complete([prompts[i] for i in run], self.unit_seed(unit), examples=[docs[i] for i in run],
+                                            stop=list(stop), max_batch=self.args.batch_size) if run else [])
         recs = []
-        for key, doc, prompt, o in zip(unit.keys, docs, prompts, outs):
+        for i, (key, doc, prompt) in enumerate(zip(unit.keys, docs, prompts)):
+            if i in skip:
+                recs.append(skip_record(key, skip[i], question=doc["question"], prompt=prompt, generation=""))
+                continue
+            o = next(outs)
             gold = gold_answer(doc["answer"])
             pred, rule = extract_answer(o["text"])
             recs.append({"key": key, "question": doc["question"], "gold": gold, "prediction": pred, "rule": rule,
@@ -144,15 +162,19 @@ class GSM8KTask(GenerationTask):
     # -- metrics -------------------------------------------------------------------------------
     @staticmethod
     def aggregate(records, spec, out=None) -> dict:
+        ran = scored(records)
         rules: dict = {}
-        for r in records:
+        for r in ran:
             rules[r["rule"]] = rules.get(r["rule"], 0) + 1
-        m = {"accuracy": mean([float(r["correct"]) for r in records]), "n": len(records),
+        m = {"accuracy": mean([float(r["correct"]) for r in ran]), "n": len(ran),
              "extraction": rules, "backend": spec.get("backend"), "fewshot": spec.get("fewshot")}
-        m.update(truncation_metrics(records))  # prompts (few-shot context included) cut to fit max_seq_len
-        m.update(speed_metrics(records))
+        m.update(overlong_metrics(records, spec))  # problems skipped, or prompts (few-shot included) cut, to fit
+        m.update(speed_metrics(ran))
         if spec.get("backend") == "lm-eval" and out is not None:
             from ..lmeval import replay_metrics
 
             m.update(replay_metrics(out, records, spec))
+            if len(ran) < len(records):
+                m["lm_eval/note"] = (f"the harness's exact_match counts the {len(records) - len(ran)} skipped problems "
+                                     "as wrong; accuracy is over the problems that ran")
         return m

@@ -7,7 +7,9 @@ discrete form, see model/objectives/mdlm.py), normalised by the tokens, AR the e
 randomness follow the training validation: order 0 of a val-split sample draws its orders / noise
 from (seed, its global position in the val order) as the trainer does (model/noise.py), so with the
 recipe's seed, global batch and number of batches (`--match-training`) the value equals `val/nll` in
-the run's metrics.jsonl -- whatever the layout of the run or the number of evaluation ranks. `--text`
+the run's metrics.jsonl -- whatever the layout of the run or the number of evaluation ranks. Every
+row of the val split is scored (up to `--max-batches`): as in training validation, the last global
+batch is filled with weight-0 filler rows, and `sequences` counts the real rows. `--text`
 batches draw from the generator seeded `seed + 7919`, replayed over the batches a rank skips. `--orders K` adds K-1 orders per
 sequence, each from its own seeded generator; the reported bound is their mean (and, for SetDLM,
 the tighter importance-weighted bound -log mean_k p(x | order_k)).
@@ -61,7 +63,7 @@ class LikelihoodOptions(RunOptions):
 class LikelihoodTask(Task):
     name = "likelihood"
     help = "NLL / bits per token / perplexity bound on held-out shards or text"
-    headline = ("nll", "bpt", "ppl", "tokens")
+    headline = ("nll", "bpt", "ppl", "tokens", "sequences")
     options = LikelihoodOptions
 
     def __init__(self, args, shard, predictor=None):
@@ -111,7 +113,8 @@ class LikelihoodTask(Task):
 
         try:
             return build_loader(self.data_cfg, split="val", tokenizer=self.ckpt.tokenizer, micro_batch=self.batch_size,
-                                dp_rank=k, dp_size=self.dp, seed=self.seed, global_batch=self.global_batch)
+                                dp_rank=k, dp_size=self.dp, seed=self.seed, global_batch=self.global_batch,
+                                pad_last=True)
         except ValueError as e:
             raise EvalError(f"--data: {e}") from None
 
@@ -142,10 +145,12 @@ class LikelihoodTask(Task):
             return [(0, j, len(b["input_ids"])) for j, b in enumerate(self._texts)]
         out = []
         for k in range(self.dp):
-            n = len(self._loader(k))
+            loader = self._loader(k)
+            n = len(loader)
             if self.max_batches:
                 n = min(n, self.max_batches)
-            out += [(k, j, self.batch_size) for j in range(n)]
+            rows = [loader.batch_rows(j) for j in range(n)]  # the last batch: its real rows (the rest is filler)
+            out += [(k, j, r) for j, r in enumerate(rows) if r]
         return out
 
     def spec(self) -> dict:

@@ -1,8 +1,10 @@
 """summarize: CNN/DailyMail-style summaries, ROUGE-1/2/L/Lsum against the highlights.
 
-Prompt: ``--template`` (default ``{article}\\n\\nTL;DR:``); the article is cut (its beginning kept,
-at a token boundary) so that prompt + ``--max-new-tokens`` fit the model's context; examples whose
-article was cut are counted. Decoding stops at EOS or a blank line.
+Prompt: ``--template`` (default ``{article}\\n\\nTL;DR:``). An article too long for prompt +
+``--max-new-tokens`` to fit the model's context follows ``--overlong`` (eval/overlong.py): skipped
+and counted by default; ``truncate`` cuts the article (its beginning kept, at a token boundary) and
+counts the examples whose article was cut; ``error`` refuses the run. Decoding stops at EOS or a
+blank line.
 """
 
 from __future__ import annotations
@@ -13,8 +15,9 @@ from ..data import load_cnndm
 from ..errors import EvalError, OptionError
 from ..metrics import ROUGE_TYPES, mean, rouge
 from ..options import GenerationOptions, eval_options
+from ..overlong import overlong_metrics
 from ..units import Unit
-from .base import GenerationTask, chunk_units, speed_metrics, truncation_metrics
+from .base import GenerationTask, chunk_units, speed_metrics
 
 TEMPLATE = "{article}\n\nTL;DR:"
 
@@ -35,7 +38,7 @@ class SummarizeOptions(GenerationOptions):
 class SummarizeTask(GenerationTask):
     name = "summarize"
     help = "CNN/DailyMail-style summarisation, ROUGE-1/2/L"
-    headline = ("rouge1", "rouge2", "rougeL", "rougeLsum", "n")
+    headline = ("rouge1", "rouge2", "rougeL", "rougeLsum", "n", "skipped_overlong")
     options = SummarizeOptions
 
     def __init__(self, args, shard, predictor=None):
@@ -45,6 +48,10 @@ class SummarizeTask(GenerationTask):
         self.docs = load_cnndm(args.data)
         if args.limit:
             self.docs = self.docs[: args.limit]
+        if self.tokenizer is not None and self.ckpt is not None:
+            fixed = self.fixed_tokens() + self.args.max_new_tokens
+            self.docs = self.fit(self.docs, [fixed + len(self.tokenizer.encode(d["article"])) for d in self.docs],
+                                 what="articles (prompt + --max-new-tokens)")
 
     def sampling_extra(self) -> dict:
         return {"stop": list(self.args.stop) if self.args.stop else ["\n\n"]}
@@ -57,13 +64,18 @@ class SummarizeTask(GenerationTask):
     def units(self) -> list[Unit]:
         return chunk_units(self.docs, self.unit_size())
 
+    def fixed_tokens(self) -> int:
+        """Tokens of the template around the article."""
+        head, tail = self.args.template.split("{article}", 1)
+        return len(self.tokenizer.encode(head)) + len(self.tokenizer.encode(tail))
+
     def prompt(self, article: str) -> tuple[str, bool]:
+        """(prompt, whether the article was cut to fit: only under --overlong truncate)."""
         tok = self.tokenizer
         if tok is None or self.ckpt is None:
             return self.args.template.format(article=article), False
         head, tail = self.args.template.split("{article}", 1)
-        fixed = len(tok.encode(head)) + len(tok.encode(tail))
-        budget = int(self.ckpt.cfg.model.max_seq_len) - self.args.max_new_tokens - fixed
+        budget = int(self.ckpt.cfg.model.max_seq_len) - self.args.max_new_tokens - self.fixed_tokens()
         if budget < 1:
             raise EvalError(f"--max-new-tokens: {self.args.max_new_tokens} leaves no room for the article in the model's "
                             f"max_seq_len {self.ckpt.cfg.model.max_seq_len}")
@@ -88,6 +100,6 @@ class SummarizeTask(GenerationTask):
         m = {t: mean([r[t] for r in records]) for t in ROUGE_TYPES}
         m.update(n=len(records), articles_cut=sum(1 for r in records if r.get("article_cut")),
                  summary_tokens=mean([r.get("n_tokens") for r in records]))
-        m.update(truncation_metrics(records))
+        m.update(overlong_metrics(records, spec))
         m.update(speed_metrics(records))
         return m

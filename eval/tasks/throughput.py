@@ -27,9 +27,10 @@ from ..errors import EvalError
 from ..metrics import mean, percentile, unigram_entropy
 from ..models import ModelPredictor
 from ..options import GenerationOptions, eval_options
+from ..overlong import overlong_metrics
 from ..scoring import Scorer
 from ..units import Unit
-from .base import GenerationTask, truncation_metrics
+from .base import GenerationTask
 
 
 def parse_value(v: str):
@@ -105,6 +106,17 @@ class ThroughputTask(GenerationTask):
                 self._predictors[label] = self.predictor
         self.scorer = Scorer(args.scorer, self.ckpt.device) if args.scorer else None
         self._warm: set = set()
+        self._texts = None
+        if args.prompts:  # --overlong on the prompt file (val prompts of --prompt-tokens fit: check_fits)
+            from ..data import load_prompts
+
+            texts = load_prompts(args.prompts)
+            if not texts:
+                raise EvalError(f"--prompts: {args.prompts} holds no prompts")
+            ids = [self.tokenizer.encode(t) for t in texts]
+            kept = self.fit(list(range(len(ids))), [len(p) + args.max_new_tokens for p in ids],
+                            what="prompts (+ --max-new-tokens)", option="--prompts", key=lambda i: f"prompt {i + 1}")
+            self._texts = [ids[i] for i in kept]
 
     def sampling_extra(self) -> dict:
         return {"stop_on_eos": not self.args.no_eos_stop, "compile": self.args.compile}
@@ -114,13 +126,8 @@ class ThroughputTask(GenerationTask):
 
     def prompts(self) -> list[list[int]]:
         n, tok = self.args.num_examples, self.tokenizer
-        if self.args.prompts:
-            from ..data import load_prompts
-
-            texts = load_prompts(self.args.prompts)
-            if not texts:
-                raise EvalError(f"--prompts: {self.args.prompts} holds no prompts")
-            return [tok.encode(texts[i % len(texts)]) for i in range(n)]
+        if self._texts is not None:
+            return [list(self._texts[i % len(self._texts)]) for i in range(n)]
         if self.args.prompt_tokens == 0:
             return [[] for _ in range(n)]
         from data_pipeline.loader import build_loader
@@ -201,7 +208,7 @@ class ThroughputTask(GenerationTask):
                     n = sum(r["gen_scored_tokens"] for r in rs)
                     row["gen_ppl"] = math.exp(min(sum(r["gen_nll"] for r in rs) / n, 50.0)) if n else None
                 rows.append(row)
-        m = {"rows": rows, **truncation_metrics(records)}
+        m = {"rows": rows, **overlong_metrics(records, spec)}
         base = next((r for r in rows if r["setting"] == "base" and r["batch_size"] == min(spec.get("batch_sizes", [1]))), None)
         if base:
             m.update({k: base[k] for k in ("tokens_per_s", "latency_s", "tokens_per_step", "batch_size")})

@@ -56,6 +56,9 @@ class Objective:
         valid = torch.ones_like(x, dtype=torch.bool) if valid is None else valid.bool()
         context = batch.get("context_mask")
         context = torch.zeros_like(x, dtype=torch.bool) if context is None else context.bool() & valid
+        pad = batch.get("pad_row")
+        if pad is not None:  # filler rows of a padded validation batch: all given, nothing predicted or counted
+            context = context | (pad.bool()[:, None] & valid)
         return x, valid, context
 
     def mask(self, kind: str, length: int, device, key_valid=None, block_size: int = 0):

@@ -1,0 +1,55 @@
+"""The family study's error bars: seeds and Monte-Carlo draws combined, and orderings stated at them.
+
+Each family is trained with N seeds (the seed sets the initialisation, the data order and the noise
+draws of training); each trained model's bound is estimated on the same validation rows with K
+Monte-Carlo draws per row (AR: exact, K = 1), giving a value ``x_s`` and its Monte-Carlo standard
+error ``mc_s`` (std over the K draws / sqrt(K)).
+
+Per family (`family_summary`):
+
+- ``mean`` = mean over seeds of ``x_s``;
+- ``seed_sd`` = sample standard deviation of the ``x_s`` (N - 1 in the denominator; 0 for one seed);
+- ``mc_se`` = Monte-Carlo s.e. of the mean, sqrt(sum_s mc_s^2) / N;
+- ``se`` = the combined standard error of the mean, sqrt(seed_sd^2 / N + mc_se^2).
+
+``seed_sd^2 / N`` is the usual standard error of a mean over seeds; the spread of the ``x_s`` already
+contains their Monte-Carlo noise, so adding ``mc_se^2`` counts it twice. We add it anyway: it is a
+conservative (wider) error bar, and with three seeds ``seed_sd`` is itself a rough estimate that can
+come out small by chance, which the Monte-Carlo term keeps from hiding.
+
+An ordering "A < B" (`ordering`) is **held** when the difference of the means, d = mean_B - mean_A, is
+more than ``Z`` = 2 combined standard errors of the difference, sqrt(se_A^2 + se_B^2) (families
+trained independently); **reversed** when d < -Z sigma; **not resolved** otherwise.
+"""
+
+from __future__ import annotations
+
+import math
+
+Z = 2.0  # standard errors of a difference for an ordering to count as held (about 95 %)
+
+
+def family_summary(values: list[float], mc_ses: list[float]) -> dict:
+    """Mean over seeds, seed std, Monte-Carlo s.e. of the mean and the combined s.e. (module docstring)."""
+    n = len(values)
+    if n == 0 or len(mc_ses) != n:
+        raise ValueError(f"family_summary: {n} values and {len(mc_ses)} Monte-Carlo errors")
+    mean = sum(values) / n
+    seed_sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    mc_se = math.sqrt(sum(e * e for e in mc_ses)) / n
+    return {"mean": mean, "seed_sd": seed_sd, "mc_se": mc_se, "se": math.sqrt(seed_sd ** 2 / n + mc_se ** 2),
+            "seeds": n}
+
+
+def ordering(a: str, b: str, fams: dict) -> dict:
+    """Whether "a < b" holds at the combined error; `fams` maps a family to its `family_summary`."""
+    d = fams[b]["mean"] - fams[a]["mean"]
+    sigma = math.hypot(fams[a]["se"], fams[b]["se"])
+    if d > Z * sigma:
+        verdict = "held"
+    elif d < -Z * sigma:
+        verdict = "reversed"
+    else:
+        verdict = "not resolved"
+    z = d / sigma if sigma > 0 else math.copysign(math.inf, d) if d else 0.0
+    return {"claim": f"{a} < {b}", "difference": d, "sigma": sigma, "z": z, "verdict": verdict}
