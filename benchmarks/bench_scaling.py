@@ -132,7 +132,7 @@ def worker(args) -> None:
     cfg = from_dict({**RECIPE, "parallel": {"tp": args.tp, "pp": args.pp, "zero_stage": args.zero}})
     cfg.validate(world)
     ensure_model_parallel(args.tp, args.pp)
-    dp, dp_rank = parallel_state.get_data_parallel_world_size(), parallel_state.get_data_parallel_rank()
+    dp_rank = parallel_state.get_data_parallel_rank()
     stage = parallel_state.get_pipeline_model_parallel_rank()
     # Modules imported on first use would count as training memory: import them before the baseline.
     import deepspeed.runtime.engine  # noqa: F401

@@ -18,6 +18,7 @@ line (`setdlm CMD: error: ...`, exit status 2) and `SETDLM_DEBUG=1` shows the tr
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 # subcommand -> (module, function taking argv, one-line help)

@@ -17,7 +17,7 @@ import pytest  # noqa: E402
 from common.errors import Error  # noqa: E402
 from data_pipeline.corpus import builtin_text  # noqa: E402
 from data_pipeline.prepare import prepare  # noqa: E402
-from data_pipeline.prompt_answer import ExampleError, prepare_examples  # noqa: E402
+from data_pipeline.prompt_answer import prepare_examples  # noqa: E402
 
 QUIET = {"log": lambda m: None}
 DOCS = builtin_text("pydoc_topics")[:24]
