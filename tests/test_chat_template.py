@@ -242,7 +242,7 @@ def test_exports_carry_the_chat_template(qwen, tmp_path):
     from data_pipeline.prompt_answer import chatml_prompt
     from data_pipeline.tokenizers import load_tokenizer
     from helpers import write_recipe
-    from model.transformer import Transformer, megatron_config
+    from model.transformer import Transformer
     from pretrain.config import load_config
     from pretrain.hf_convert import export_checkpoint, write_run
 
@@ -253,7 +253,7 @@ def test_exports_carry_the_chat_template(qwen, tmp_path):
                                                                    "model.hidden=16", "model.ffn_hidden=32"])
         cfg.resolve_vocab(tok)
         torch.manual_seed(0)
-        write_run(tmp_path / name, cfg, Transformer(cfg.model, megatron_config()).state_dict(), tok, info={},
+        write_run(tmp_path / name, cfg, Transformer(cfg.model).state_dict(), tok, info={},
                   log=lambda s: None)
         out = export_checkpoint(tmp_path / name, tmp_path / f"{name}-hf", log=lambda s: None)
         tcfg = json.loads((out / "tokenizer_config.json").read_text())
