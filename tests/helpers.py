@@ -77,6 +77,43 @@ def kill_after_checkpoint(recipe, out, run_name: str, step: int, timeout: float 
     return latest.read_text()
 
 
+
+def killed_and_resumed(recipe, tmp_path: Path, run_name: str = "tiny", kill_at: int = 4, steps: int = 10):
+    """(metrics of an uninterrupted run, metrics of the same run SIGKILLed after its `kill_at`
+    checkpoint and started again, the resumed run's directory); the resumed run must say so."""
+    ref = setdlm("pretrain", "--config", recipe, "--out", tmp_path / "ref")
+    assert ref.returncode == 0, ref.stderr[-3000:]
+    out = tmp_path / "resumed"
+    killed_at = kill_after_checkpoint(recipe, out, run_name, kill_at, timeout=240)
+    assert killed_at < f"step_{steps:08d}", "the run finished before it could be killed"
+    again = setdlm("pretrain", "--config", recipe, "--out", out)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "resumed at step" in again.stdout + again.stderr
+    return read_metrics(tmp_path / "ref" / run_name), read_metrics(out / run_name), out / run_name
+
+
+def loader_steps(cfg, tok, steps: int, keys=("sample_index", "sample_id"), *, global_batch: int, micro_batch: int,
+                 dp_size: int = 1, state=None, seed: int = 3):
+    """Per optimizer step, a tuple with one list per key of what all ranks' loaders read (rank order,
+    micro-batches in order); and the loaders. `state`: a loader state every rank starts from."""
+    import torch
+
+    from data_pipeline.loader import build_loader
+
+    loaders = [build_loader(cfg, split="train", tokenizer=tok, micro_batch=micro_batch, dp_rank=r, dp_size=dp_size,
+                            seed=seed, global_batch=global_batch) for r in range(dp_size)]
+    accum = global_batch // (micro_batch * dp_size)
+    its = []
+    for ld in loaders:
+        if state is not None:
+            ld.load_state_dict(state)
+        its.append(iter(ld))
+    out = []
+    for _ in range(steps):
+        batches = [next(it) for it in its for _ in range(accum)]
+        out.append(tuple(torch.cat([b[k] for b in batches]).tolist() for k in keys))
+    return out, loaders
+
 def run_as_of(run: Path, dest: Path, step: int) -> Path:
     """A copy of run directory `run` at `dest` as it was after its checkpoint `step` was saved: the later
     checkpoints and metrics rows left out, `latest` naming that step."""

@@ -11,6 +11,7 @@ from data_pipeline.config import DataConfig  # noqa: E402
 from data_pipeline.corpus import builtin_text  # noqa: E402
 from data_pipeline.loader import build_loader  # noqa: E402
 from data_pipeline.tokenizers import TokenizerError, load_tokenizer  # noqa: E402
+from helpers import loader_steps  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -117,20 +118,8 @@ def test_builtin_loader_content(gpt2):
 
 def _global_steps(cfg, tok, steps, *, global_batch, micro_batch, dp_size, state=None, seed=3):
     """Per optimizer step, the global positions and manifest ids read by all ranks (rank order)."""
-    loaders = [build_loader(cfg, split="train", tokenizer=tok, micro_batch=micro_batch, dp_rank=r, dp_size=dp_size,
-                            seed=seed, global_batch=global_batch) for r in range(dp_size)]
-    accum = global_batch // (micro_batch * dp_size)
-    its = []
-    for ld in loaders:
-        if state is not None:
-            ld.load_state_dict(state)
-        its.append(iter(ld))
-    out = []
-    for _ in range(steps):
-        batches = [next(it) for it in its for _ in range(accum)]
-        out.append((torch.cat([b["sample_index"] for b in batches]).tolist(),
-                    torch.cat([b["sample_id"] for b in batches]).tolist()))
-    return out, loaders
+    return loader_steps(cfg, tok, steps, global_batch=global_batch, micro_batch=micro_batch, dp_size=dp_size,
+                        state=state, seed=seed)
 
 
 @pytest.mark.parametrize("workers", [0, 2])

@@ -16,6 +16,7 @@ from data_pipeline.blend import Blend, integer_weights  # noqa: E402
 from data_pipeline.config import DataConfig  # noqa: E402
 from data_pipeline.loader import build_loader  # noqa: E402
 from data_pipeline.tokenizers import load_tokenizer  # noqa: E402
+from helpers import loader_steps  # noqa: E402
 from mixture_data import mixture, prepare_corpora  # noqa: E402
 
 WEIGHTS = {"a": 0.5, "b": 0.3, "c": 0.2}
@@ -41,19 +42,8 @@ def _cfg(corpora, weights=WEIGHTS, **kw):
 
 def _steps(cfg, tok, steps, *, global_batch=8, micro_batch=8, dp_size=1, state=None, seed=3):
     """Per optimizer step, (positions, sources, sample ids) read by all ranks in rank order; and the loaders."""
-    loaders = [build_loader(cfg, split="train", tokenizer=tok, micro_batch=micro_batch, dp_rank=r, dp_size=dp_size,
-                            seed=seed, global_batch=global_batch) for r in range(dp_size)]
-    accum = global_batch // (micro_batch * dp_size)
-    its = []
-    for ld in loaders:
-        if state is not None:
-            ld.load_state_dict(state)
-        its.append(iter(ld))
-    out = []
-    for _ in range(steps):
-        bs = [next(it) for it in its for _ in range(accum)]
-        out.append(tuple(torch.cat([b[k] for b in bs]).tolist() for k in ("sample_index", "source", "sample_id")))
-    return out, loaders
+    return loader_steps(cfg, tok, steps, ("sample_index", "source", "sample_id"), global_batch=global_batch,
+                        micro_batch=micro_batch, dp_size=dp_size, state=state, seed=seed)
 
 
 def _one_source_ids(path, tok, n, seed=3):

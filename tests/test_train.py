@@ -3,7 +3,7 @@
 
 import pytest
 
-from helpers import kill_after_checkpoint, read_metrics, setdlm, write_recipe
+from helpers import killed_and_resumed, read_metrics, write_recipe
 from launch.cli import main as cli_main
 from pretrain.config import load_config
 from pretrain.trainer import Trainer
@@ -24,16 +24,8 @@ def test_every_objective_reduces_validation_nll(tmp_path, model_parallel, object
 def test_killed_run_resumes_with_identical_losses(tmp_path):
     recipe = write_recipe(tmp_path / "r.yaml", train={"max_steps": 10, "save_every": 2, "eval_every": 5},
                           model={"dropout": 0.1})
-    ref = setdlm("pretrain", "--config", recipe, "--out", tmp_path / "ref")
-    assert ref.returncode == 0, ref.stderr[-3000:]
     # Same run, SIGKILLed after its step-4 checkpoint, then started again: it resumes by itself.
-    out = tmp_path / "resumed"
-    killed_at = kill_after_checkpoint(recipe, out, "tiny", 4, timeout=240)
-    assert killed_at < "step_00000010", "the run finished before it could be killed"
-    again = setdlm("pretrain", "--config", recipe, "--out", out)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resumed at step" in again.stdout + again.stderr
-    a, b = read_metrics(tmp_path / "ref" / "tiny"), read_metrics(out / "tiny")
+    a, b, _ = killed_and_resumed(recipe, tmp_path)
     for step in range(1, 11):
         assert b[step]["train/loss"] == a[step]["train/loss"], step
     assert b[10]["val/nll"] == a[10]["val/nll"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from distributed_run import run_distributed
-from helpers import kill_after_checkpoint, read_metrics, setdlm, write_recipe
+from helpers import killed_and_resumed, read_metrics, setdlm, write_recipe
 from mixture_data import mixture, prepare_corpora
 
 from common.schema import ConfigError
@@ -56,15 +56,8 @@ def test_per_source_validation_equals_one_source_runs(tmp_path, corpora, model_p
 def test_killed_run_resumes_with_identical_losses_and_counts(tmp_path, corpora, model_parallel, capfd):
     recipe = _recipe(tmp_path / "r.yaml", corpora)
     recipe.write_text(recipe.read_text().replace("seq_len: 32", "seq_len: 32\n  num_workers: 2"))
-    ref = setdlm("pretrain", "--config", recipe, "--out", tmp_path / "ref")
-    assert ref.returncode == 0, ref.stderr[-3000:]
-    out = tmp_path / "resumed"
-    killed_at = kill_after_checkpoint(recipe, out, "tiny", 4, timeout=240)
-    assert killed_at < "step_00000010", "the run finished before it could be killed"
-    again = setdlm("pretrain", "--config", recipe, "--out", out)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resumed at step" in again.stdout + again.stderr
-    a, b = read_metrics(tmp_path / "ref" / "tiny"), read_metrics(out / "tiny")
+    a, b, run = killed_and_resumed(recipe, tmp_path)
+    out = run.parent
     for step in range(1, 11):
         assert b[step]["train/loss"] == a[step]["train/loss"], step
     for key in ("val/nll", *(f"val/nll/{n}" for n in WEIGHTS)):
