@@ -21,7 +21,7 @@ from typing import Callable
 
 from model.sampling import SamplingConfig
 
-from .params import Choice
+from .params import Choice, total_budget
 
 log = logging.getLogger("setdlm.serve")
 
@@ -146,7 +146,7 @@ class Scheduler:
             lane = self.lanes.get(key)
             try:
                 if lane is None:
-                    lane = self.lanes[key] = Lane(Session(s.model, job.cfg, slots=self.max_batch, max_len=s.max_len,
+                    lane = self.lanes[key] = Lane(Session(s.model, job.cfg, slots=self.max_batch, max_len=total_budget(s, job.cfg.family),
                                                           mask_id=s.mask_id, eos_id=s.eos_id, tokenizer=s.tokenizer))
                 elif not lane.session.busy:
                     lane.session.reseed()  # a seeded request alone samples the same each time
