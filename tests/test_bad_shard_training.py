@@ -103,6 +103,7 @@ def test_an_empty_micro_batch_adds_no_loss_no_gradient_no_tokens(tmp_path, data,
         torch.testing.assert_close(wa[k], wr[k], rtol=0, atol=1e-6, msg=k)
 
 
+@pytest.mark.slow
 def test_an_empty_micro_batch_under_dp2_and_pp2_trains_as_one_process(tmp_path, data, model_parallel):
     _, bad = data
     recipe = _recipe(tmp_path, bad)
