@@ -33,8 +33,9 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--model-name", default=None, help="the model id clients pass (default: the run's name)")
     p.add_argument("--drain-timeout", type=float, default=60.0, help="seconds running requests get after SIGTERM")
     p.add_argument("--max-total-tokens", type=int, default=None, help=(
-        "most prompt + new tokens of one output (default: twice the model's positions); SW-SetDLM, BD3-LM and AR "
-        "decode past the positions by dropping the oldest cached tokens, MDLM never (docs/serve.md)"))
+        "most prompt + new tokens of one output (default: twice the model's positions; it sizes each slot's KV "
+        "cache); SW-SetDLM, BD3-LM and AR decode past the positions by dropping the oldest cached tokens, MDLM never "
+        "(docs/serve.md)"))
     p.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")

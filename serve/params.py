@@ -75,9 +75,8 @@ def total_budget(served, family: str) -> int:
     """Prompt + new tokens one output may have: the model's positions for MDLM (it re-reads the whole
     sequence every step); the server's `max_total` for the cached families, which decode past the
     positions by dropping the oldest cached tokens (the prompt alone must fit: it is prefilled)."""
-    if family == "mdlm":
-        return served.max_len
-    return max(served.max_total or served.max_len, served.max_len)
+    total = served.max_total or served.max_len
+    return min(total, served.max_len) if family == "mdlm" else total
 
 
 @functools.lru_cache(maxsize=4)
@@ -158,7 +157,7 @@ def plan(req: CompletionRequest | ChatRequest, served) -> Plan:
     cfg = sampling_config(req, served.recipe, served.s_max, infill=infill is not None, stop_token_ids=stop_ids)
     budget = total_budget(served, cfg.family)
     where = (f"the model's {L} positions (MDLM re-reads the whole sequence)" if budget == L and cfg.family == "mdlm"
-             else f"the model's {L} positions" if budget == L else f"this server's {budget} tokens per output")
+             else f"this server's {budget} tokens per output")
     choices, per = [], []
     for i, ids in enumerate(prompts):
         _check_ids(ids, served, i)
