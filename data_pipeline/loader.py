@@ -55,7 +55,8 @@ class TokenLoader:
     fixed on every rank and stage while the totals are those of the real rows. ``epoch`` is the
     epoch of the latest sample delivered. Bad shards skipped under ``skip_bad_shards`` are counted in
     ``skipped_shards`` / ``skipped_samples`` and logged; their samples are left out of their
-    micro-batches (a shorter batch, empty if all its samples were bad). A mixture's
+    micro-batches (a shorter batch, empty if all its samples were bad; the trainer fills it up with
+    filler rows, reader.py `fill_rows`). A mixture's
     train loader has ``mixture`` (its schedule), ``record()`` (per-source samples and tokens),
     ``source_epochs()``; under ``data.on_exhausted: stop`` it ends before the first step that would
     reread a source and names it in ``exhausted``.

@@ -167,6 +167,29 @@ def batches(plan: Plan, start: int, first: int, stride: int):
         j += stride
 
 
+def fill_rows(batch: dict, rows: int) -> dict:
+    """`batch` with filler rows appended up to `rows` (a micro-batch shortened by skipped bad shards, empty
+    if all its samples were bad), marked in ``pad_row`` as a padded validation batch's filler rows are:
+    the objectives give them weight 0 in the loss, the NLL and the token counts (model/objectives/base.py).
+    So every micro-batch keeps its shape on every data-parallel rank and pipeline stage (megatron's
+    schedule sends activations of one shape; each rank runs the same forwards and collectives) while
+    the step's totals are those of its real rows. A full batch is returned as it is."""
+    n = len(batch["input_ids"])
+    if n >= rows:
+        return batch
+    pad = batch.get("pad_row", torch.zeros(n, dtype=torch.bool))
+    out = {}
+    for k, v in batch.items():
+        if torch.is_tensor(v) and v.dim() and len(v) == n and k != "pad_row":
+            # a filler row is all valid and all context (as pad_row makes it): nothing predicted, and no
+            # row of attention without a key to attend to
+            fill = torch.ones if v.dtype == torch.bool else torch.zeros
+            v = torch.cat((v, fill((rows - n, *v.shape[1:]), dtype=v.dtype)))
+        out[k] = v
+    out["pad_row"] = torch.cat((pad, torch.ones(rows - n, dtype=torch.bool)))
+    return out
+
+
 class WorkerStreams(torch.utils.data.IterableDataset):
     """DataLoader dataset: DataLoader worker i builds the rank's batches first + i, first + i + n, ..."""
 

@@ -204,18 +204,19 @@ def global_grad_norm(params) -> torch.Tensor:
     return sq.sqrt()
 
 
-def clip_gradients(engine, max_norm: float) -> float | None:
+def clip_gradients(engine, max_norm: float) -> torch.Tensor | None:
     """Gradient norm of the step (after DP reduction), clipping to `max_norm` where DeepSpeed does not.
 
     Call after the last backward of an optimizer step and before `engine.step()`. At ZeRO-0 the
     gradients are the parameters' `.grad` (fp32 or bf16), and `global_grad_norm` is right under any
-    TP x PP layout where DeepSpeed's ZeRO-0 optimizers are not (see deepspeed_config)."""
+    TP x PP layout where DeepSpeed's ZeRO-0 optimizers are not (see deepspeed_config). The norm stays a
+    device tensor and the clip factor min(1, max_norm / norm) is applied on the device (torch's
+    `clip_grads_with_norm_`): nothing waits for the device here; the trainer reads the norm on logged
+    steps only."""
     if engine.zero_optimization_stage() > 0:
         return None  # DeepSpeed clips and records the norm; read it after step()
     params = [p for p in engine.module.parameters() if p.grad is not None]
     norm = global_grad_norm(params)
     if max_norm > 0:
-        coef = max_norm / (float(norm) + 1e-6)
-        if coef < 1.0:
-            torch._foreach_mul_([p.grad.detach() for p in params], coef)
-    return float(norm)
+        torch.nn.utils.clip_grads_with_norm_(params, max_norm, norm)
+    return norm

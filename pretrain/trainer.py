@@ -15,6 +15,7 @@ from common.errors import Error
 from common.storage import check_output_dir, tree_bytes
 from data_pipeline.loader import build_loader
 from data_pipeline.mixture import source_configs
+from data_pipeline.reader import fill_rows
 from data_pipeline.tokenizer import META_FILE as TOKENIZER_META
 from data_pipeline.tokenizers import load_tokenizer
 from model.noise import TRAIN, VAL, SampleNoise
@@ -89,6 +90,7 @@ class Trainer:
             self.notes.append(epochs)
         self.step = 0
         self.tokens_seen = 0
+        self._rows = 0  # real rows this rank trained on since tokens_seen was last brought up to date
         self.wandb_id = None
         self.relayout_notes: list[str] = []
 
@@ -125,7 +127,18 @@ class Trainer:
                 "objective": self.cfg.objective.name, "config": self.cfg.to_dict(),
                 "data": self.train_loader.record()}  # per source: samples, tokens, epochs (`setdlm data inspect RUN`)
 
+    def _count_tokens(self, window: dict | None = None) -> dict:
+        """Bring tokens_seen up to date: the real rows of every rank since the last count (rows of bad
+        shards skipped under data.skip_bad_shards are not seen) times seq_len. Every rank calls it at
+        the same steps (it sums over the data-parallel group); `window`'s loss sums travel in the same
+        reduction. Returns the reduced `window`."""
+        red = self.stepper.reduce({**(window or {}), "rows": self._rows})
+        self.tokens_seen += round(red.pop("rows", 0)) * self.cfg.data.seq_len
+        self._rows = 0
+        return red
+
     def save(self) -> Path:
+        self._count_tokens()
         extra = {"rng": rng.rng_state(), "data": self.train_loader.state_dict(), "step": self.step}
         path = save_checkpoint(self.engine, self.ckpt_root, self.step, meta=self.meta(), extra=extra,
                                ema_state=self.ema.state_dict() if self.ema else None, keep_last=self.cfg.train.keep_last,
@@ -263,8 +276,11 @@ class Trainer:
                             global_batch=cfg.train.global_batch, pad_last=pad_last)
 
     def _prepare(self, batch: dict, stream: int, **kw):
-        """Model inputs of a micro-batch, its noise keyed by the samples' global positions."""
-        batch = self._to_device(batch)
+        """Model inputs of a micro-batch, its noise keyed by the samples' global positions. A micro-batch
+        shortened (or emptied) by bad shards skipped under data.skip_bad_shards is filled up with
+        weight-0 filler rows: every rank and stage runs the same shapes and collectives, and the step's
+        loss and token counts are those of its real rows."""
+        batch = self._to_device(fill_rows(batch, self.cfg.train.micro_batch))
         noise = SampleNoise(self.cfg.run.seed, batch["sample_index"], self.cfg.train.global_batch, stream)
         return self.objective.prepare(batch, noise, **kw)
 
@@ -318,14 +334,14 @@ class Trainer:
         epochs = self.train_loader.source_epochs()
         while self.step < t.max_steps:
             try:
-                micro = [self._prepare(next(train_iter), TRAIN) for _ in range(accum)]
+                batches = [next(train_iter) for _ in range(accum)]
             except StopIteration:  # data.on_exhausted=stop: a mixture source ran out (at a step boundary)
                 last["exhausted"] = self._end_of_data()
                 break
-            m, gnorm = self.stepper.train_step(micro)
+            self._rows += sum(len(b["input_ids"]) for b in batches)
+            m, gnorm = self.stepper.train_step([self._prepare(b, TRAIN) for b in batches])
             add_metrics(window_loss, m)
             self.step += 1
-            self.tokens_seen += seq_tokens
             window_steps += 1
             if self.ema is not None:
                 self.ema.update(self.model)
@@ -333,7 +349,7 @@ class Trainer:
             metrics = {}
             if self.step % t.log_every == 0 or self.step == t.max_steps:
                 elapsed = time.perf_counter() - window_t
-                red = self.stepper.reduce(window_loss)
+                red = self._count_tokens(window_loss)
                 tps = window_steps * seq_tokens / elapsed
                 metrics = {"train/loss": red["loss_sum"] / max(red["loss_count"], 1.0),
                            "train/lr": self.scheduler.get_last_lr()[0],

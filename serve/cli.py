@@ -32,6 +32,10 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: $SETDLM_API_KEY)")
     p.add_argument("--model-name", default=None, help="the model id clients pass (default: the run's name)")
     p.add_argument("--drain-timeout", type=float, default=60.0, help="seconds running requests get after SIGTERM")
+    p.add_argument("--max-total-tokens", type=int, default=None, help=(
+        "most prompt + new tokens of one output (default: twice the model's positions; it sizes each slot's KV "
+        "cache); SW-SetDLM, BD3-LM and AR decode past the positions by dropping the oldest cached tokens, MDLM never "
+        "(docs/serve.md)"))
     p.add_argument("--no-ema", action="store_true", help="use the raw weights instead of the EMA")
     p.add_argument("--device", default=None, help="cpu, cuda, cuda:1 ... (default: cuda if available)")
     p.add_argument("--dtype", choices=["fp32", "bf16", "fp16"], default="fp32")
@@ -48,6 +52,8 @@ def main(argv: list[str] | None = None) -> int:
         raise UsageError("setdlm serve needs aiohttp: pip install 'setdlm[serve]' (or '.[serve]' in a checkout)") from None
     if args.max_batch < 1:
         raise UsageError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.max_total_tokens is not None and args.max_total_tokens < 2:
+        raise UsageError(f"--max-total-tokens must be >= 2, got {args.max_total_tokens}")
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be in [0, 65535], got {args.port}")
     key = args.api_key if args.api_key is not None else os.environ.get(ENV) or None
@@ -58,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     from .loading import load_served
 
     served = load_served(args.checkpoint, name=args.model_name, device=args.device, dtype=args.dtype,
-                         ema=not args.no_ema)
+                         ema=not args.no_ema, max_total=args.max_total_tokens)
     return asyncio.run(serve(served, host=args.host, port=args.port, max_batch=args.max_batch, api_key=key,
                              drain_timeout=args.drain_timeout))
 
@@ -105,7 +111,8 @@ async def serve(served, *, host: str, port: int, max_batch: int, api_key: str | 
     if host not in ("127.0.0.1", "::1", "localhost") and not api_key:
         log.warning("setdlm serve: listening on %s without --api-key: anyone who reaches it can use the model", host)
     print(f"setdlm serve: listening on http://{bound[0]}:{bound[1]} (model {served.name!r}, "
-          f"{served.recipe.objective.name}, {served.max_len} positions, {max_batch} slots"
+          f"{served.recipe.objective.name}, {served.max_len} positions, up to {served.max_total} tokens per output, "
+          f"{max_batch} slots"
           f"{', bearer token required' if api_key else ''})", flush=True)
     await done.wait()
     await stop(runner, server, drain_timeout)

@@ -12,15 +12,17 @@ class Served:
     tokenizer: object
     recipe: object
     name: str  # the id clients pass as `model`
-    max_len: int  # positions the model was trained on: prompt + new tokens must fit
+    max_len: int  # positions the model was trained on: a prompt must fit (MDLM: prompt + new tokens)
     s_max: int | None  # SW-SetDLM: the widest set it was trained on (the window's upper limit)
     mask_id: int
     eos_id: int | None
+    max_total: int = 0  # prompt + new tokens of one output (the cached families decode past max_len); 0: max_len
 
 
 def load_served(checkpoint: str | Path, *, name: str | None = None, device: str | None = None,
-                dtype: str = "fp32", ema: bool = True) -> Served:
-    """Load a run or checkpoint directory for serving (the loader and tokenizer `setdlm sample` uses)."""
+                dtype: str = "fp32", ema: bool = True, max_total: int | None = None) -> Served:
+    """Load a run or checkpoint directory for serving (the loader and tokenizer `setdlm sample` uses).
+    `max_total`: the most prompt + new tokens of one output (default: twice max_seq_len)."""
     from common.errors import UsageError
 
     path = Path(checkpoint)
@@ -42,4 +44,5 @@ def load_served(checkpoint: str | Path, *, name: str | None = None, device: str 
         run = run.parent.parent
     return Served(model=model, tokenizer=tokenizer, recipe=recipe, name=name or run.name,
                   max_len=int(model.cfg.max_seq_len), s_max=s_max, mask_id=int(tokenizer.mask_id),
-                  eos_id=getattr(tokenizer, "eos_id", None))
+                  eos_id=getattr(tokenizer, "eos_id", None),
+                  max_total=int(max_total or 2 * model.cfg.max_seq_len))

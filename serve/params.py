@@ -2,14 +2,19 @@
 
 `sampling_config` is the one place request fields become a SamplingConfig; it starts from the
 checkpoint's recipe exactly as `setdlm sample` does (family, window w = D, block size; w = S_max for
-infilling), so the same fields decode the same tokens. The budget checks name the field at fault: a
-prompt that leaves no room in the model's positions (`prompt`), `max_tokens` past them, a window
-above the model's S_max (`setdlm.window`).
+infilling), so the same fields decode the same tokens. The budget checks name the field at fault
+(`total_budget`): a prompt (with an infill's suffix) must fit in the model's positions, as it is
+prefilled in one forward (`prompt` / `messages`); prompt + new tokens must fit in the output budget,
+which for SW-SetDLM, BD3-LM and AR is the server's `--max-total-tokens` (they decode past the model's
+positions by dropping the oldest cached tokens, model/sampling) and for MDLM the model's positions
+(it re-reads the whole sequence every step) (`max_tokens`, `setdlm.infill.length`); a window above the
+model's S_max (`setdlm.window`).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from dataclasses import dataclass
 
@@ -66,14 +71,44 @@ def sampling_config(req, recipe, s_max: int | None, *, infill: bool, stop_token_
     return cfg
 
 
+def total_budget(served, family: str) -> int:
+    """Prompt + new tokens one output may have: the model's positions for MDLM (it re-reads the whole
+    sequence every step); the server's `max_total` for the cached families, which decode past the
+    positions by dropping the oldest cached tokens (the prompt alone must fit: it is prefilled)."""
+    total = served.max_total or served.max_len
+    return min(total, served.max_len) if family == "mdlm" else total
+
+
+@functools.lru_cache(maxsize=4)
+def _template(tokenizer, template: str):
+    """The served tokenizer's ChatTemplate, built once (it copies the tokenizer's backend)."""
+    from data_pipeline.chat_template import ChatTemplate
+
+    return ChatTemplate(tokenizer, template)
+
+
 def chat_prompt(tokenizer, messages) -> tuple[list[int], list[int], list[str]]:
-    """(prompt ids, stop token ids, stop strings): ChatML when the tokenizer has its tokens (the
-    template `setdlm data prepare --template chatml` trains on), else 'User: ...\\nAssistant:'."""
-    from data_pipeline.prompt_answer import IM_END, IM_START, chatml_prompt
+    """(prompt ids, stop token ids, stop strings): the tokenizer's chat template with the generation
+    prompt (`default_chat_template`: its own Jinja template, else the built-in ChatML where it has the
+    ChatML tokens), rendered and tokenized as transformers' `apply_chat_template` does, `<|im_end|>`
+    stopping the answer where the tokenizer has it; else 'User: ...\\nAssistant:'."""
+    from data_pipeline.chat_template import default_chat_template
+    from data_pipeline.prompt_answer import IM_END
+    from data_pipeline.tokenizer import TokenizerError
 
     msgs = [{"role": m.role, "content": m.content} for m in messages]
-    if tokenizer.token_to_id(IM_START) is not None and tokenizer.token_to_id(IM_END) is not None:
-        return chatml_prompt(tokenizer, msgs), [tokenizer.token_to_id(IM_END)], []
+    template = default_chat_template(tokenizer)
+    if template is not None:
+        try:
+            chat = _template(tokenizer, template)
+            if chat.forges(msgs):
+                raise RequestError("messages", "a message holds the text of a special token of the chat template "
+                                               "(e.g. <|im_end|>), which would forge one; leave it out")
+            ids = chat.prompt(msgs)
+        except TokenizerError as e:
+            raise RequestError("messages", str(e)) from None
+        end = tokenizer.token_to_id(IM_END)
+        return ids, [end] if end is not None else [], []
     user, bot = PLAIN_CHAT
     names = {"system": "System", "user": user, "assistant": bot}
     text = "".join(f"{names[m['role']]}: {m['content']}\n" for m in msgs) + f"{bot}:"
@@ -120,27 +155,31 @@ def plan(req: CompletionRequest | ChatRequest, served) -> Plan:
         raise RequestError("max_tokens", f"with setdlm.infill the span is setdlm.infill.length={infill.length}; "
                                          f"leave max_tokens out or set it equal")
     cfg = sampling_config(req, served.recipe, served.s_max, infill=infill is not None, stop_token_ids=stop_ids)
+    budget = total_budget(served, cfg.family)
+    where = (f"the model's {L} positions (MDLM re-reads the whole sequence)" if budget == L and cfg.family == "mdlm"
+             else f"this server's {budget} tokens per output")
     choices, per = [], []
     for i, ids in enumerate(prompts):
         _check_ids(ids, served, i)
         if not ids and not suffix:
             raise RequestError("messages" if chat else "prompt", "empty prompt; give at least one token of text")
-        room = L - len(ids) - len(suffix)
-        if room < 1:
-            raise RequestError("messages" if chat else "prompt",
-                               f"{len(ids) + len(suffix)} prompt tokens leave no room for new tokens in the "
-                               f"model's {L} positions")
+        visible = len(ids) + len(suffix)
+        room = budget - visible
+        if visible > L or room < 1:
+            raise RequestError("messages" if chat else "prompt", f"{visible} prompt tokens " + (
+                f"exceed the model's {L} positions (a prompt is read in one forward)" if visible > L else
+                f"leave no room for new tokens in {where}"))
         if infill is not None:
             if infill.length > room:
                 raise RequestError("setdlm.infill.length", f"{infill.length} tokens between a {len(ids)}-token prompt "
-                                                           f"and a {len(suffix)}-token suffix exceed the model's "
-                                                           f"{L} positions; at most {room}")
+                                                           f"and a {len(suffix)}-token suffix exceed {where}; "
+                                                           f"at most {room}")
             prompt, n_new = Infill(ids, infill.length, suffix), infill.length
         else:
             n_new = max_tokens if max_tokens is not None else (room if chat else min(DEFAULT_MAX_TOKENS, room))
             if n_new > room:
-                raise RequestError("max_tokens", f"{n_new} new tokens after a {len(ids)}-token prompt exceed the model's "
-                                        f"{L} positions; at most {room}")
+                raise RequestError("max_tokens", f"{n_new} new tokens after a {len(ids)}-token prompt exceed {where}; "
+                                                 f"at most {room}")
             prompt = ids
         for _ in range(req.n):
             choices.append(Choice(len(choices), prompt, len(ids) + len(suffix), n_new, stops, ext.stop_regex))

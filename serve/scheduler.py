@@ -21,7 +21,7 @@ from typing import Callable
 
 from model.sampling import SamplingConfig
 
-from .params import Choice
+from .params import Choice, total_budget
 
 log = logging.getLogger("setdlm.serve")
 
@@ -146,8 +146,10 @@ class Scheduler:
             lane = self.lanes.get(key)
             try:
                 if lane is None:
-                    lane = self.lanes[key] = Lane(Session(s.model, job.cfg, slots=self.max_batch, max_len=s.max_len,
-                                                          mask_id=s.mask_id, eos_id=s.eos_id, tokenizer=s.tokenizer))
+                    # sized for the family's budget: past the model's positions where the cache drops its oldest
+                    lane = self.lanes[key] = Lane(Session(s.model, job.cfg, slots=self.max_batch,
+                                                          max_len=total_budget(s, job.cfg.family), mask_id=s.mask_id,
+                                                          eos_id=s.eos_id, tokenizer=s.tokenizer))
                 elif not lane.session.busy:
                     lane.session.reseed()  # a seeded request alone samples the same each time
                 row = lane.session.submit(choice.prompt, max_new_tokens=choice.max_new_tokens, stop=choice.stop,

@@ -18,6 +18,17 @@ def model_parallel():
 
 
 @pytest.fixture(scope="module")
+def one_thread():
+    """torch on one thread for a test module (tiny matmuls: threads only add contention on shared CPUs)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
 def slurm(tmp_path_factory):
     """A real one-node Slurm cluster for a test module (skips without root or the Debian packages)."""
     from tests.cluster.slurm import SlurmCluster, unavailable_reason

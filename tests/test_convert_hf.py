@@ -25,6 +25,8 @@ ARCH = {
     "ar": {"tie_embeddings": False, "head_bias": True, "n_heads": 4},
 }
 D, SEQ = 4, 32
+LIMIT = 64  # the tiny recipe's max_seq_len: decoding cases past it
+OVERFLOW = {"overflow": dict(threshold=None), "overflow_threshold": dict(threshold=0.0005)}
 
 HF_SCRIPT = r'''
 import importlib.abc, sys, torch
@@ -141,11 +143,28 @@ def world(tmp_path_factory, model_parallel):
     outs = generate(model, [infill], SamplingConfig(family="setdlm", window=2 * D), mask_id=c.model.mask_id)
     w["decode_ref"]["infill"] = ([o.tokens for o in outs], [o.steps for o in outs])
     decode["infill"] = dict(input_ids=[infill.prefix], suffix_ids=[infill.suffix], max_new_tokens=7, window=2 * D)
+    # Past the model's 64 positions (EOS ignored, so every row overflows): both drop the oldest cached tokens.
+    assert c.model.max_seq_len == LIMIT
+    for key, kw in OVERFLOW.items():
+        sc = SamplingConfig(family="setdlm", max_new_tokens=LIMIT + 6, window=D, stop_on_eos=False, **kw)
+        outs = generate(model, prompts, sc, mask_id=c.model.mask_id, eos_id=tk.eos_id)
+        w["decode_ref"][key] = ([o.tokens for o in outs], [o.steps for o in outs])
+        decode[key] = dict(input_ids=prompts, max_new_tokens=LIMIT + 6, window=D, stop_on_eos=False, **kw)
+    long_infill = Infill(prefix=infill.prefix, length=LIMIT, suffix=infill.suffix)
+    outs = generate(model, [long_infill], SamplingConfig(family="setdlm", window=2 * D), mask_id=c.model.mask_id)
+    w["decode_ref"]["overflow_infill"] = ([o.tokens for o in outs], [o.steps for o in outs])
+    decode["overflow_infill"] = dict(input_ids=[infill.prefix], suffix_ids=[infill.suffix], max_new_tokens=LIMIT,
+                                     window=2 * D)
     jobs["decode"] = {"dir": str(w["exports"]["setdlm"]), "decode": decode}
     ar, tk, c = load_model(w["runs"]["ar"])
     outs = generate(ar, prompts, SamplingConfig(family="ar", max_new_tokens=6), mask_id=c.model.mask_id, eos_id=tk.eos_id)
     w["decode_ref"]["ar"] = ([o.tokens for o in outs], [o.steps for o in outs])
-    jobs["decode_ar"] = {"dir": str(w["exports"]["ar"]), "decode": {"ar": dict(input_ids=prompts, max_new_tokens=6)}}
+    outs = generate(ar, prompts, SamplingConfig(family="ar", max_new_tokens=LIMIT + 6, stop_on_eos=False),
+                    mask_id=c.model.mask_id, eos_id=tk.eos_id)
+    w["decode_ref"]["ar_overflow"] = ([o.tokens for o in outs], [o.steps for o in outs])
+    jobs["decode_ar"] = {"dir": str(w["exports"]["ar"]), "decode": {
+        "ar": dict(input_ids=prompts, max_new_tokens=6),
+        "ar_overflow": dict(input_ids=prompts, max_new_tokens=LIMIT + 6, stop_on_eos=False)}}
     w["hf"] = _run_hf(jobs, tmp)
     return w
 
@@ -176,7 +195,7 @@ def test_automodel_gives_the_same_logits(world):
     _close(world["hf"]["automodel"]["logits"], world["ref"]["mdlm"])
 
 
-@pytest.mark.parametrize("case", ["plain", "threshold", "window2", "infill"])
+@pytest.mark.parametrize("case", ["plain", "threshold", "window2", "infill", *OVERFLOW, "overflow_infill"])
 def test_greedy_set_decoding_matches_training_checkpoint(world, case):
     hf_tokens, hf_steps = world["hf"]["decode"][case]
     ref_tokens, ref_steps = world["decode_ref"][case]
@@ -184,10 +203,15 @@ def test_greedy_set_decoding_matches_training_checkpoint(world, case):
     assert hf_steps == ref_steps
     if case == "threshold":
         assert any(len(t) > s for t, s in zip(ref_tokens, ref_steps)), "the threshold never accepted two tokens"
+    if case in OVERFLOW:  # every row decoded past the model's positions
+        assert [len(t) for t in ref_tokens] == [LIMIT + 6] * 2
 
 
 def test_ar_decoding_matches(world):
     assert world["hf"]["decode_ar"]["ar"] == world["decode_ref"]["ar"]
+    tokens, _ = world["hf"]["decode_ar"]["ar_overflow"]
+    assert [len(t) for t in tokens] == [LIMIT + 6] * 2  # past the 64 positions, as model.sampling decodes
+    assert world["hf"]["decode_ar"]["ar_overflow"] == world["decode_ref"]["ar_overflow"]
 
 
 def test_export_directory_contents(world):

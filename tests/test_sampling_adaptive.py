@@ -12,11 +12,8 @@ PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8, 9, 10], [11], Infill([1, 2, 3], 10, [7, 8,
 
 
 @pytest.fixture(scope="module")
-def model():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield tiny_model(seed=0, sharpness=3.0)
-    torch.set_num_threads(threads)
+def model(one_thread):
+    return tiny_model(seed=0, sharpness=3.0)
 
 
 def _key(outs):

@@ -3,25 +3,21 @@
 import json
 
 import pytest
-import torch
 
 from helpers import write_recipe
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, model_parallel):
+def run_dir(tmp_path_factory, model_parallel, one_thread):
     from pretrain.config import load_config
     from pretrain.trainer import Trainer
 
     tmp = tmp_path_factory.mktemp("sample_cli")
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
     recipe = write_recipe(tmp / "r.yaml")
     cfg = load_config(recipe, [f"run.out_dir={tmp}", "train.max_steps=2", "train.save_every=2", "train.eval_every=2",
                                "train.eval_batches=1", "train.sample_at_end=false"])
     Trainer(cfg).train()
-    yield tmp / "tiny"
-    torch.set_num_threads(threads)
+    return tmp / "tiny"
 
 
 def test_prompt_and_infill(run_dir, capsys):

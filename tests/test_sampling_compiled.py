@@ -11,11 +11,8 @@ PROMPTS = [[1, 2, 3], [4, 5, 6, 7, 8], Infill([1, 2], 6, [3, 4]), [9]]
 
 
 @pytest.fixture(scope="module")
-def model():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield tiny_model(seed=0)
-    torch.set_num_threads(threads)
+def model(one_thread):
+    return tiny_model(seed=0)
 
 
 def _key(outs):

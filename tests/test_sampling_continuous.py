@@ -12,11 +12,8 @@ PROMPTS = [[1, 2, 3], Infill([4, 5], 6, [7, 8, 9]), [11], [12, 13, 14, 15, 16, 1
 
 
 @pytest.fixture(scope="module")
-def model():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield tiny_model(seed=3)
-    torch.set_num_threads(threads)
+def model(one_thread):
+    return tiny_model(seed=3)
 
 
 FAMILIES = [("setdlm", dict(window=4, threshold=0.6)), ("setdlm", dict(window=8)),

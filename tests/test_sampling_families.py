@@ -12,11 +12,8 @@ INFILL = [Infill([1, 2, 3], 6, [7, 8, 9]), Infill([4], 9, [5, 6]), Infill([1, 2,
 
 
 @pytest.fixture(scope="module")
-def model():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield tiny_model(seed=1)
-    torch.set_num_threads(threads)
+def model(one_thread):
+    return tiny_model(seed=1)
 
 
 def _key(outs):

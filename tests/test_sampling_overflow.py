@@ -22,11 +22,8 @@ FAMILIES = [("setdlm", dict(window=4)), ("setdlm", dict(window=4, threshold=0.6)
 
 
 @pytest.fixture(scope="module")
-def models():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield tiny_model(seed=0, max_seq_len=L), tiny_model(seed=0)  # same weights, contexts 16 and 256
-    torch.set_num_threads(threads)
+def models(one_thread):
+    return tiny_model(seed=0, max_seq_len=L), tiny_model(seed=0)  # same weights, contexts 16 and 256
 
 
 def _key(outs):

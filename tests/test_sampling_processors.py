@@ -55,14 +55,6 @@ def test_acceptance_rules():
     assert accept_top_k(conf, active, torch.tensor([1, 1]), 0.15).tolist() == [[True, True, False, False], [False] * 4]
 
 
-@pytest.fixture(scope="module")
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.mark.parametrize("family", ["setdlm", "bd3lm", "mdlm", "ar"])
 def test_seeded_sampling_is_reproducible(one_thread, family):
     model = tiny_model(seed=3)

@@ -3,7 +3,6 @@
 import re
 
 import pytest
-import torch
 
 from model.sampling import SamplingConfig
 from model.sampling.report import speed_report, speed_settings
@@ -11,11 +10,8 @@ from model.sampling.testing import CharTokenizer, tiny_model
 
 
 @pytest.fixture(scope="module")
-def model():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield tiny_model(seed=0, sharpness=3.0)
-    torch.set_num_threads(threads)
+def model(one_thread):
+    return tiny_model(seed=0, sharpness=3.0)
 
 
 def test_report_shows_parallel_decoding(model):

@@ -3,7 +3,6 @@
 import dataclasses
 
 import pytest
-import torch
 
 from model.sampling import Infill, SamplingConfig, generate
 from model.sampling.session import Session
@@ -18,11 +17,8 @@ FAMILIES = [("setdlm", dict(window=4, threshold=0.6)), ("setdlm", dict(window=4)
 
 
 @pytest.fixture(scope="module")
-def model(model_parallel):
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield tiny_model(seed=3)
-    torch.set_num_threads(threads)
+def model(model_parallel, one_thread):
+    return tiny_model(seed=3)
 
 
 def _alone(model, cfg, i, stop=None, eos=None):

@@ -1,7 +1,6 @@
 """SW-SetDLM sampler: cached batched decoding == recomputing reference, batching, window rules."""
 
 import pytest
-import torch
 
 from model.sampling import Infill, SamplingConfig, generate
 from model.sampling.reference import generate_reference
@@ -12,11 +11,8 @@ INFILL = [Infill([1, 2, 3], 6, [7, 8, 9]), Infill([4], 9, [5, 6]), Infill([1, 2,
 
 
 @pytest.fixture(scope="module")
-def model():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)  # tiny matmuls: threads only add contention on shared CPUs
-    yield tiny_model(seed=0)
-    torch.set_num_threads(threads)
+def model(one_thread):
+    return tiny_model(seed=0)
 
 
 def _same(a, b):

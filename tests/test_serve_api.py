@@ -122,6 +122,20 @@ def test_infill_and_stop_strings_equal_setdlm_sample(run_dir, server, capsys):
     assert streamed_result(stream(server, body))["text"] == cut["text"]  # the stop string is never streamed
 
 
+def test_max_tokens_past_the_model_positions_decode_as_setdlm_sample(run_dir, server, capsys):
+    """Prompt + max_tokens past the model's 64 positions: decoded as `setdlm sample` decodes it (the cache
+    drops its oldest entries), up to the server's budget of 128 tokens per output."""
+    [ref] = sample_cli(run_dir, capsys, "--prompt", "The for statement", "--max-new-tokens", 90, "--ignore-eos")
+    body = {"prompt": "The for statement", "max_tokens": 90, "temperature": 0, "setdlm": {"ignore_eos": True}}
+    resp = post(server, body)
+    assert resp.status_code == 200, resp.text
+    ch = resp.json()["choices"][0]
+    assert (ch["text"], ch["setdlm"]["tokens"]) == (ref["text"], ref["tokens"]) and len(ref["tokens"]) == 90
+    room = 128 - resp.json()["usage"]["prompt_tokens"]
+    err = post(server, {**body, "max_tokens": room + 1}).json()["error"]
+    assert err["param"] == "max_tokens" and err["message"].endswith(f"this server's 128 tokens per output; at most {room}")
+
+
 def test_stream_carries_spans_windows_prefix_and_usage(server):
     body = {"prompt": "import os", "max_tokens": 10, "temperature": 0, "setdlm": {"threshold": 0.0},
             "stream_options": {"include_usage": True}}
@@ -156,7 +170,8 @@ def test_list_prompts_and_n(server):
 
 BAD = [  # (body, HTTP status, the field the error names)
     ({"prompt": "x " * 70}, 400, "prompt"),  # longer than the model's 64 positions
-    ({"prompt": "The", "max_tokens": 80}, 400, "max_tokens"),  # beyond the budget
+    ({"prompt": "The", "max_tokens": 200}, 400, "max_tokens"),  # beyond the budget (2 x 64 tokens per output)
+    ({"prompt": "The", "max_tokens": 70, "setdlm": {"family": "mdlm"}}, 400, "max_tokens"),  # MDLM: the 64 positions
     ({"prompt": "The", "bogus": 1}, 400, "bogus"),  # unknown field
     ({"prompt": "The", "setdlm": {"windw": 4}}, 400, "setdlm.windw"),
     ({"prompt": "The", "max_tokens": "8"}, 400, "max_tokens"),  # wrong type
@@ -165,7 +180,7 @@ BAD = [  # (body, HTTP status, the field the error names)
     ({"prompt": ""}, 400, "prompt"),  # empty
     ({"prompt": []}, 400, "prompt"),
     ({"prompt": "The", "setdlm": {"window": 9}}, 400, "setdlm.window"),  # above S_max = 8
-    ({"prompt": "The", "setdlm": {"infill": {"suffix": "x", "length": 70}}}, 400, "setdlm.infill.length"),
+    ({"prompt": "The", "setdlm": {"infill": {"suffix": "x", "length": 200}}}, 400, "setdlm.infill.length"),
     ({"prompt": "The", "top_p": 0}, 400, "top_p"),
     ({"prompt": "The", "stop": [""]}, 400, "stop"),
     ({"prompt": [[1, 50257]]}, 400, "prompt"),  # the MASK id

@@ -52,6 +52,18 @@ def test_per_source_validation_equals_one_source_runs(tmp_path, corpora, model_p
     assert math.isclose(mix["val/nll"], total, rel_tol=1e-12) and math.isclose(mix["val/ppl"], math.exp(total))
 
 
+def test_the_exported_model_card_lists_the_mixture_sources_with_weights(tmp_path, corpora, model_parallel):
+    from pretrain.hf_convert import export_checkpoint
+
+    _train(_recipe(tmp_path / "r.yaml", corpora, max_steps=1, eval_every=0, save_every=1), tmp_path)
+    out = export_checkpoint(tmp_path / "tiny", tmp_path / "hf", log=lambda *_: None)
+    card = (Path(out) / "README.md").read_text()
+    row = next(line for line in card.splitlines() if line.startswith("| data "))
+    assert row == (f"| data mixture (weight, share) | a: `{corpora['a']}` (0.6, 60.0%); "
+                   f"b: `{corpora['b']}` (0.4, 40.0%) |"), row
+    assert "None" not in row
+
+
 @pytest.mark.slow
 def test_killed_run_resumes_with_identical_losses_and_counts(tmp_path, corpora, model_parallel, capfd):
     recipe = _recipe(tmp_path / "r.yaml", corpora)

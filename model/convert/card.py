@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from data_pipeline.config import MixtureEntry
+
 _FAMILY = {
     "setdlm": "sliding-window set diffusion (SW-SetDLM)",
     "bd3lm": "block diffusion (BD3-LM)",
@@ -128,7 +130,7 @@ def _recipe_and_results(recipe, training, results, *, back: bool) -> list[str]:
         rows += [(k, v) for k, v in t.items()]
         if recipe:
             d, tr, p = recipe.get("data", {}), recipe.get("train", {}), recipe.get("parallel", {})
-            rows += [("data source", d.get("source")), ("tokenizer", d.get("tokenizer")), ("sequence length", d.get("seq_len")),
+            rows += [_data_source(d), ("tokenizer", d.get("tokenizer")), ("sequence length", d.get("seq_len")),
                      ("global batch (micro batch)", f"{tr.get('global_batch')} ({tr.get('micro_batch')})"),
                      ("max steps", tr.get("max_steps")), ("optimizer", f"AdamW, lr {tr.get('lr')}, betas "
                                                                         f"({tr.get('beta1')}, {tr.get('beta2')}), weight decay {tr.get('weight_decay')}"),
@@ -151,6 +153,17 @@ def _recipe_and_results(recipe, training, results, *, back: bool) -> list[str]:
     else:
         out.append("No evaluation results were recorded with this checkpoint.")
     return out
+
+
+def _data_source(data: dict) -> tuple[str, object]:
+    """The recipe's data row: its source, or a mixture's sources with their weights and shares."""
+    mixture = data.get("mixture") or []
+    if not mixture:
+        return "data source", data.get("source")
+    entries = [MixtureEntry(**e) for e in mixture]
+    total = sum(e.weight for e in entries)
+    return "data mixture (weight, share)", "; ".join(
+        f"{e.label}: `{e.source}` ({_fmt(e.weight)}, {e.weight / total:.1%})" for e in entries)
 
 
 __all__ = ["render_card", "render_stock_card"]

@@ -197,12 +197,26 @@ class SetDLMDecoderLayer(nn.Module):
 
 
 class SetDLMKVCache:
-    """Keys/values (rotary applied) of committed tokens, per layer; new tokens attend to the cache and
-    themselves, and the first `commit` of them are appended after the forward."""
+    """Keys/values (rotary applied) of committed tokens, per layer, and their token positions; new
+    tokens attend to the cache and themselves, and the first `commit` of them are appended after the
+    forward. `fit(limit, incoming)` drops the lowest-position entries so that the cache plus a forward
+    of `incoming` tokens fit in `limit` positions (decoding past max_position_embeddings)."""
 
     def __init__(self):
         self.k: dict[int, torch.Tensor] = {}
         self.v: dict[int, torch.Tensor] = {}
+        self.pos: list[int] = []  # token position of each entry, in cache order
+
+    def fit(self, limit: int, incoming: int) -> None:
+        over = len(self.pos) + incoming - limit
+        if over <= 0:
+            return
+        drop = set(sorted(range(len(self.pos)), key=self.pos.__getitem__)[:over])
+        keep = [i for i in range(len(self.pos)) if i not in drop]
+        self.pos = [self.pos[i] for i in keep]
+        for d in (self.k, self.v):
+            for layer, t in d.items():
+                d[layer] = t[:, :, keep]
 
     def length(self) -> int:
         return next(iter(self.k.values())).shape[2] if self.k else 0
@@ -360,7 +374,15 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel):
         keys = torch.ones(len(ids), cache.length(), dtype=torch.bool, device=dev)
         full = torch.cat((keys, mask.to(dev)), 1)[None, None]
         hidden = self.model(ids_t, pos_t, full, cache=cache, commit=commit)
+        cache.pos += pos[:commit]
         return self.logits(hidden[:, len(ids) - n_out:]) if n_out else None
+
+    def _fit(self, cache, incoming: int) -> None:
+        limit = int(self.config.max_position_embeddings)
+        if incoming > limit:
+            raise ValueError(f"set_diffusion_generate: a step forwards {incoming} tokens, more than "
+                             f"max_position_embeddings {limit}; lower the window")
+        cache.fit(limit, incoming)
 
     def _choose(self, logits, temperature, generator):
         if temperature and temperature > 0:
@@ -384,6 +406,10 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel):
         (`temperature` 0) or sampled. `suffix_ids` (one list per row) turns a row into infilling:
         prefix + `max_new_tokens` MASK + suffix, with prefix and suffix visible (cached) and no EOS
         stop. AR models ("ar") decode left to right. A generated EOS ends a plain row (`stop_on_eos`).
+
+        The prompt (prefix and suffix) must fit in max_position_embeddings; decoding goes on past it
+        as the setdlm package's sampler does: before each forward, the cached tokens with the lowest
+        positions are dropped so that cache + the forward's tokens fit (positions keep counting up).
         """
         family = self.config.family
         if family not in ("setdlm", "ar"):
@@ -407,10 +433,11 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel):
             for prefix, suffix in zip(input_ids, suffixes):
                 prefix = [int(t) for t in prefix]
                 suffix = None if suffix is None else [int(t) for t in (suffix.tolist() if hasattr(suffix, "tolist") else suffix)]
-                total = len(prefix) + int(max_new_tokens) + len(suffix or [])
-                if total > self.config.max_position_embeddings:  # never trained there: refuse, do not extrapolate
-                    raise ValueError(f"set_diffusion_generate: {total - int(max_new_tokens)} prompt tokens + {max_new_tokens} "
-                                     f"new tokens exceed max_position_embeddings {self.config.max_position_embeddings}")
+                visible = len(prefix) + (len(suffix or []) if family == "setdlm" else 0)
+                if visible > self.config.max_position_embeddings:  # prefilled in one forward: it must fit
+                    raise ValueError(f"set_diffusion_generate: {visible} prompt tokens exceed max_position_embeddings "
+                                     f"{self.config.max_position_embeddings} (decoding past it drops the oldest cached "
+                                     "tokens, but the prompt must fit)")
                 run = self._decode_ar if family == "ar" else self._decode_set
                 toks, steps = run(prefix, suffix, int(max_new_tokens), w, threshold, mask_id,
                                   eos_token_id if stop_on_eos and suffix is None else None, temperature, generator)
@@ -439,6 +466,7 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel):
                 break
             q = [p for p in range(start, min(start + w, end)) if todo[p]]
             c, m = len(pend_tok), len(q)
+            self._fit(cache, c + m)
             mask = torch.zeros(c + m, c + m, dtype=torch.bool)
             mask[:c, :c] = torch.ones(c, c, dtype=torch.bool).tril()
             mask[c:, :c] = True
@@ -477,6 +505,7 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel):
                 break
             out.append(t)
             if i + 1 < n:
+                self._fit(cache, 1)
                 logits = self._step(cache, [t], [P + i], torch.ones(1, 1, dtype=torch.bool), 1, 1)[0]
         return out, steps
 
