@@ -27,7 +27,7 @@ SUBCOMMANDS = {
     "serve": ("serve.cli", "main", "OpenAI-compatible HTTP server for a checkpoint (continuous batching, streaming)"),
     "data": ("data_pipeline.cli", "main", "prepare and inspect tokenized webdataset shards"),
     "eval": ("eval.cli", "main", "likelihood and sampling benchmarks from checkpoints"),
-    "convert": ("pretrain.hf_convert", "main", "checkpoint conversion (Hugging Face, reference checkpoints, consolidation)"),
+    "convert": ("pretrain.convert.cli", "main", "checkpoint conversion (Hugging Face, reference checkpoints, consolidation)"),
     "launch": ("launch.runner", "main", "start a command on N local processes"),
 }
 

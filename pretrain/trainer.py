@@ -380,7 +380,7 @@ class Trainer:
         if not preempted and t.sample_at_end and self.rank == 0:
             self.print_sample()
         if not preempted and t.export_hf and self.rank == 0:  # Hugging Face export of the final checkpoint
-            from .hf_convert import export_at_end
+            from .convert.export import export_at_end
 
             self.logger.write(export_at_end(self.run_dir, best=t.keep_best))
         self.logger.close()

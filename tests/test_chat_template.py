@@ -244,7 +244,8 @@ def test_exports_carry_the_chat_template(qwen, tmp_path):
     from helpers import write_recipe
     from model.transformer import Transformer
     from pretrain.config import load_config
-    from pretrain.hf_convert import export_checkpoint, write_run
+    from pretrain.convert.export import export_checkpoint
+    from pretrain.convert.from_hf import write_run
 
     msgs = [{"role": "user", "content": "What is 2 + 3?"}]
     for name, tok_name in [("qwen3", "qwen3"), ("own", _tok_dir(qwen, tmp_path, QWEN3_THINK)), ("gpt2", "gpt2")]:
@@ -280,7 +281,8 @@ def test_serve_chat_renders_the_template_as_transformers_does(qwen, tmp_path):
     from helpers import write_recipe
     from model.transformer import Transformer
     from pretrain.config import load_config
-    from pretrain.hf_convert import export_checkpoint, write_run
+    from pretrain.convert.export import export_checkpoint
+    from pretrain.convert.from_hf import write_run
     from serve.loading import load_served
     from serve.params import plan
     from serve.schema import ChatRequest, RequestError, parse

@@ -92,7 +92,8 @@ def world(tmp_path_factory, model_parallel):
     from model.sampling import Infill, SamplingConfig, generate
     from pretrain.checkpoint.inference import load_model
     from pretrain.config import load_config
-    from pretrain.hf_convert import export_checkpoint, import_hf, write_run
+    from pretrain.convert.export import export_checkpoint
+    from pretrain.convert.from_hf import import_hf, write_run
     from pretrain.trainer import Trainer
     from model.transformer import Transformer
     from data_pipeline.tokenizers import load_tokenizer
@@ -253,7 +254,7 @@ def test_from_hf_run_continues_training(world, model_parallel):
 def test_bf16_export_with_evaluation_results_in_the_card(world, tmp_path):
     from safetensors import safe_open
 
-    from pretrain.hf_convert import export_checkpoint
+    from pretrain.convert.export import export_checkpoint
 
     run = tmp_path / "run"
     shutil.copytree(world["runs"]["mdlm"], run)
@@ -290,7 +291,7 @@ def test_corrupt_or_incomplete_export_gives_a_clear_error(world, tmp_path, damag
     from safetensors.torch import load_file, save_file
 
     from model.convert import ConvertError
-    from pretrain.hf_convert import import_hf
+    from pretrain.convert.from_hf import import_hf
 
     d = _broken(world, tmp_path, damage, fam="bd3lm" if damage == "missing_shard" else "mdlm")
     weights = d / "model.safetensors"

@@ -127,7 +127,7 @@ def _write_hf_style(d, sd, config):
 
 
 def test_published_style_setdlm_checkpoint_imports_exactly(tmp_path, model_parallel):
-    from pretrain.hf_convert import import_reference
+    from pretrain.convert.from_reference import import_reference
 
     sd = synthetic_dit(adaln=False)
     config = {"architectures": ["SetDLM"], "model_type": "denoiser",
@@ -149,7 +149,7 @@ def test_published_style_setdlm_checkpoint_imports_exactly(tmp_path, model_paral
 def test_adaln_lightning_checkpoint_with_ema_and_prefixes(tmp_path, model_parallel):
     """MDLM-style Lightning .ckpt: `state_dict` with `backbone._orig_mod.` prefixes, EMA shadow list in
     parameter order, adaLN folded at sigma = 0."""
-    from pretrain.hf_convert import import_reference
+    from pretrain.convert.from_reference import import_reference
 
     raw = synthetic_dit(adaln=True, seed=1)
     ema = synthetic_dit(adaln=True, seed=2)
@@ -167,7 +167,7 @@ def test_adaln_lightning_checkpoint_with_ema_and_prefixes(tmp_path, model_parall
 
 def test_missing_information_is_asked_for(tmp_path, model_parallel):
     from model.convert import ConvertError
-    from pretrain.hf_convert import import_reference
+    from pretrain.convert.from_reference import import_reference
 
     sd = synthetic_dit(adaln=False)
     _write_hf_style(tmp_path / "m", sd, {"architectures": ["SetDLM"], "backbone_config": {"n_heads": NH, "length": L}})
@@ -188,7 +188,7 @@ def test_imported_model_samples_with_the_stack(tmp_path, model_parallel):
     """An imported reference model decodes with this stack's sampler (S_max = 2D, window D)."""
     from model.sampling import SamplingConfig, generate
     from pretrain.checkpoint.inference import load_model
-    from pretrain.hf_convert import import_reference
+    from pretrain.convert.from_reference import import_reference
 
     sd = synthetic_dit(adaln=False, seed=4)
     torch.save({"backbone." + k: v for k, v in sd.items()}, tmp_path / "w.bin")
@@ -204,7 +204,7 @@ def test_schedule_is_read_from_the_reference_config(tmp_path, model_parallel):
     """D and S_max come from the reference's own config.json (noise_config), no --set-size needed."""
     from model.convert.reference import schedule_from_config
     from pretrain.checkpoint.inference import load_model
-    from pretrain.hf_convert import import_reference
+    from pretrain.convert.from_reference import import_reference
 
     sd = synthetic_dit(adaln=False)
     base = {"architectures": ["SetDLM"], "backbone_config": {"n_heads": NH, "length": L},

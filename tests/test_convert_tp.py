@@ -14,7 +14,8 @@ from test_convert_hf import _close, _inputs, _logits, _run_hf
 def test_tp2_checkpoint_round_trip(tmp_path, model_parallel):
     from pretrain.checkpoint.inference import load_model
     from pretrain.checkpoint.consolidate import consolidate
-    from pretrain.hf_convert import export_checkpoint, import_hf
+    from pretrain.convert.export import export_checkpoint
+    from pretrain.convert.from_hf import import_hf
 
     recipe = write_recipe(tmp_path / "r.yaml", model={"n_heads": 4, "tie_embeddings": False},
                           train={"max_steps": 2, "save_every": 2, "eval_every": 0, "ema": 0.5})

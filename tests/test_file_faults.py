@@ -251,5 +251,5 @@ def test_the_repository_never_advises_trust_remote_code_for_a_download():
     """Only the export's own documentation (our code, shipped by us) mentions trust_remote_code."""
     hits = [p.relative_to(REPO).as_posix() for pkg in ("common", "data_pipeline", "model", "pretrain", "eval", "launch")
             for p in (REPO / pkg).rglob("*.py") if "trust_remote_code=True" in p.read_text()]
-    assert set(hits) <= {"model/convert/card.py", "model/convert/hf_code/modeling_setdlm.py", "pretrain/hf_convert.py",
-                         "pretrain/hf_adapter.py"}, hits
+    assert set(hits) <= {"model/convert/card.py", "model/convert/hf_code/modeling_setdlm.py", "pretrain/convert/export.py",
+                         "pretrain/convert/adapter.py"}, hits

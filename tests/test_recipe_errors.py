@@ -116,7 +116,7 @@ def test_flags_and_overrides_in_any_order(tmp_path, capsys, monkeypatch):
 
 
 def test_convert_takes_overrides_after_flags():
-    from pretrain.hf_convert import build_parser
+    from pretrain.convert.cli import build_parser
 
     args = build_parser().parse_args(["from-hf", "--model", "m", "a.b=1", "--out", "o", "c.d=2", "--overwrite"])
     assert args.overrides == ["a.b=1", "c.d=2"] and args.out == "o" and args.overwrite

@@ -188,7 +188,7 @@ def test_hf_export_on_a_full_disk_keeps_the_last_export(trained, tmp_path, mount
 def test_export_at_end_on_a_full_disk_is_an_error(trained, tmp_path, monkeypatch):
     """train.export_hf: a full disk is not a note at the end of the log but an error status."""
     from common.errors import StorageError
-    from pretrain import hf_convert
+    from pretrain.convert import export as hf_export
 
     run = tmp_path / "run"
     shutil.copytree(trained, run)
@@ -196,7 +196,7 @@ def test_export_at_end_on_a_full_disk_is_an_error(trained, tmp_path, monkeypatch
     def full(tensors, out_dir, limit):
         raise OSError(errno.ENOSPC, "No space left on device", str(out_dir / "model.safetensors"))
 
-    monkeypatch.setattr(hf_convert, "write_weights", full)
+    monkeypatch.setattr(hf_export, "write_weights", full)
     with pytest.raises(StorageError, match="train.export_hf: .*No space left on device.*--overwrite"):
-        hf_convert.export_at_end(run)
+        hf_export.export_at_end(run)
     assert not (run / "hf").exists() and not temps(run)

@@ -53,7 +53,7 @@ def test_per_source_validation_equals_one_source_runs(tmp_path, corpora, model_p
 
 
 def test_the_exported_model_card_lists_the_mixture_sources_with_weights(tmp_path, corpora, model_parallel):
-    from pretrain.hf_convert import export_checkpoint
+    from pretrain.convert.export import export_checkpoint
 
     _train(_recipe(tmp_path / "r.yaml", corpora, max_steps=1, eval_every=0, save_every=1), tmp_path)
     out = export_checkpoint(tmp_path / "tiny", tmp_path / "hf", log=lambda *_: None)

@@ -2,7 +2,7 @@
 (hf_config), weight files (hf_files), stock Qwen3/Llama/Mistral directories (hf_stock), the model code
 an export ships (hf_code/), the reference implementation's DiT checkpoints (reference), model cards
 (card). Pure weight mapping; the `setdlm convert` command that reads and writes run directories is
-pretrain/hf_convert.py."""
+pretrain/convert/."""
 
 from .errors import ConvertError
 
