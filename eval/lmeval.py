@@ -5,7 +5,14 @@
   decodes any generation task with our samplers (loglikelihood requests are not supported: set
   diffusion models give bounds, not exact conditional likelihoods, except AR checkpoints).
 - `write_task` writes a task YAML (+ its scoring hook) that reads a local JSONL with the
-  ``json`` dataset builder (offline) or the hub dataset (``--data hub``).
+  ``json`` dataset builder (offline) or the hub dataset (``--data hub``): for plain prompts our
+  ``setdlm_gsm8k`` (``Question: ..\\nAnswer:``, our answer extraction), for chat prompts **lm-eval's
+  own ``gsm8k`` task** (its YAML included as it is installed: prompt, stop sequences, strict-match and
+  flexible-extract filters), only the data files replaced.
+- Chat prompts: the LM classes implement lm-eval's chat API (``apply_chat_template``,
+  ``tokenizer_name``, ``chat_template``) with the checkpoint tokenizer's template
+  (eval/chat_prompt.py), and ``simple_evaluate(apply_chat_template=True)`` renders every request
+  through it, as for a Hugging Face model: the paper's protocol (``--protocol paper``).
 - `run_generation` is the `setdlm eval gsm8k --backend lm-eval` path: the harness builds the requests
   (prompts, few-shot, stop sequences) on every rank; `_CollectLM.generate_until` hands them to the
   sharded, resumable runner, which decodes this rank's units; the merge replays all records through
@@ -24,6 +31,7 @@ from .records import RecordReader, atomic_write
 from .units import Unit
 
 TASK = "setdlm_gsm8k"
+OWN_TASK = "gsm8k"  # lm-eval's own task (chat prompts)
 
 _UTILS = '''"""Scoring hook of the setdlm GSM8K task (written by setdlm eval)."""
 from eval.metrics import extract_answer, gold_answer
@@ -39,22 +47,41 @@ def _q(s: str) -> str:
     return json.dumps(s)  # a JSON string is a valid YAML scalar
 
 
+def _data_lines(spec: dict, hub: list[str]) -> list[str]:
+    if spec["data"] == "hub":
+        return hub + (["fewshot_split: train"] if spec.get("fewshot") else [])
+    files = {"test": str(Path(spec["data"]).resolve())}
+    if spec.get("fewshot"):
+        files["train"] = str(Path(spec["fewshot_data"]).resolve())
+    lines = ["dataset_path: json", "dataset_kwargs:", "  data_files:"]
+    lines += [f"    {k}: {_q(v)}" for k, v in files.items()]
+    return lines + ["test_split: test"] + (["fewshot_split: train"] if spec.get("fewshot") else [])
+
+
+def own_task_yaml() -> Path:
+    """lm-eval's own gsm8k task definition, as installed."""
+    import lm_eval
+
+    return Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
+
+
+def task_name(spec: dict) -> str:
+    return OWN_TASK if spec.get("lm_eval_task") == OWN_TASK else TASK
+
+
 def write_task(out: Path, spec: dict) -> Path:
     """The task directory (YAML + scoring hook) for this run's data; same content on every rank."""
     d = Path(out) / "lm_eval_task"
     d.mkdir(parents=True, exist_ok=True)
+    if task_name(spec) == OWN_TASK:  # lm-eval's gsm8k as it is, only the data files replaced
+        lines = [f"include: {_q(str(own_task_yaml()))}", f"task: {OWN_TASK}"]
+        if spec["data"] != "hub":  # the json builder has no 'main' config, and no train split unless few-shot
+            lines += _data_lines(spec, []) + ["dataset_name: null", "training_split: null"]
+            lines += [] if spec.get("fewshot") else ["fewshot_split: null"]
+        atomic_write(d / f"{OWN_TASK}.yaml", "\n".join(lines) + "\n")
+        return d
     lines = [f"task: {TASK}"]
-    if spec["data"] == "hub":
-        lines += ["dataset_path: openai/gsm8k", "dataset_name: main", "test_split: test"]
-        if spec.get("fewshot"):
-            lines += ["fewshot_split: train"]
-    else:
-        files = {"test": str(Path(spec["data"]).resolve())}
-        if spec.get("fewshot"):
-            files["train"] = str(Path(spec["fewshot_data"]).resolve())
-        lines += ["dataset_path: json", "dataset_kwargs:", "  data_files:"]
-        lines += [f"    {k}: {_q(v)}" for k, v in files.items()]
-        lines += ["test_split: test"] + (["fewshot_split: train"] if spec.get("fewshot") else [])
+    lines += _data_lines(spec, ["dataset_path: openai/gsm8k", "dataset_name: main", "test_split: test"])
     lines += [
         "output_type: generate_until",
         "doc_to_text: " + _q(spec["template"].replace("{question}", "{{question}}")),
@@ -85,6 +112,33 @@ def _base():
     return LM
 
 
+class ChatAPI:
+    """lm-eval's chat API for an LM class (mixed in before `LM`): `apply_chat_template` renders the
+    history with the template of `chat_spec` (eval/chat_prompt.py `describe()`) and remembers it, so
+    a prompt that must be cut is cut inside its last user turn's content, not its header."""
+
+    chat_spec: dict | None = None
+
+    def apply_chat_template(self, chat_history, add_generation_prompt=True) -> str:
+        from .chat_prompt import render_text
+
+        if not self.chat_spec:
+            raise EvalError("apply_chat_template: this run has no chat template (--prompt-format chatml or tokenizer)")
+        text = render_text(self.chat_spec["template"], self.chat_spec["variables"], list(chat_history),
+                           add_generation_prompt)
+        self.histories = getattr(self, "histories", None) or {}
+        self.histories[text] = list(chat_history)
+        return text
+
+    @property
+    def tokenizer_name(self) -> str:
+        spec = self.chat_spec or {}
+        return f"setdlm-{spec.get('format', 'plain')}"
+
+    def chat_template(self, chat_template=False) -> str:
+        return (self.chat_spec or {}).get("template", "")
+
+
 def _evaluate(lm, out: Path, spec: dict):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
@@ -93,10 +147,40 @@ def _evaluate(lm, out: Path, spec: dict):
         logging.getLogger(name).setLevel(logging.ERROR)
     d = write_task(out, spec)
     tm = TaskManager(include_path=str(d), include_defaults=False, verbosity="ERROR")
-    return simple_evaluate(model=lm, tasks=[TASK], task_manager=tm, num_fewshot=spec.get("fewshot") or 0,
+    chat = bool(spec.get("chat"))
+    lm.chat_spec = spec.get("chat")
+    return simple_evaluate(model=lm, tasks=[task_name(spec)], task_manager=tm, num_fewshot=spec.get("fewshot") or 0,
                            limit=spec.get("limit") or None, bootstrap_iters=0, log_samples=False, verbosity="ERROR",
                            random_seed=0, numpy_random_seed=1234, torch_random_seed=1234,
-                           fewshot_random_seed=int(spec.get("seed") or 0) + 1234)
+                           fewshot_random_seed=int(spec.get("seed") or 0) + 1234,
+                           **({"apply_chat_template": True, "fewshot_as_multiturn": True} if chat else {}))
+
+
+def _fit_requests(task, items: list[dict], histories: dict) -> None:
+    """--overlong on the harness's prompts (the few-shot ones exist only now): sets each item's
+    `skip` (tokens needed, or None), `input` (what it decodes from) and `cut`. Error refuses here;
+    skip gives the prompts that do not fit a skip record instead of a generation; truncate cuts a
+    chat prompt inside its last user turn's content (text: the predictor keeps its end)."""
+    for x in items:
+        x.update(skip=None, input=x["prompt"], cut=0)
+    if task.ckpt is None:
+        return
+    chat = task.chat_prompts
+    if chat is not None:
+        for x in items:
+            x["input"] = chat.ids(x["prompt"])
+    sizes = [task.needs(x["input"]) for x in items]
+    floors = None
+    if chat is not None and task.args.overlong == "truncate":
+        floors = [chat.floor(histories[x["prompt"]]) + task.span_room() if x["prompt"] in histories else n
+                  for x, n in zip(items, sizes)]
+    what = f"problems (the harness's prompts{task._with_new()})"
+    keep = set(sort_overlong([x["id"] for x in items], sizes, task.limit, task.args.overlong, what=what, floors=floors)[0])
+    for i, x in enumerate(items):
+        if i not in keep:
+            x["skip"] = sizes[i]
+        elif chat is not None and x["prompt"] in histories:
+            x["input"], x["cut"] = task.fitted(x["input"], histories[x["prompt"]])
 
 
 def run_generation(task, run, after_unit=None) -> dict:
@@ -104,26 +188,19 @@ def run_generation(task, run, after_unit=None) -> dict:
     LM = _base()
     stats: dict = {}
 
-    class _CollectLM(LM):
+    class _CollectLM(ChatAPI, LM):
         def generate_until(self, requests, disable_tqdm: bool = False):
             reqs = sorted(requests, key=lambda r: r.doc_id)
             items = [{"id": str(r.doc_id), "doc": r.doc, "prompt": r.arguments[0],
                       "until": list(r.arguments[1].get("until") or [])} for r in reqs]
-            # --overlong on the harness's prompts (the few-shot ones exist only now): error refuses here,
-            # skip gives the prompts that do not fit a skip record instead of a generation
-            sizes, keep = [0] * len(items), set(range(len(items)))
-            if task.ckpt is not None:
-                sizes = [task.needs(x["prompt"]) for x in items]
-                keep = set(sort_overlong([x["id"] for x in items], sizes, int(task.ckpt.cfg.model.max_seq_len),
-                                         task.args.overlong, what="problems (the harness's prompts + --max-new-tokens)")[0])
-            for i, x in enumerate(items):
-                x["skip"] = None if i in keep else sizes[i]
+            _fit_requests(task, items, getattr(self, "histories", None) or {})
             units = [Unit(u.index, u.keys, u.payload) for u in _chunks(items, task.args.batch_size)]
 
             def fn(unit):
-                return task._records(unit, [x["doc"] for x in unit.payload], [x["prompt"] for x in unit.payload],
-                                     unit.payload[0]["until"],
-                                     skip={i: x["skip"] for i, x in enumerate(unit.payload) if x["skip"] is not None})
+                xs = unit.payload
+                return task._records(unit, [x["doc"] for x in xs], [x["prompt"] for x in xs], xs[0]["until"],
+                                     skip={i: x["skip"] for i, x in enumerate(xs) if x["skip"] is not None},
+                                     inputs=[x["input"] for x in xs], cuts=[x["cut"] for x in xs])
 
             stats.update(run.execute(units, fn, after_unit=after_unit))
             recs = RecordReader(run.out).refresh()
@@ -153,7 +230,7 @@ def replay_metrics(out: Path, records: list[dict], spec: dict) -> dict:
         return {"lm_eval/note": "lm-evaluation-harness not installed at merge time: harness metric not computed"}
     by_key = {r["key"]: r for r in records}
 
-    class _ReplayLM(LM):
+    class _ReplayLM(ChatAPI, LM):
         def generate_until(self, requests, disable_tqdm: bool = False):
             outs = []
             for r in requests:
@@ -174,10 +251,16 @@ def replay_metrics(out: Path, records: list[dict], spec: dict) -> dict:
             raise NotImplementedError
 
     res = _evaluate(_ReplayLM(), Path(out), spec)
-    r = res["results"][TASK]
+    name = task_name(spec)
+    r = res["results"][name]
     import lm_eval
 
-    return {"lm_eval/exact_match": r.get("exact_match,none"), "lm_eval/version": getattr(lm_eval, "__version__", "?")}
+    version = getattr(lm_eval, "__version__", "?")
+    if name == OWN_TASK:  # lm-eval's own filters: the "#### n" line (strict) and the last number (flexible)
+        return {"lm_eval/exact_match": r.get("exact_match,strict-match"),
+                "lm_eval/exact_match_flexible": r.get("exact_match,flexible-extract"),
+                "lm_eval/task": f"gsm8k (lm-eval {version}'s own task, apply_chat_template)", "lm_eval/version": version}
+    return {"lm_eval/exact_match": r.get("exact_match,none"), "lm_eval/version": version}
 
 
 # ------------------------------------------------------------------------------------------ registered LM
@@ -189,14 +272,16 @@ def _register():
     LM = _base()
 
     @register_model("setdlm")
-    class SetDLMLM(LM):
+    class SetDLMLM(ChatAPI, LM):
         """lm-eval LM for setdlm checkpoints (generate_until only).
 
         model_args: checkpoint=RUN_DIR, and optionally family, window, threshold, block_size,
-        max_new_tokens, temperature, batch_size, device, ema."""
+        max_new_tokens, temperature, batch_size, device, ema, chat (tokenizer: the tokenizer's
+        template, else ChatML, for --apply_chat_template; chatml; none). Decoding continues past
+        max_seq_len as the reference's (the prompt must fit)."""
 
         def __init__(self, checkpoint: str, family=None, window=None, threshold=0.9, block_size=None,
-                     max_new_tokens=256, temperature=0.0, batch_size=1, device=None, ema=True, **_):
+                     max_new_tokens=256, temperature=0.0, batch_size=1, device=None, ema=True, chat="tokenizer", **_):
             super().__init__()
             from .models import Checkpoint, ModelPredictor, pick_device
             from .options import DecodingOptions, sampling_config
@@ -206,15 +291,28 @@ def _register():
                                    threshold=None if threshold in (None, "none") else float(threshold),
                                    block_size=int(block_size) if block_size else None, temperature=float(temperature),
                                    max_new_tokens=int(max_new_tokens))
-            self.predictor = ModelPredictor(self.ckpt, sampling_config(self.ckpt.cfg.objective, opts))
+            self.predictor = ModelPredictor(self.ckpt, sampling_config(self.ckpt.cfg.objective, opts), overflow=True)
             self.bs = int(batch_size)
+            self.chat = None
+            if chat not in (None, "none", False):
+                from .chat_prompt import ChatPrompts
+
+                try:
+                    self.chat = ChatPrompts(self.ckpt.tokenizer, str(chat))
+                except EvalError:
+                    if chat != "tokenizer":
+                        raise
+                self.chat_spec = self.chat.describe() if self.chat else None
 
         def generate_until(self, requests, disable_tqdm: bool = False):
             outs = []
             for i in range(0, len(requests), self.bs):
                 group = requests[i:i + self.bs]
                 until = list(group[0].arguments[1].get("until") or [])
-                res = self.predictor.complete([r.arguments[0] for r in group], seed=i, stop=until)
+                prompts = [r.arguments[0] for r in group]
+                if self.chat is not None:  # rendered chat text: its special tokens are tokens
+                    prompts = [self.chat.ids(p) for p in prompts]
+                res = self.predictor.complete(prompts, seed=i, stop=until)
                 outs += [o["text"] for o in res]
             return outs
 
