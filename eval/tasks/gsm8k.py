@@ -159,6 +159,7 @@ class GSM8KTask(GenerationTask):
                                     f"{longest}{' (zero-shot estimate)' if self.backend == 'lm-eval' and self.args.fewshot else ''})")
         if self.sampling is not None:
             self.sampling.max_new_tokens = int(self.new_tokens)
+        self.check_fits()  # MDLM: a budget that leaves no room is named before the prompts are
         if self.backend != "direct":
             return
         floors = None
