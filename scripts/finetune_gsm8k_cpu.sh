@@ -22,7 +22,7 @@ export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
 tail -n "$HELD_OUT" "$GSM8K" > "$W/heldout.jsonl"   # the val split below: never trained on
 [ -f "$W/data/manifest.json" ] || $PY -m launch.cli data prepare --format prompt_answer --input "$GSM8K" \
   --output "$W/data" --tokenizer "$W/hf-tiny-qwen3" --add-mask --prompt-field question --template tokenizer \
-  --seq-len 256 --val-docs "$HELD_OUT"
+  --seq-len 256 --val-docs "$HELD_OUT" --overlong drop   # every answer keeps its "#### n" line
 $PY -m launch.cli pretrain --config configs/gsm8k-tiny-cpu.yaml "$@"
 $PY -m launch.cli eval gsm8k --checkpoint runs/gsm8k-tiny-cpu --data "$W/heldout.jsonl" --limit "${EVAL_LIMIT:-20}" \
   --backend direct --prompt-format tokenizer --out "$W/eval" --overwrite
