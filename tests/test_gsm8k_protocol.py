@@ -161,3 +161,18 @@ def test_max_new_tokens_defaults_from_the_models_length_and_the_prompts(run_dir,
                       "--family", "mdlm", "--max-new-tokens", "64", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert "--max-new-tokens: 64 leaves no room for a prompt in the model's max_seq_len 64; valid: at most 63" in err
+
+
+def test_the_registered_lm_class_speaks_lm_evals_chat_api(run_dir):
+    """`lm_eval.simple_evaluate(model="setdlm", apply_chat_template=True)` renders through these."""
+    pytest.importorskip("lm_eval")
+    from data_pipeline.chat_template import hf_tokenizer
+    from eval.lmeval import SetDLMLM
+    from eval.models import Checkpoint
+
+    lm = SetDLMLM(checkpoint=str(run_dir))
+    history = [{"role": "user", "content": "Question: What is 2 + 2?\nAnswer:"}]
+    want = hf_tokenizer(Checkpoint(str(run_dir)).tokenizer).apply_chat_template(history, tokenize=False,
+                                                                                add_generation_prompt=True)
+    assert lm.apply_chat_template(history) == want and SYSTEM in want
+    assert lm.tokenizer_name == "setdlm-tokenizer" and SYSTEM in lm.chat_template(True)
