@@ -1,6 +1,6 @@
 """lm-evaluation-harness integration: a registered LM class and an offline GSM8K task definition.
 
-- `SetDLMLM` is registered with the harness as ``setdlm``, so after ``import eval.lmeval``
+- `SetDLMLM` (eval/lmeval_model.py) is registered with the harness as ``setdlm``, so after ``import eval.lmeval``
   ``lm_eval.simple_evaluate(model="setdlm", model_args="checkpoint=RUN_DIR,threshold=0.9", ...)``
   decodes any generation task with our samplers (loglikelihood requests are not supported: set
   diffusion models give bounds, not exact conditional likelihoods, except AR checkpoints).
@@ -26,6 +26,8 @@ import logging
 from pathlib import Path
 
 from .errors import EvalError
+from .lmeval_chat import ChatAPI, _base
+from .lmeval_model import SetDLMLM  # noqa: F401 - registers "setdlm" with the harness (eval.lmeval.SetDLMLM)
 from .overlong import sort_overlong
 from .records import RecordReader, atomic_write
 from .units import Unit
@@ -102,41 +104,6 @@ def write_task(out: Path, spec: dict) -> Path:
     atomic_write(d / f"{TASK}.yaml", "\n".join(lines) + "\n")
     atomic_write(d / "setdlm_utils.py", _UTILS)
     return d
-
-
-def _base():
-    try:
-        from lm_eval.api.model import LM
-    except ImportError:
-        raise EvalError("lm-evaluation-harness is not installed: pip install 'setdlm[lm-eval]'") from None
-    return LM
-
-
-class ChatAPI:
-    """lm-eval's chat API for an LM class (mixed in before `LM`): `apply_chat_template` renders the
-    history with the template of `chat_spec` (eval/chat_prompt.py `describe()`) and remembers it, so
-    a prompt that must be cut is cut inside its last user turn's content, not its header."""
-
-    chat_spec: dict | None = None
-
-    def apply_chat_template(self, chat_history, add_generation_prompt=True) -> str:
-        from .chat_prompt import render_text
-
-        if not self.chat_spec:
-            raise EvalError("apply_chat_template: this run has no chat template (--prompt-format chatml or tokenizer)")
-        text = render_text(self.chat_spec["template"], self.chat_spec["variables"], list(chat_history),
-                           add_generation_prompt)
-        self.histories = getattr(self, "histories", None) or {}
-        self.histories[text] = list(chat_history)
-        return text
-
-    @property
-    def tokenizer_name(self) -> str:
-        spec = self.chat_spec or {}
-        return f"setdlm-{spec.get('format', 'plain')}"
-
-    def chat_template(self, chat_template=False) -> str:
-        return (self.chat_spec or {}).get("template", "")
 
 
 def _evaluate(lm, out: Path, spec: dict):
@@ -261,71 +228,3 @@ def replay_metrics(out: Path, records: list[dict], spec: dict) -> dict:
                 "lm_eval/exact_match_flexible": r.get("exact_match,flexible-extract"),
                 "lm_eval/task": f"gsm8k (lm-eval {version}'s own task, apply_chat_template)", "lm_eval/version": version}
     return {"lm_eval/exact_match": r.get("exact_match,none"), "lm_eval/version": version}
-
-
-# ------------------------------------------------------------------------------------------ registered LM
-def _register():
-    try:
-        from lm_eval.api.registry import register_model
-    except ImportError:
-        return None
-    LM = _base()
-
-    @register_model("setdlm")
-    class SetDLMLM(ChatAPI, LM):
-        """lm-eval LM for setdlm checkpoints (generate_until only).
-
-        model_args: checkpoint=RUN_DIR, and optionally family, window, threshold, block_size,
-        max_new_tokens, temperature, batch_size, device, ema, chat (tokenizer: the tokenizer's
-        template, else ChatML, for --apply_chat_template; chatml; none). Decoding continues past
-        max_seq_len as the reference's (the prompt must fit)."""
-
-        def __init__(self, checkpoint: str, family=None, window=None, threshold=0.9, block_size=None,
-                     max_new_tokens=256, temperature=0.0, batch_size=1, device=None, ema=True, chat="tokenizer", **_):
-            super().__init__()
-            from .models import Checkpoint, ModelPredictor, pick_device
-            from .options import DecodingOptions, sampling_config
-
-            self.ckpt = Checkpoint(checkpoint, ema=str(ema).lower() not in ("0", "false"), device=pick_device(0, device))
-            opts = DecodingOptions(family=family, window=int(window) if window else None,
-                                   threshold=None if threshold in (None, "none") else float(threshold),
-                                   block_size=int(block_size) if block_size else None, temperature=float(temperature),
-                                   max_new_tokens=int(max_new_tokens))
-            self.predictor = ModelPredictor(self.ckpt, sampling_config(self.ckpt.cfg.objective, opts), overflow=True)
-            self.bs = int(batch_size)
-            self.chat = None
-            if chat not in (None, "none", False):
-                from .chat_prompt import ChatPrompts
-
-                try:
-                    self.chat = ChatPrompts(self.ckpt.tokenizer, str(chat))
-                except EvalError:
-                    if chat != "tokenizer":
-                        raise
-                self.chat_spec = self.chat.describe() if self.chat else None
-
-        def generate_until(self, requests, disable_tqdm: bool = False):
-            outs = []
-            for i in range(0, len(requests), self.bs):
-                group = requests[i:i + self.bs]
-                until = list(group[0].arguments[1].get("until") or [])
-                prompts = [r.arguments[0] for r in group]
-                if self.chat is not None:  # rendered chat text: its special tokens are tokens
-                    prompts = [self.chat.ids(p) for p in prompts]
-                res = self.predictor.complete(prompts, seed=i, stop=until)
-                outs += [o["text"] for o in res]
-            return outs
-
-        def loglikelihood(self, requests, disable_tqdm: bool = False):
-            raise NotImplementedError("setdlm: loglikelihood requests are not supported (use setdlm eval likelihood)")
-
-        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-            raise NotImplementedError("setdlm: use setdlm eval likelihood")
-
-    return SetDLMLM
-
-
-try:
-    SetDLMLM = _register()
-except Exception:  # noqa: BLE001 - registering twice (re-import) or an incompatible harness
-    SetDLMLM = None
