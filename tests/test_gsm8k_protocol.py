@@ -176,3 +176,23 @@ def test_the_registered_lm_class_speaks_lm_evals_chat_api(run_dir):
                                                                                 add_generation_prompt=True)
     assert lm.apply_chat_template(history) == want and SYSTEM in want
     assert lm.tokenizer_name == "setdlm-tokenizer" and SYSTEM in lm.chat_template(True)
+
+
+def test_the_cpu_demos_base_has_the_real_qwen_tokenizer_and_its_template(tmp_path):
+    """scripts/finetune_gsm8k_cpu.sh's base (`hf_testing --tokenizer qwen3`): Qwen3's rows and EOS, the
+    real Qwen BPE, a chat template that `data prepare --template tokenizer` and `--prompt-format tokenizer` use."""
+    import json as _json
+
+    from data_pipeline.tokenizers import load_tokenizer
+    from eval.chat_prompt import ChatPrompts
+    from model.convert.hf_testing import make_hf_model
+
+    d = make_hf_model(tmp_path / "hf", "qwen3", tokenizer="qwen3", layers=1, hidden=32)
+    cfg = _json.loads((d / "config.json").read_text())
+    assert (cfg["vocab_size"], cfg["eos_token_id"]) == (151936, 151643)
+    tok = load_tokenizer(str(d), add_mask=True)
+    assert tok.encode("Hello world") == [9707, 1879] and (tok.eos_id, tok.mask_id) == (151643, 151669)
+    chat = ChatPrompts(tok, "tokenizer")
+    assert chat.source == "the tokenizer's chat_template"
+    assert tok.decode(chat.ids([{"role": "user", "content": "2 + 2?"}])) == \
+        "<|im_start|>user\n2 + 2?<|im_end|>\n<|im_start|>assistant\n"
