@@ -8,10 +8,6 @@
 # all of it the 150 training steps at 12.5-17 s each (docs/finetune.md: what was measured, at what load).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
-GSM8K=${GSM8K:-../shared/data/gsm8k/train.jsonl}
-HELD_OUT=${HELD_OUT:-200}
-W=runs/gsm8k-tiny   # configs/gsm8k-tiny-cpu.yaml reads its data and init_from here
 . scripts/gsm8k_tiny_base.sh
 $PY -m launch.cli pretrain --config configs/gsm8k-tiny-cpu.yaml "$@"
 $PY -m launch.cli eval gsm8k --checkpoint runs/gsm8k-tiny-cpu --data "$W/heldout.jsonl" --limit "${EVAL_LIMIT:-20}" \

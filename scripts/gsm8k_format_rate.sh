@@ -11,13 +11,9 @@
 # full and LoRA start from the same base, so they share it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-PY=${PY:-.venv/bin/python}
-GSM8K=${GSM8K:-../shared/data/gsm8k/train.jsonl}
-HELD_OUT=${HELD_OUT:-200}
-W=runs/gsm8k-tiny   # configs/gsm8k-tiny-cpu.yaml reads its data and init_from here
+. scripts/gsm8k_tiny_base.sh   # PY, GSM8K, HELD_OUT, W; the base model and shards
 R=${R:-runs/gsm8k-format}
 STEPS=${STEPS:-30} N=${N:-50} NEW=${NEW:-128} LR=${LR:-3e-3} LORA_LR=${LORA_LR:-1e-2}
-. scripts/gsm8k_tiny_base.sh
 mkdir -p "$R"
 run() {  # NAME OVERRIDES...
   local name=$1; shift
