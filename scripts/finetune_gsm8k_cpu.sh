@@ -4,8 +4,8 @@
 # (the paper's context split: everything up to <|im_start|>assistant\n is context) -> SW-SetDLM
 # fine-tuning (configs/gsm8k-tiny-cpu.yaml) -> GSM8K on held-out problems with the same chat prompt.
 #   GSM8K=path/to/train.jsonl bash scripts/finetune_gsm8k_cpu.sh [recipe overrides...]
-# (default: ../shared/data/gsm8k/train.jsonl). Time on a shared 2-core CPU: about 35-45 minutes, nearly
-# all of it the 150 training steps at 12.5-17 s each (docs/finetune.md: what was measured, at what load).
+# (default: ../shared/data/gsm8k/train.jsonl). Time on 2 CPU cores: about 10 minutes when they are free
+# (2.8 s a training step), 35-45 minutes when other jobs load them (12.5-17 s a step); docs/finetune.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gsm8k_tiny_base.sh
