@@ -1,11 +1,18 @@
 """lm-evaluation-harness integration: a registered LM class and an offline GSM8K task definition.
 
-- `SetDLMLM` is registered with the harness as ``setdlm``, so after ``import eval.lmeval``
+- `SetDLMLM` (eval/lmeval_model.py) is registered with the harness as ``setdlm``, so after ``import eval.lmeval``
   ``lm_eval.simple_evaluate(model="setdlm", model_args="checkpoint=RUN_DIR,threshold=0.9", ...)``
   decodes any generation task with our samplers (loglikelihood requests are not supported: set
   diffusion models give bounds, not exact conditional likelihoods, except AR checkpoints).
 - `write_task` writes a task YAML (+ its scoring hook) that reads a local JSONL with the
-  ``json`` dataset builder (offline) or the hub dataset (``--data hub``).
+  ``json`` dataset builder (offline) or the hub dataset (``--data hub``): for plain prompts our
+  ``setdlm_gsm8k`` (``Question: ..\\nAnswer:``, our answer extraction), for chat prompts **lm-eval's
+  own ``gsm8k`` task** (its YAML included as it is installed: prompt, stop sequences, strict-match and
+  flexible-extract filters), only the data files replaced.
+- Chat prompts: the LM classes implement lm-eval's chat API (``apply_chat_template``,
+  ``tokenizer_name``, ``chat_template``) with the checkpoint tokenizer's template
+  (eval/chat_prompt.py), and ``simple_evaluate(apply_chat_template=True)`` renders every request
+  through it, as for a Hugging Face model: the paper's protocol (``--protocol paper``).
 - `run_generation` is the `setdlm eval gsm8k --backend lm-eval` path: the harness builds the requests
   (prompts, few-shot, stop sequences) on every rank; `_CollectLM.generate_until` hands them to the
   sharded, resumable runner, which decodes this rank's units; the merge replays all records through
@@ -19,11 +26,14 @@ import logging
 from pathlib import Path
 
 from .errors import EvalError
+from .lmeval_chat import ChatAPI, _base
+from .lmeval_model import SetDLMLM  # noqa: F401 - registers "setdlm" with the harness (eval.lmeval.SetDLMLM)
 from .overlong import sort_overlong
 from .records import RecordReader, atomic_write
 from .units import Unit
 
 TASK = "setdlm_gsm8k"
+OWN_TASK = "gsm8k"  # lm-eval's own task (chat prompts)
 
 _UTILS = '''"""Scoring hook of the setdlm GSM8K task (written by setdlm eval)."""
 from eval.metrics import extract_answer, gold_answer
@@ -39,22 +49,41 @@ def _q(s: str) -> str:
     return json.dumps(s)  # a JSON string is a valid YAML scalar
 
 
+def _data_lines(spec: dict, hub: list[str]) -> list[str]:
+    if spec["data"] == "hub":
+        return hub + (["fewshot_split: train"] if spec.get("fewshot") else [])
+    files = {"test": str(Path(spec["data"]).resolve())}
+    if spec.get("fewshot"):
+        files["train"] = str(Path(spec["fewshot_data"]).resolve())
+    lines = ["dataset_path: json", "dataset_kwargs:", "  data_files:"]
+    lines += [f"    {k}: {_q(v)}" for k, v in files.items()]
+    return lines + ["test_split: test"] + (["fewshot_split: train"] if spec.get("fewshot") else [])
+
+
+def own_task_yaml() -> Path:
+    """lm-eval's own gsm8k task definition, as installed."""
+    import lm_eval
+
+    return Path(lm_eval.__file__).parent / "tasks" / "gsm8k" / "gsm8k.yaml"
+
+
+def task_name(spec: dict) -> str:
+    return OWN_TASK if spec.get("lm_eval_task") == OWN_TASK else TASK
+
+
 def write_task(out: Path, spec: dict) -> Path:
     """The task directory (YAML + scoring hook) for this run's data; same content on every rank."""
     d = Path(out) / "lm_eval_task"
     d.mkdir(parents=True, exist_ok=True)
+    if task_name(spec) == OWN_TASK:  # lm-eval's gsm8k as it is, only the data files replaced
+        lines = [f"include: {_q(str(own_task_yaml()))}", f"task: {OWN_TASK}"]
+        if spec["data"] != "hub":  # the json builder has no 'main' config, and no train split unless few-shot
+            lines += _data_lines(spec, []) + ["dataset_name: null", "training_split: null"]
+            lines += [] if spec.get("fewshot") else ["fewshot_split: null"]
+        atomic_write(d / f"{OWN_TASK}.yaml", "\n".join(lines) + "\n")
+        return d
     lines = [f"task: {TASK}"]
-    if spec["data"] == "hub":
-        lines += ["dataset_path: openai/gsm8k", "dataset_name: main", "test_split: test"]
-        if spec.get("fewshot"):
-            lines += ["fewshot_split: train"]
-    else:
-        files = {"test": str(Path(spec["data"]).resolve())}
-        if spec.get("fewshot"):
-            files["train"] = str(Path(spec["fewshot_data"]).resolve())
-        lines += ["dataset_path: json", "dataset_kwargs:", "  data_files:"]
-        lines += [f"    {k}: {_q(v)}" for k, v in files.items()]
-        lines += ["test_split: test"] + (["fewshot_split: train"] if spec.get("fewshot") else [])
+    lines += _data_lines(spec, ["dataset_path: openai/gsm8k", "dataset_name: main", "test_split: test"])
     lines += [
         "output_type: generate_until",
         "doc_to_text: " + _q(spec["template"].replace("{question}", "{{question}}")),
@@ -77,14 +106,6 @@ def write_task(out: Path, spec: dict) -> Path:
     return d
 
 
-def _base():
-    try:
-        from lm_eval.api.model import LM
-    except ImportError:
-        raise EvalError("lm-evaluation-harness is not installed: pip install 'setdlm[lm-eval]'") from None
-    return LM
-
-
 def _evaluate(lm, out: Path, spec: dict):
     from lm_eval import simple_evaluate
     from lm_eval.tasks import TaskManager
@@ -93,10 +114,40 @@ def _evaluate(lm, out: Path, spec: dict):
         logging.getLogger(name).setLevel(logging.ERROR)
     d = write_task(out, spec)
     tm = TaskManager(include_path=str(d), include_defaults=False, verbosity="ERROR")
-    return simple_evaluate(model=lm, tasks=[TASK], task_manager=tm, num_fewshot=spec.get("fewshot") or 0,
+    chat = bool(spec.get("chat"))
+    lm.chat_spec = spec.get("chat")
+    return simple_evaluate(model=lm, tasks=[task_name(spec)], task_manager=tm, num_fewshot=spec.get("fewshot") or 0,
                            limit=spec.get("limit") or None, bootstrap_iters=0, log_samples=False, verbosity="ERROR",
                            random_seed=0, numpy_random_seed=1234, torch_random_seed=1234,
-                           fewshot_random_seed=int(spec.get("seed") or 0) + 1234)
+                           fewshot_random_seed=int(spec.get("seed") or 0) + 1234,
+                           **({"apply_chat_template": True, "fewshot_as_multiturn": True} if chat else {}))
+
+
+def _fit_requests(task, items: list[dict], histories: dict) -> None:
+    """--overlong on the harness's prompts (the few-shot ones exist only now): sets each item's
+    `skip` (tokens needed, or None), `input` (what it decodes from) and `cut`. Error refuses here;
+    skip gives the prompts that do not fit a skip record instead of a generation; truncate cuts a
+    chat prompt inside its last user turn's content (text: the predictor keeps its end)."""
+    for x in items:
+        x.update(skip=None, input=x["prompt"], cut=0)
+    if task.ckpt is None:
+        return
+    chat = task.chat_prompts
+    if chat is not None:
+        for x in items:
+            x["input"] = chat.ids(x["prompt"])
+    sizes = [task.needs(x["input"]) for x in items]
+    floors = None
+    if chat is not None and task.args.overlong == "truncate":
+        floors = [chat.floor(histories[x["prompt"]]) + task.span_room() if x["prompt"] in histories else n
+                  for x, n in zip(items, sizes)]
+    what = f"problems (the harness's prompts{task._with_new()})"
+    keep = set(sort_overlong([x["id"] for x in items], sizes, task.limit, task.args.overlong, what=what, floors=floors)[0])
+    for i, x in enumerate(items):
+        if i not in keep:
+            x["skip"] = sizes[i]
+        elif chat is not None and x["prompt"] in histories:
+            x["input"], x["cut"] = task.fitted(x["input"], histories[x["prompt"]])
 
 
 def run_generation(task, run, after_unit=None) -> dict:
@@ -104,26 +155,19 @@ def run_generation(task, run, after_unit=None) -> dict:
     LM = _base()
     stats: dict = {}
 
-    class _CollectLM(LM):
+    class _CollectLM(ChatAPI, LM):
         def generate_until(self, requests, disable_tqdm: bool = False):
             reqs = sorted(requests, key=lambda r: r.doc_id)
             items = [{"id": str(r.doc_id), "doc": r.doc, "prompt": r.arguments[0],
                       "until": list(r.arguments[1].get("until") or [])} for r in reqs]
-            # --overlong on the harness's prompts (the few-shot ones exist only now): error refuses here,
-            # skip gives the prompts that do not fit a skip record instead of a generation
-            sizes, keep = [0] * len(items), set(range(len(items)))
-            if task.ckpt is not None:
-                sizes = [task.needs(x["prompt"]) for x in items]
-                keep = set(sort_overlong([x["id"] for x in items], sizes, int(task.ckpt.cfg.model.max_seq_len),
-                                         task.args.overlong, what="problems (the harness's prompts + --max-new-tokens)")[0])
-            for i, x in enumerate(items):
-                x["skip"] = None if i in keep else sizes[i]
+            _fit_requests(task, items, getattr(self, "histories", None) or {})
             units = [Unit(u.index, u.keys, u.payload) for u in _chunks(items, task.args.batch_size)]
 
             def fn(unit):
-                return task._records(unit, [x["doc"] for x in unit.payload], [x["prompt"] for x in unit.payload],
-                                     unit.payload[0]["until"],
-                                     skip={i: x["skip"] for i, x in enumerate(unit.payload) if x["skip"] is not None})
+                xs = unit.payload
+                return task._records(unit, [x["doc"] for x in xs], [x["prompt"] for x in xs], xs[0]["until"],
+                                     skip={i: x["skip"] for i, x in enumerate(xs) if x["skip"] is not None},
+                                     inputs=[x["input"] for x in xs], cuts=[x["cut"] for x in xs])
 
             stats.update(run.execute(units, fn, after_unit=after_unit))
             recs = RecordReader(run.out).refresh()
@@ -153,7 +197,7 @@ def replay_metrics(out: Path, records: list[dict], spec: dict) -> dict:
         return {"lm_eval/note": "lm-evaluation-harness not installed at merge time: harness metric not computed"}
     by_key = {r["key"]: r for r in records}
 
-    class _ReplayLM(LM):
+    class _ReplayLM(ChatAPI, LM):
         def generate_until(self, requests, disable_tqdm: bool = False):
             outs = []
             for r in requests:
@@ -174,60 +218,13 @@ def replay_metrics(out: Path, records: list[dict], spec: dict) -> dict:
             raise NotImplementedError
 
     res = _evaluate(_ReplayLM(), Path(out), spec)
-    r = res["results"][TASK]
+    name = task_name(spec)
+    r = res["results"][name]
     import lm_eval
 
-    return {"lm_eval/exact_match": r.get("exact_match,none"), "lm_eval/version": getattr(lm_eval, "__version__", "?")}
-
-
-# ------------------------------------------------------------------------------------------ registered LM
-def _register():
-    try:
-        from lm_eval.api.registry import register_model
-    except ImportError:
-        return None
-    LM = _base()
-
-    @register_model("setdlm")
-    class SetDLMLM(LM):
-        """lm-eval LM for setdlm checkpoints (generate_until only).
-
-        model_args: checkpoint=RUN_DIR, and optionally family, window, threshold, block_size,
-        max_new_tokens, temperature, batch_size, device, ema."""
-
-        def __init__(self, checkpoint: str, family=None, window=None, threshold=0.9, block_size=None,
-                     max_new_tokens=256, temperature=0.0, batch_size=1, device=None, ema=True, **_):
-            super().__init__()
-            from .models import Checkpoint, ModelPredictor, pick_device
-            from .options import DecodingOptions, sampling_config
-
-            self.ckpt = Checkpoint(checkpoint, ema=str(ema).lower() not in ("0", "false"), device=pick_device(0, device))
-            opts = DecodingOptions(family=family, window=int(window) if window else None,
-                                   threshold=None if threshold in (None, "none") else float(threshold),
-                                   block_size=int(block_size) if block_size else None, temperature=float(temperature),
-                                   max_new_tokens=int(max_new_tokens))
-            self.predictor = ModelPredictor(self.ckpt, sampling_config(self.ckpt.cfg.objective, opts))
-            self.bs = int(batch_size)
-
-        def generate_until(self, requests, disable_tqdm: bool = False):
-            outs = []
-            for i in range(0, len(requests), self.bs):
-                group = requests[i:i + self.bs]
-                until = list(group[0].arguments[1].get("until") or [])
-                res = self.predictor.complete([r.arguments[0] for r in group], seed=i, stop=until)
-                outs += [o["text"] for o in res]
-            return outs
-
-        def loglikelihood(self, requests, disable_tqdm: bool = False):
-            raise NotImplementedError("setdlm: loglikelihood requests are not supported (use setdlm eval likelihood)")
-
-        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-            raise NotImplementedError("setdlm: use setdlm eval likelihood")
-
-    return SetDLMLM
-
-
-try:
-    SetDLMLM = _register()
-except Exception:  # noqa: BLE001 - registering twice (re-import) or an incompatible harness
-    SetDLMLM = None
+    version = getattr(lm_eval, "__version__", "?")
+    if name == OWN_TASK:  # lm-eval's own filters: the "#### n" line (strict) and the last number (flexible)
+        return {"lm_eval/exact_match": r.get("exact_match,strict-match"),
+                "lm_eval/exact_match_flexible": r.get("exact_match,flexible-extract"),
+                "lm_eval/task": f"gsm8k (lm-eval {version}'s own task, apply_chat_template)", "lm_eval/version": version}
+    return {"lm_eval/exact_match": r.get("exact_match,none"), "lm_eval/version": version}

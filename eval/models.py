@@ -117,11 +117,21 @@ def prompt_budget(max_seq_len: int, max_new_tokens: int, *, min_prompt: int = 1)
     return budget
 
 
-class ModelPredictor:
-    """Generation from a checkpoint with one SamplingConfig."""
+def prompt_limit(max_seq_len: int, max_new_tokens: int, family: str, overflow: bool) -> int:
+    """Prompt tokens a decoding can take: with `overflow` the cached families (SW-SetDLM, BD3-LM, AR)
+    decode past max_seq_len by dropping the oldest cache entries (model/sampling/engine.py), so the
+    prompt needs only to fit its prefill; otherwise (and always for MDLM, which re-reads the whole
+    sequence) it must fit beside the new tokens (EvalError naming the budget when nothing fits)."""
+    if overflow and family != "mdlm":
+        return int(max_seq_len)
+    return prompt_budget(max_seq_len, max_new_tokens, min_prompt=0)
 
-    def __init__(self, ckpt: Checkpoint, sampling):
-        self.ckpt, self.sampling = ckpt, sampling
+
+class ModelPredictor:
+    """Generation from a checkpoint with one SamplingConfig; `overflow`: see `prompt_limit`."""
+
+    def __init__(self, ckpt: Checkpoint, sampling, overflow: bool = False):
+        self.ckpt, self.sampling, self.overflow = ckpt, sampling, overflow
 
     def _generate(self, prompts, seed: int, **overrides):
         from model.sampling import generate
@@ -146,8 +156,8 @@ class ModelPredictor:
         and the `overrides` (e.g. stop=[...]). `examples` is unused here (oracles in tests use it)."""
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
         ar_start = int(self.sampling.family == "ar" and any(not p for p in ids))  # AR starts an empty prompt at EOS
-        budget = prompt_budget(self.ckpt.cfg.model.max_seq_len, overrides.get("max_new_tokens", self.sampling.max_new_tokens),
-                               min_prompt=0) - ar_start
+        budget = prompt_limit(self.ckpt.cfg.model.max_seq_len, overrides.get("max_new_tokens", self.sampling.max_new_tokens),
+                              overrides.get("family", self.sampling.family), self.overflow) - ar_start
         cut = [max(0, len(p) - budget) for p in ids]
         ids = [p[c:] for p, c in zip(ids, cut)]  # keep the end of over-long prompts (as lm-eval does)
         outs, wall = self._generate(ids, seed, **overrides)

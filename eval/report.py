@@ -8,7 +8,8 @@ from pathlib import Path
 from common.errors import InputFileError
 from common.io import atomic_save, atomic_write_text
 
-PERCENT = {"accuracy", "rouge1", "rouge2", "rougeL", "rougeLsum", "lm_eval/exact_match"}
+PERCENT = {"accuracy", "format_rate", "rouge1", "rouge2", "rougeL", "rougeLsum", "lm_eval/exact_match",
+           "lm_eval/exact_match_flexible"}
 
 
 def fmt(key: str, v) -> str:

@@ -33,6 +33,13 @@ def write_recipe(path: Path, **sections) -> Path:
     return path
 
 
+def eval_result(out) -> tuple[dict, dict, dict]:
+    """(metrics, spec, {key: record}) of a merged `setdlm eval` output directory."""
+    d = json.loads((Path(out) / "metrics.json").read_text())
+    recs = [json.loads(line) for line in (Path(out) / "examples.jsonl").read_text().splitlines()]
+    return d["metrics"], d["spec"], {r["key"]: r for r in recs}
+
+
 def cli_env() -> dict:
     env = dict(os.environ)
     # The repository first; an existing PYTHONPATH (the GPU check's carried wheels) stays after it.

@@ -104,7 +104,8 @@ def test_scorer_is_the_likelihood_bound_of_the_text(runs, tmp_path):
 
 # ------------------------------------------------------------------------------------------ impossible options
 @pytest.mark.parametrize("task,extra", [
-    ("gsm8k", ["--data", str(FIX / "gsm8k_test.jsonl"), "--max-new-tokens", "64", "--backend", "direct"]),
+    # MDLM decoding re-reads prompt + new tokens (SW-SetDLM would decode past max_seq_len: test_eval_overlong.py)
+    ("gsm8k", ["--data", str(FIX / "gsm8k_test.jsonl"), "--max-new-tokens", "64", "--backend", "direct", "--family", "mdlm"]),
     ("summarize", ["--data", str(FIX / "cnndm.csv"), "--max-new-tokens", "60"]),
     ("throughput", ["--prompt-tokens", "4", "--max-new-tokens", "64"]),
     ("uncond", ["--num-samples", "100000", "--length", "8", "--featurizer", "self"]),

@@ -61,6 +61,10 @@ BEFORE = {
 # Flags added since, with the issue that added them: --overlong (issue 24) on every task that decodes.
 ADDED = {t: {"--overlong": ("str", "skip", ("skip", "truncate", "error"))}
          for t in ("gsm8k", "infill", "summarize", "uncond", "throughput")}
+# Issue 20 (the paper's GSM8K protocol): --protocol paper; --prompt-format tokenizer; --max-new-tokens unset
+# (None) takes min(256, max_seq_len - the longest prompt) instead of a fixed 256 that did not fit L = 256.
+ADDED["gsm8k"].update({"--protocol": ("str", None, ("paper",)), "--max-new-tokens": ("int", None),
+                       "--prompt-format": ("str", "plain", ("plain", "chatml", "tokenizer"))})
 
 
 def _flags(cls) -> dict:
@@ -100,7 +104,7 @@ def test_argv_and_keywords_give_the_same_options():
     opts = api.from_argv("gsm8k", argv)
     assert opts == api.options("gsm8k", checkpoint="runs/x", out="o", data="g.jsonl", window=8, threshold=1.0,
                                no_ema=True, fewshot=2, fewshot_data="t.jsonl", backend="direct")
-    assert opts.threshold == 1.0 and opts.seed == 0 and opts.max_new_tokens == 256
+    assert opts.threshold == 1.0 and opts.seed == 0 and opts.max_new_tokens is None  # unset: from the model (issue 20)
     thr = api.from_argv("throughput", ["--out", "o", "--sweep", "threshold=0.5", "--sweep", "window=2,4"])
     assert thr.sweep == ("threshold=0.5", "window=2,4")
     assert api.options("throughput", out="o", sweep=["threshold=0.5"]).sweep == ("threshold=0.5",)
@@ -182,7 +186,7 @@ def test_describe_lists_every_option_with_type_range_and_default(command, capsys
         assert "float in (0.0, 1.0]" in rows["--top-p"]
     if command == "gsm8k":
         assert rows["--threshold"].split()[1:4] == ["float", ">=", "0.0"] and " 0.9 " in rows["--threshold"]
-        assert " required " in rows["--out"] and " 256 " in rows["--max-new-tokens"]
+        assert " required " in rows["--out"] and "min(256, max_seq_len" in rows["--max-new-tokens"]  # issue 20
     if command == "likelihood":
         assert " int >= 1 " in rows["--orders"] and "auto | fp32 | bf16" in rows["--precision"]
 

@@ -2,12 +2,10 @@
 infilling on a Story Cloze validation CSV with over-length stories, GSM8K prompts, summaries and
 throughput prompts, each skipped and counted by default, cut under truncate, refused under error."""
 
-import json
-from pathlib import Path
-
 import pytest
 
 from helpers import REPO, write_recipe
+from helpers import eval_result as _out
 
 from eval.cli import main as eval_main
 from eval.cli import run_task
@@ -30,12 +28,6 @@ def run_dir(tmp_path_factory, model_parallel):
     recipe = write_recipe(tmp / "r.yaml", train={"max_steps": 2, "eval_every": 0, "save_every": 2, "log_every": 2})
     Trainer(load_config(recipe, [f"run.out_dir={tmp}"])).train()
     return tmp / "tiny"
-
-
-def _out(out):
-    d = json.loads((Path(out) / "metrics.json").read_text())
-    recs = [json.loads(line) for line in (Path(out) / "examples.jsonl").read_text().splitlines()]
-    return d["metrics"], d["spec"], {r["key"]: r for r in recs}
 
 
 def _sizes(tok, span="3"):
@@ -103,14 +95,24 @@ def test_gsm8k_summarize_and_throughput_follow_the_same_policy(run_dir, tmp_path
     from eval.tasks.gsm8k import TEMPLATE
 
     tok = load_tokenizer("gpt2")
-    # GSM8K zero-shot with 36 new tokens in a 64-token context: the prompts over 28 tokens are skipped
-    need = {e["id"]: len(tok.encode(TEMPLATE.format(question=e["question"]))) + 36
-            for e in load_gsm8k(str(FIX / "gsm8k_test.jsonl"))}
+    # GSM8K zero-shot with 36 new tokens in a 64-token context: SW-SetDLM decodes past max_seq_len (the
+    # oldest cache entries dropped, as the reference), so every prompt (22-34 tokens: they fit) runs;
+    # MDLM decoding (--family mdlm) re-reads the whole sequence: the prompts over 28 tokens are skipped
+    prompt = {e["id"]: len(tok.encode(TEMPLATE.format(question=e["question"])))
+              for e in load_gsm8k(str(FIX / "gsm8k_test.jsonl"))}
+    need = {k: n + 36 for k, n in prompt.items()}
+    assert max(prompt.values()) <= 64
+    run_task("gsm8k", ["--checkpoint", str(run_dir), "--out", str(tmp_path / "gsd"), "--data", str(FIX / "gsm8k_test.jsonl"),
+                       "--backend", "direct", "--max-new-tokens", "36"])
+    m, spec, recs = _out(tmp_path / "gsd")
+    assert m["skipped_overlong"] == 0 and m["n"] == len(prompt) and m["prompts_cut"] == 0
+    assert all(r["prompt_tokens"] == prompt[k] and r["n_tokens"] <= 36 for k, r in recs.items())
+    assert spec["max_new_tokens"] == 36 and "drops the oldest" in spec["context"]
     long = sorted(k for k, n in need.items() if n > 64)
     assert 0 < len(long) < len(need)
     out = tmp_path / "g"
     run_task("gsm8k", ["--checkpoint", str(run_dir), "--out", str(out), "--data", str(FIX / "gsm8k_test.jsonl"),
-                       "--backend", "direct", "--max-new-tokens", "36"])
+                       "--backend", "direct", "--max-new-tokens", "36", "--family", "mdlm"])
     m, spec, recs = _out(out)
     assert m["skipped_overlong"] == len(long) and m["n"] == len(need) - len(long) and m["prompts_cut"] == 0
     assert not set(long) & set(recs) and sorted(spec["overlong"]["skipped_keys"]) == long
@@ -157,7 +159,7 @@ def test_gsm8k_through_lm_eval_skips_the_harness_prompts_that_do_not_fit(run_dir
                   if len(tok.encode(TEMPLATE.format(question=e["question"]))) + 36 > 64)
     out = tmp_path / "lm"
     m = run_task("gsm8k", ["--checkpoint", str(run_dir), "--out", str(out), "--data", str(FIX / "gsm8k_test.jsonl"),
-                           "--backend", "lm-eval", "--max-new-tokens", "36"])["metrics"]
+                           "--backend", "lm-eval", "--max-new-tokens", "36", "--family", "mdlm"])["metrics"]
     _, _, recs = _out(out)
     assert sorted(k for k, r in recs.items() if r.get("skipped") == "overlong") == long  # harness doc ids = file order
     assert m["skipped_overlong"] == len(long) and m["n"] == 12 - len(long) and "lm_eval/exact_match" in m

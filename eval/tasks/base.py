@@ -77,6 +77,7 @@ class GenerationTask(Task):
 
     generation = True
     options = GenerationOptions
+    overflow = False  # the task lets the cached families decode past max_seq_len (ModelPredictor's `overflow`)
 
     def __init__(self, args, shard, predictor=None):
         super().__init__(args, shard, predictor)
@@ -85,7 +86,7 @@ class GenerationTask(Task):
         if self.predictor is None:
             self.sampling = sampling_config(self.ckpt.cfg.objective, args, window=self.default_window(),
                                             **self.sampling_extra())
-            self.predictor = ModelPredictor(self.ckpt, self.sampling)
+            self.predictor = ModelPredictor(self.ckpt, self.sampling, overflow=self.overflow)
 
     def prompt_room(self) -> int:
         """Prompt tokens every example needs beside the new tokens (0: unconditional prompts)."""
