@@ -193,7 +193,9 @@ def test_infill_paper_preset(runs, tmp_path):
     assert a2 == a[1:] and b2 == b[:-1] and n2 == n and plain.sampling.repetition_penalty == 1.0
 
 
-def test_hf_export_refuses_to_decode_past_its_positions():
+def test_hf_export_decodes_past_its_positions_but_refuses_a_prompt_that_does_not_fit():
+    """Past max_position_embeddings the export drops its oldest cache entries, as the stack's sampler
+    does (tests/test_convert_hf.py compares them token for token); the prompt, prefilled at once, must fit."""
     pytest.importorskip("transformers")
     import torch
 
@@ -204,6 +206,7 @@ def test_hf_export_refuses_to_decode_past_its_positions():
     cfg = SetDLMConfig(vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                        max_position_embeddings=12, mask_token_id=23, eos_token_id=22, set_diffusion={"family": "setdlm", "set_size": 2})
     m = SetDLMForMaskedLM(cfg).eval()
-    with pytest.raises(ValueError, match="exceed max_position_embeddings 12"):
-        m.set_diffusion_generate([[1, 2, 3, 4]], max_new_tokens=9)
+    with pytest.raises(ValueError, match="13 prompt tokens exceed max_position_embeddings 12"):
+        m.set_diffusion_generate([list(range(1, 14))], max_new_tokens=2)
     assert len(m.set_diffusion_generate([[1, 2, 3, 4]], max_new_tokens=8, stop_on_eos=False).sequences[0]) == 8
+    assert len(m.set_diffusion_generate([[1, 2, 3, 4]], max_new_tokens=20, stop_on_eos=False).sequences[0]) == 20
