@@ -26,7 +26,7 @@ import logging
 from pathlib import Path
 
 from .errors import EvalError
-from .lmeval_chat import ChatAPI, _base
+from .lmeval_chat import ChatAPI, GenerationOnly, _base
 from .lmeval_model import SetDLMLM  # noqa: F401 - registers "setdlm" with the harness (eval.lmeval.SetDLMLM)
 from .overlong import sort_overlong
 from .records import RecordReader, atomic_write
@@ -155,7 +155,7 @@ def run_generation(task, run, after_unit=None) -> dict:
     LM = _base()
     stats: dict = {}
 
-    class _CollectLM(ChatAPI, LM):
+    class _CollectLM(ChatAPI, GenerationOnly, LM):
         def generate_until(self, requests, disable_tqdm: bool = False):
             reqs = sorted(requests, key=lambda r: r.doc_id)
             items = [{"id": str(r.doc_id), "doc": r.doc, "prompt": r.arguments[0],
@@ -172,12 +172,6 @@ def run_generation(task, run, after_unit=None) -> dict:
             stats.update(run.execute(units, fn, after_unit=after_unit))
             recs = RecordReader(run.out).refresh()
             return [recs.get(str(r.doc_id), {}).get("generation", "") for r in requests]
-
-        def loglikelihood(self, requests, disable_tqdm: bool = False):
-            raise NotImplementedError("setdlm gsm8k: loglikelihood requests are not used")
-
-        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-            raise NotImplementedError("setdlm gsm8k: loglikelihood requests are not used")
 
     _evaluate(_CollectLM(), run.out, run.spec)
     return stats
@@ -197,7 +191,7 @@ def replay_metrics(out: Path, records: list[dict], spec: dict) -> dict:
         return {"lm_eval/note": "lm-evaluation-harness not installed at merge time: harness metric not computed"}
     by_key = {r["key"]: r for r in records}
 
-    class _ReplayLM(ChatAPI, LM):
+    class _ReplayLM(ChatAPI, GenerationOnly, LM):
         def generate_until(self, requests, disable_tqdm: bool = False):
             outs = []
             for r in requests:
@@ -210,12 +204,6 @@ def replay_metrics(out: Path, records: list[dict], spec: dict) -> dict:
                                     f"generated from (the data or lm-eval changed); rerun the evaluation")
                 outs.append(rec["generation"])
             return outs
-
-        def loglikelihood(self, requests, disable_tqdm: bool = False):
-            raise NotImplementedError
-
-        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-            raise NotImplementedError
 
     res = _evaluate(_ReplayLM(), Path(out), spec)
     name = task_name(spec)

@@ -1,4 +1,5 @@
-"""lm-eval-harness's LM base class (imported lazily) and its chat API for our LM classes."""
+"""lm-eval-harness's LM base class (imported lazily), its chat API for our LM classes, and the
+likelihood requests they do not serve."""
 
 from __future__ import annotations
 
@@ -38,3 +39,14 @@ class ChatAPI:
 
     def chat_template(self, chat_template=False) -> str:
         return (self.chat_spec or {}).get("template", "")
+
+
+class GenerationOnly:
+    """Our LM classes serve `generate_until` only (mixed in before `LM`): a likelihood request names the
+    command that computes the bound instead."""
+
+    def loglikelihood(self, requests, disable_tqdm: bool = False):
+        raise NotImplementedError("setdlm: loglikelihood requests are not supported (use setdlm eval likelihood)")
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
+        raise NotImplementedError("setdlm: loglikelihood requests are not supported (use setdlm eval likelihood)")

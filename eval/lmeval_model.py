@@ -6,7 +6,7 @@ with the checkpoint tokenizer's template (eval/lmeval_chat.py)."""
 from __future__ import annotations
 
 from .errors import EvalError
-from .lmeval_chat import ChatAPI, _base
+from .lmeval_chat import ChatAPI, GenerationOnly, _base
 
 
 def _register():
@@ -17,7 +17,7 @@ def _register():
     LM = _base()
 
     @register_model("setdlm")
-    class SetDLMLM(ChatAPI, LM):
+    class SetDLMLM(ChatAPI, GenerationOnly, LM):
         """lm-eval LM for setdlm checkpoints (generate_until only).
 
         model_args: checkpoint=RUN_DIR, and optionally family, window, threshold, block_size,
@@ -60,12 +60,6 @@ def _register():
                 res = self.predictor.complete(prompts, seed=i, stop=until)
                 outs += [o["text"] for o in res]
             return outs
-
-        def loglikelihood(self, requests, disable_tqdm: bool = False):
-            raise NotImplementedError("setdlm: loglikelihood requests are not supported (use setdlm eval likelihood)")
-
-        def loglikelihood_rolling(self, requests, disable_tqdm: bool = False):
-            raise NotImplementedError("setdlm: use setdlm eval likelihood")
 
     return SetDLMLM
 

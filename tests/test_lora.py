@@ -132,14 +132,17 @@ def _fresh(cfg, hf):
     return from_dict(raw)
 
 
+
+def _exports(run, tmp, prefix: str):
+    """The merged export, the frozen base (--base-only) and the PEFT adapter (--adapter-only) of a LoRA run."""
+    return (_export(run, tmp / f"{prefix}-merged"), _export(run, tmp / f"{prefix}-base", "--base-only"),
+            _export(run, tmp / f"{prefix}-adapter", "--adapter-only"))
+
 def test_ar_merged_export_equals_the_live_model_and_peft_equals_the_merged(runs):
     peft = pytest.importorskip("peft", reason="the PEFT check needs peft (the test extra)")
     from transformers import AutoModelForCausalLM
 
-    tmp = runs["tmp"]
-    merged = _export(runs["ar"], tmp / "ar-merged")
-    base = _export(runs["ar"], tmp / "ar-base", "--base-only")
-    adapter = _export(runs["ar"], tmp / "ar-adapter", "--adapter-only")
+    merged, base, adapter = _exports(runs["ar"], runs["tmp"], "ar")
     cfg_json = json.loads((merged / "config.json").read_text())
     assert cfg_json["model_type"] == "qwen3" and not list(merged.glob("*.py"))  # a stock Qwen3
     assert (adapter / "adapter_config.json").is_file() and (adapter / "adapter_model.safetensors").is_file()
@@ -164,10 +167,7 @@ def test_setdlm_merged_export_equals_the_live_model_and_peft_equals_the_merged(r
     peft = pytest.importorskip("peft", reason="the PEFT check needs peft (the test extra)")
     from transformers import AutoModelForMaskedLM
 
-    tmp = runs["tmp"]
-    merged = _export(runs["setdlm"], tmp / "sd-merged")
-    base = _export(runs["setdlm"], tmp / "sd-base", "--base-only")
-    adapter = _export(runs["setdlm"], tmp / "sd-adapter", "--adapter-only")
+    merged, base, adapter = _exports(runs["setdlm"], runs["tmp"], "sd")
     assert json.loads((merged / "config.json").read_text())["model_type"] == "setdlm"  # set diffusion: own code
     conf = json.loads((adapter / "adapter_config.json").read_text())
     assert sorted(conf["target_modules"]) == ["down_proj", "k_proj", "q_proj", "v_proj"] and conf["r"] == 4
