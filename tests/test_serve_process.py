@@ -78,3 +78,17 @@ def test_sigterm_drains_and_the_key_is_never_logged(run_dir, tmp_path):
     assert '"POST /v1/completions HTTP/1.1" 401' in err and '"POST /v1/completions HTTP/1.1" 200' in err
     assert KEY not in out + err and KEY[3:] not in out + err
     assert os.environ.get("SETDLM_API_KEY") is None or os.environ["SETDLM_API_KEY"] not in out + err
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--max-total-tokens", "1", "--max-total-tokens must be >= 2, got 1"),
+    ("--max-batch", "0", "--max-batch must be >= 1, got 0"),
+    ("--port", "70000", "--port must be in [0, 65535], got 70000"),
+])
+def test_bad_serve_options_are_one_line_before_any_load(tmp_path, flag, value, message):
+    """Checked before the checkpoint is read (it does not exist here): exit status 2, one line, no traceback."""
+    r = subprocess.run([sys.executable, "-m", "launch.cli", "serve", "--checkpoint", str(tmp_path / "missing"),
+                        flag, value], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.stderr, r.stderr
