@@ -1,5 +1,5 @@
-"""The family study's written result: markdown (header with the command, commit, machine, date),
-JSON with every number, and the speed-quality frontier PNG (benchmarks/study_families.py calls it)."""
+"""The family study's written result: markdown (header with the command, commit, machine, date) and
+JSON with every number (benchmarks/study_families.py calls it)."""
 
 from __future__ import annotations
 
@@ -14,7 +14,11 @@ from pathlib import Path
 from benchmarks.study_stats import Z
 
 REPO = Path(__file__).resolve().parent.parent
-OUTPUTS = ("docs/study_families.md", "docs/study_families.json", "docs/study_families.png")
+OUTPUTS = ("docs/study_families.md", "docs/study_families.json")
+SPEED_POINTER = ("Speed against quality is measured in docs/paper_miniature.md (benchmarks/paper_miniature.py): accuracy "
+                 "against tokens per forward and tokens/s, over seeds, on a task small models learn. Models this small "
+                 "trained on pydoc text repeat themselves when decoding, so their speed-quality points here measured "
+                 "the machine's load and the repetition, not the families.")
 
 
 def command_line(args, parser) -> str:
@@ -57,33 +61,8 @@ def machine() -> str:
     return f"{platform.machine()} CPU ({model or 'unknown model'}), {os.cpu_count()} cores, no GPU"
 
 
-def frontier_png(speed: list[dict], path: Path) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for fam in dict.fromkeys(r["family"] for r in speed):
-        pts = sorted((r for r in speed if r["family"] == fam and r["gen_ppl"] is not None), key=lambda r: r["tokens_per_s"])
-        ax.plot([r["tokens_per_s"] for r in pts], [r["gen_ppl"] for r in pts], marker="o", label=fam)
-        for r in pts:
-            ax.annotate(f"{r['threshold']:g}", (r["tokens_per_s"], r["gen_ppl"]), fontsize=7, xytext=(3, 3),
-                        textcoords="offset points")
-    ax.set_xlabel("tokens/s per example (batch 1, CPU)")
-    ax.set_ylabel("gen. perplexity under the study's AR model")
-    ax.set_yscale("log")
-    ax.set_title("speed-quality frontier (labels: confidence threshold)")
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
 def write_doc(doc: Path, result: dict, args, parser, total: float, loads) -> None:
     doc.parent.mkdir(parents=True, exist_ok=True)
-    png = doc.with_suffix(".png")
-    frontier_png(result["speed"], png)
     when = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     cmd, rev, mach = command_line(args, parser), commit(), machine()
     fams, per_seed = result["families"], result["per_seed"]
@@ -97,7 +76,7 @@ def write_doc(doc: Path, result: dict, args, parser, total: float, loads) -> Non
                f"and their training time is not in it")
     lines = [
         f"# Family ordering study ({when})", "",
-        f"Regenerate with `{cmd}` (this file, the JSON and the PNG next to it). Ran at commit {rev} on {mach}: "
+        f"Regenerate with `{cmd}` (this file and the JSON next to it). Ran at commit {rev} on {mach}: "
         f"{total / 60:.1f} minutes wall for the whole command ({trained}); load average {loads[0][0]:.1f} at the start "
         f"and {loads[1][0]:.1f} at the end (the machine was shared with other jobs).", "",
         f"Every family: the same 2 x {args.hidden} model (tied GPT-2 embeddings), {args.steps} steps of 8 x 64 tokens of "
@@ -131,18 +110,7 @@ def write_doc(doc: Path, result: dict, args, parser, total: float, loads) -> Non
     lines += ["## Per seed", "", "| family | seed | bound (nats/token) | MC s.e. | perplexity bound |", "|---|---|---|---|---|"]
     for r in per_seed:
         lines.append(f"| {r['family']} | {r['seed']} | {r['nll']:.4f} | {r['mc_se']:.4f} | {r['ppl']:.1f} |")
-    lines += ["", f"## Speed and quality (seed {seeds[0]}; batch 1, 16 prompt tokens, {args.new_tokens} new tokens, "
-              f"greedy, {args.examples} prompts per point)", "",
-              "| family | threshold | tokens/s | tokens per forward | gen. ppl (AR scorer) | unigram entropy |",
-              "|---|---|---|---|---|---|"]
-    for r in result["speed"]:
-        gp = f"{r['gen_ppl']:.1f}" if r["gen_ppl"] is not None else "n/a"
-        lines.append(f"| {r['family']} | {r['threshold']:g} | {r['tokens_per_s']:.1f} | {r['tokens_per_step']:.2f} | "
-                     f"{gp} | {r['entropy']:.3f} |")
-    lines += ["", "Timings on a shared CPU vary by 2-3x between points of one family: load noise, not a property of "
-              "the samplers (docs/sampling.md has controlled timings). Greedy decoding of models this small repeats "
-              "itself (see the unigram entropy), so the generative perplexity measures repetition more than quality.",
-              "", f"![speed-quality frontier]({png.name})", ""]
+    lines += ["", "## Speed and quality", "", SPEED_POINTER, ""]
     doc.write_text("\n".join(lines))
     doc.with_suffix(".json").write_text(json.dumps(
         {**result, "when": when, "machine": mach, "commit": rev, "command": cmd, "minutes": total / 60,

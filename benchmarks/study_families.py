@@ -2,7 +2,7 @@
 
     .venv/bin/python benchmarks/study_families.py            # the recorded run (docs/study_families.md)
     .venv/bin/python benchmarks/study_families.py --seeds 2 --steps 2 --hidden 16 --orders 2 --batches 1 \
-        --examples 1 --new-tokens 4 --out /tmp/study --doc /tmp/study/doc.md   # a smoke run (seconds)
+        --out /tmp/study --doc /tmp/study/doc.md   # a smoke run (seconds)
 
 Every family trains the same model (2 layers x `--hidden`, tied GPT-2 embeddings) on the same corpus
 (the built-in pydoc topics, GPT-2 tokenizer, L = 64) for the same number of steps and sequences, once
@@ -15,15 +15,11 @@ the training noise). Then:
    s.e. and their combination, and each ordering of the paper stated as held / not resolved at the
    combined error (benchmarks/study_stats.py says how it is formed). For BD3-LM the old estimator
    (forced MASK per block, 1/t weights) is printed next to it;
-2. decoding speed and quality of each diffusion family's first-seed model at a few confidence
-   thresholds (`eval throughput`, batch 1, prompts of 16 validation tokens, `--new-tokens`, greedy):
-   tokens/s, tokens per forward, and as a quality proxy the generative perplexity of the outputs under
-   the first-seed AR model (exact NLL) with their unigram entropy (greedy decoding of small models
-   repeats itself, which lowers perplexity; the entropy shows it);
-3. the speed-quality frontier as a PNG, and a markdown table (`--doc`) whose header records the
-   command with every option, the commit, the machine and the date (benchmarks/study_doc.py).
+2. a markdown table (`--doc`) whose header records the command with every option, the commit, the
+   machine and the date (benchmarks/study_doc.py), and the JSON next to it.
 
-Timings on a shared 2-core CPU are noisy; compare families within one run only.
+Speed against quality is measured by benchmarks/paper_miniature.py (docs/paper_miniature.md), on models
+that learn their task: models this small trained on pydoc text only repeat themselves when decoding.
 """
 
 from __future__ import annotations
@@ -46,7 +42,6 @@ FAMILIES = [("AR", {"name": "ar"}), ("SetDLM D=4", {"name": "setdlm", "set_size"
             ("MDLM", {"name": "mdlm"})]
 # the paper's orderings, each as "first < second" (the last: the paper finds them about equal)
 ORDERINGS = [("AR", "SetDLM D=4"), ("SetDLM D=4", "SetDLM D=16"), ("BD3-LM B=4", "MDLM"), ("SetDLM D=4", "BD3-LM B=4")]
-THRESHOLDS = (0.5, 0.7, 0.9, 1.0)
 BASE_SEED = 1234
 
 
@@ -195,26 +190,6 @@ def bounds(args, runs: dict) -> tuple[list[dict], dict]:
     return per_seed, fams
 
 
-def speed_sweep(args, runs: dict) -> list[dict]:
-    """Each diffusion family's first-seed model at THRESHOLDS (scored by the first-seed AR model)."""
-    from eval import api
-
-    seed, speed = seeds_of(args)[0], []
-    for name, _ in FAMILIES[1:]:
-        run_dir = runs[name, seed]
-        m = api.throughput(checkpoint=str(run_dir), out=str(Path(args.out) / "eval" / f"thr-{run_dir.name}"),
-                           num_examples=args.examples, prompt_tokens=16, max_new_tokens=args.new_tokens, warmup=1,
-                           threshold=THRESHOLDS[0], sweep=("threshold=" + ",".join(map(str, THRESHOLDS[1:])),),
-                           scorer=str(runs["AR", seed]), no_eos_stop=True, overwrite=True)
-        for r in m["rows"]:
-            th = THRESHOLDS[0] if r["setting"] == "base" else float(r["setting"].split("=")[1])
-            speed.append({"family": name, "threshold": th, "tokens_per_s": r["tokens_per_s"],
-                          "tokens_per_step": r["tokens_per_step"], "gen_ppl": r.get("gen_ppl"), "entropy": r["entropy"]})
-        Path(args.out, "speed.json").write_text(json.dumps(speed, indent=1))
-        print(f"[study] {name}: speed sweep done", flush=True)
-    return speed
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, default=3, help="training seeds per family (1234, 1235, ...)")
@@ -222,8 +197,6 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--hidden", type=int, default=64, help="model width (2 layers, 4 heads, MLP 4x)")
     p.add_argument("--orders", type=int, default=4, help="Monte-Carlo draws of each bound per sequence")
     p.add_argument("--batches", type=int, default=0, help="validation batches of 16 sequences (0: the whole val split)")
-    p.add_argument("--examples", type=int, default=3, help="prompts per threshold in the speed sweep")
-    p.add_argument("--new-tokens", type=int, default=24)
     p.add_argument("--out", default="runs/study")
     p.add_argument("--doc", default="docs/study_families.md", help="markdown table written here (PNG, JSON next to it)")
     p.add_argument("--retrain", action="store_true", help="train again even when a run exists")
@@ -263,8 +236,7 @@ def main(argv=None) -> int:
             print(f"[study] trained {name} seed {seed} in {secs:.0f} s", flush=True)
     per_seed, fams = bounds(args, runs)
     orders = [ordering(a, b, fams) for a, b in ORDERINGS]
-    speed = speed_sweep(args, runs)
-    write_doc(Path(args.doc), {"per_seed": per_seed, "families": fams, "orderings": orders, "speed": speed,
+    write_doc(Path(args.doc), {"per_seed": per_seed, "families": fams, "orderings": orders,
                                "train_seconds": training_seconds(args)},
               args, p, time.perf_counter() - started, (load0, os.getloadavg()))
     print(Path(args.doc).read_text())

@@ -34,8 +34,8 @@ def test_orderings_are_held_only_beyond_two_combined_errors():
 
 def test_the_study_runs_end_to_end_and_records_how_to_regenerate_it(tmp_path, model_parallel):
     out, doc = tmp_path / "study", tmp_path / "doc" / "study.md"
-    argv = ["--seeds", "2", "--steps", "2", "--hidden", "16", "--orders", "2", "--batches", "1", "--examples", "1",
-            "--new-tokens", "4", "--jobs", "1", "--threads", "1", "--out", str(out), "--doc", str(doc)]
+    argv = ["--seeds", "2", "--steps", "2", "--hidden", "16", "--orders", "2", "--batches", "1", "--jobs", "1",
+            "--threads", "1", "--out", str(out), "--doc", str(doc)]
     assert study_families.main(argv) == 0
     data = json.loads(doc.with_suffix(".json").read_text())
     names = [n for n, _ in study_families.FAMILIES]
@@ -49,12 +49,12 @@ def test_the_study_runs_end_to_end_and_records_how_to_regenerate_it(tmp_path, mo
     assert [o["claim"] for o in data["orderings"]] == [f"{a} < {b}" for a, b in study_families.ORDERINGS]
     assert all(o["verdict"] in ("held", "reversed", "not resolved") for o in data["orderings"])
     assert "forced_mask" in data["families"]["BD3-LM B=4"]
-    assert {r["family"] for r in data["speed"]} == set(names[1:])
+    assert "speed" not in data  # speed against quality: benchmarks/paper_miniature.py
     text = doc.read_text()
     assert f"`{data['command']}`" in text and data["commit"] in text
-    for opt in ("--seeds 2", "--examples 1", "--new-tokens 4", "--jobs 1", "--orders 2"):
+    for opt in ("--seeds 2", "--batches 1", "--jobs 1", "--orders 2"):
         assert opt in data["command"]
-    assert doc.with_suffix(".png").stat().st_size > 1000
+    assert "docs/paper_miniature.md" in text and not doc.with_suffix(".png").exists()
 
     # The recorded command's path: runs trained elsewhere (--jobs > 1 trains in subprocesses), evaluated
     # in a process that never set up megatron's parallel state (the BD3-LM forced-mask step crashed there).
