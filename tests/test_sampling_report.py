@@ -1,6 +1,7 @@
 """The quickstart's closing report: one prompt at one token per step, a strict and a loose threshold."""
 
 import re
+from types import SimpleNamespace
 
 import pytest
 
@@ -28,3 +29,25 @@ def test_report_shows_parallel_decoding(model):
 
 def test_ar_reports_one_line():
     assert [label for label, _ in speed_settings(SamplingConfig(family="ar"))] == ["AR, one token per step"]
+
+
+def test_each_setting_is_timed_after_its_own_warm_up_as_the_median(model, monkeypatch):
+    from model.sampling import report
+
+    calls, clock = [], iter([0.0, 1.0, 10.0, 13.0, 20.0, 22.0])  # three timed decodes: 1 s, 3 s, 2 s
+    real = report.generate
+    monkeypatch.setattr(report, "generate", lambda *a, **k: calls.append(a[2]) or real(*a, **k))
+    monkeypatch.setattr(report, "time", SimpleNamespace(perf_counter=lambda: next(clock)))
+    cfg = SamplingConfig(family="setdlm", window=4, max_new_tokens=6, threshold=0.5)
+    out, secs = report.timed_decode(model, [0, 1, 2], cfg, repeats=3)
+    assert secs == 2.0 and len(calls) == 4 and all(c is cfg for c in calls)  # the warm-up decodes the same setting
+    assert len(out.tokens) == 6
+
+
+def test_a_loose_threshold_that_decodes_as_the_strict_one_is_said_so(model):
+    base = SamplingConfig(family="setdlm", window=4, max_new_tokens=8, threshold=0.9)
+    same = speed_report(model, CharTokenizer(), "abc", base, loose=0.9, repeats=1)
+    assert ("(the loose threshold 0.9 decoded exactly as the strict one: no other position reached a confidence of "
+            "0.9 in any step)") in same.splitlines()
+    differs = speed_report(model, CharTokenizer(), "abc", base, loose=0.0, repeats=1)
+    assert "decoded exactly as the strict one" not in differs
