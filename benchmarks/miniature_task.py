@@ -4,12 +4,13 @@ the small word-and-digit tokenizer its models use (benchmarks/paper_miniature.py
 A problem (seeded, `problem(rng)`):
 
     question: "Ann has 47 apples. Ann buys 38 and then loses 19. How many apples does Ann have?"
-    answer:   "47+38=85. 85-19=66.\\n#### 66"
+    answer:   "47+38=85.\\n85-19=66.\\n#### 66"
 
-Three 2-digit operands a, b, c (10-99), two operations, each + or - with one of three verbs
-(buys / finds / gets, sells / loses / gives away), one of six names and six objects; a subtraction
-never goes below 0 (the operands are drawn again). The answer is a worked solution, one line per
-step, and GSM8K's final ``#### n`` line, so `setdlm eval gsm8k` scores it as it scores GSM8K.
+Two operations, each + or - (drawn first, uniformly) with one of three verbs (buys / finds / gets,
+sells / loses / gives away), one of six names and six objects, and three operands a, b, c drawn from
+10-99 until every result is in 10-99 too: every number is two digits, so each digit has a fixed
+place. The answer is a worked solution, one line per step, and GSM8K's final ``#### n`` line, so
+`setdlm eval gsm8k` scores it as it scores GSM8K.
 
 The tokenizer (`build_tokenizer`) is a word-level `tokenizers.Tokenizer`: every digit is its own
 token, every word and digit may carry one leading space (" 4", " apples"), punctuation and "####"
@@ -36,7 +37,7 @@ OTHER_WORDS = ("Question", "Answer", "has", "and", "then", "How", "many", "does"
 PUNCT = ("+", "-", "=", ".", "?", ":", "\n", " ", "####", " ####")
 EOS, PAD, MASK, UNK = "<|endoftext|>", "<|pad|>", "<|mask|>", "<|unk|>"
 PIECE = r" ?####| ?[A-Za-z]+| ?[0-9]|\n|[^ A-Za-z0-9\n]| "  # how text is cut before the word-level lookup
-GENERATOR = {"operands": [10, 99], "operations": 2, "ops": ["+", "-"], "names": list(NAMES),
+GENERATOR = {"operands": [10, 99], "results": [10, 99], "operations": 2, "ops": ["+", "-"], "names": list(NAMES),
              "objects": list(OBJECTS), "plus_verbs": list(PLUS), "minus_verbs": list(MINUS)}
 
 
@@ -68,15 +69,15 @@ def build_tokenizer(directory) -> str:
 def problem(rng: random.Random) -> dict:
     """One problem: {"question", "answer", "steps": [(x, op, y, result), ...]}."""
     lo, hi = GENERATOR["operands"]
-    while True:
+    ops = [rng.choice("+-") for _ in range(2)]
+    while True:  # the operations first, then operands until every result is 2-digit too
         a, b, c = (rng.randint(lo, hi) for _ in range(3))
-        ops = [rng.choice("+-") for _ in range(2)]
         steps, value = [], a
         for op, y in zip(ops, (b, c)):
             new = value + y if op == "+" else value - y
             steps.append((value, op, y, new))
             value = new
-        if min(s[3] for s in steps) >= 0:
+        if all(lo <= s[3] <= hi for s in steps):
             break
     name, obj = rng.choice(NAMES), rng.choice(OBJECTS)
     verbs = [rng.choice(PLUS if op == "+" else MINUS) for op in ops]

@@ -44,14 +44,16 @@ def test_tokenizer_is_a_directory_the_stack_loads_and_round_trips_every_problem(
 def test_problems_are_correct_seeded_and_scored_as_gsm8k(tmp_path):
     from eval.metrics import extract_answer, gold_answer
 
-    rng = random.Random(1)
+    rng, ops = random.Random(1), {"++": 0, "+-": 0, "-+": 0, "--": 0}
     for _ in range(500):
         p = task.problem(rng)
         lines = p["answer"].split("\n")
-        assert len(lines) == 3 and all(s[3] >= 0 for s in p["steps"])
+        assert len(lines) == 3 and all(10 <= n <= 99 for s in p["steps"] for n in (s[0], s[2], s[3]))
         for line, (x, op, y, r) in zip(lines, p["steps"]):
             assert line == f"{x}{op}{y}={r}." and r == (x + y if op == "+" else x - y)
         assert gold_answer(p["answer"]) == str(p["steps"][-1][3]) == extract_answer(" " + p["answer"])[0]
+        ops[p["steps"][0][1] + p["steps"][1][1]] += 1
+    assert min(ops.values()) > 100  # the operations are drawn uniformly, before the operands
     a = task.make_splits(tmp_path / "a", seed=3, train=200, test=50)
     b = task.make_splits(tmp_path / "b", seed=3, train=200, test=50)
     assert open(a["train"]).read() == open(b["train"]).read() and open(a["test"]).read() == open(b["test"]).read()
