@@ -144,6 +144,19 @@ class ObjectiveConfig:
         return families.get(self.name)
 
 
+# ModelConfig keys that choose how the computation runs or is regularised, not which function the
+# weights compute; every other model key is part of a checkpoint's identity (a resume refuses a change,
+# pretrain/checkpoint/resume.py), so a key added later is protected unless it is listed here.
+RUNTIME_KEYS = ("preset", "dropout", "attention_dropout", "attention_backend", "fp8", "max_seq_len", "init_std")
+
+
+def identity_keys() -> tuple[str, ...]:
+    """The model keys that define what a checkpoint's weights compute (every key but RUNTIME_KEYS)."""
+    import dataclasses
+
+    return tuple(f.name for f in dataclasses.fields(ModelConfig) if f.name not in RUNTIME_KEYS)
+
+
 def apply_preset(section: dict) -> dict:
     """Expand `preset: NAME` in a raw `model:` section; explicit keys win over the preset's."""
     section = dict(section or {})
@@ -161,4 +174,5 @@ def model_config_from_dict(section: dict) -> ModelConfig:
     return ModelConfig(**section)
 
 
-__all__ = ["ModelConfig", "ObjectiveConfig", "PRESETS", "PRESET_VOCAB", "OBJECTIVES", "ORDERS", "apply_preset", "model_config_from_dict"]
+__all__ = ["ModelConfig", "ObjectiveConfig", "PRESETS", "PRESET_VOCAB", "OBJECTIVES", "ORDERS", "RUNTIME_KEYS", "identity_keys",
+           "apply_preset", "model_config_from_dict"]

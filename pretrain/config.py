@@ -172,6 +172,16 @@ class RecipeConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def given(self, key: str) -> bool:
+        """Whether dotted `key` (`model.dropout`) was written in the recipe, its preset or an override,
+        as opposed to left at its default. A recipe built in code (not by from_dict) knows no more than
+        the values: a key counts as given when it differs from the default."""
+        given = self.__dict__.get("_given")
+        if given is not None:
+            return key in given
+        section_name, name = key.split(".", 1)
+        return getattr(getattr(self, section_name), name) != getattr(_CLASSES[section_name](), name)
+
     def validate(self, world_size: int | None = 1, need_vocab: bool = True) -> None:
         """Checks across fields and sections (each field's type and range are checked on construction).
         `world_size=None` skips the layout checks that need it; `need_vocab=False` those that need the
@@ -308,7 +318,7 @@ def from_dict(raw: dict) -> RecipeConfig:
     unknown = [k for k in raw if k not in _CLASSES]
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown config section; valid sections: {', '.join(_CLASSES)}")
-    sections = {}
+    sections, given = {}, set()
     for name, cls in _CLASSES.items():
         values = raw.get(name)
         if values is None:
@@ -319,7 +329,10 @@ def from_dict(raw: dict) -> RecipeConfig:
             values = apply_preset(values)
         check_keys(cls, name, values)
         sections[name] = cls(**values)
-    return RecipeConfig(**sections)
+        given.update(f"{name}.{k}" for k in values)
+    cfg = RecipeConfig(**sections)
+    cfg._given = frozenset(given)  # RecipeConfig.given: what the recipe wrote (not a field: not saved)
+    return cfg
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None,

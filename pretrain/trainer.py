@@ -154,7 +154,7 @@ class Trainer:
         if path is None:
             return False
         saved_meta = rundir.read_meta(path)
-        resume.check_compatible(saved_meta, self.cfg, path)  # another model size or objective: refused
+        resume.check_compatible(saved_meta, self.cfg, path, self.tokenizer)  # other weights or tokenizer: refused
         p = self.cfg.parallel
         if resume.same_layout(saved_meta, p.tp, p.pp, self.dp_size, p.zero_stage):
             meta, extra, ema = resume.load(self.engine, path, rank=self.rank, mp_rank=self.mp_rank)
@@ -294,6 +294,8 @@ class Trainer:
         best = BestCheckpoint.from_config(t, self.ckpt_root)  # train.keep_best (continues a resumed run's best)
         if not resumed:  # train.init_from: pretrained weights (never on resume)
             self.notes += init_from.load(self.engine, self.init_source, cfg.model, self.ema)
+        elif self.init_source is not None:  # what the recipe took from this run's own checkpoint
+            self.notes += self.init_source.notes
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")

@@ -12,7 +12,7 @@ from .. import families
 from .errors import ConvertError
 
 __all__ = ["HF_CODE_DIR", "CODE_FILES", "AUTO_MAP", "ARCHITECTURE", "RECIPE_FILE", "FORMAT_VERSION",
-           "schedule_fields", "hf_config", "configs_from_hf"]
+           "MIGRATIONS", "migrate_export", "schedule_fields", "hf_config", "configs_from_hf"]
 
 HF_CODE_DIR = Path(__file__).resolve().parent / "hf_code"
 CODE_FILES = ("configuration_setdlm.py", "modeling_setdlm.py")
@@ -23,7 +23,18 @@ AUTO_MAP = {
 }
 ARCHITECTURE = "SetDLMForMaskedLM"
 RECIPE_FILE = "setdlm_recipe.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # config.json's setdlm_format_version (and setdlm_recipe.json's format_version)
+# migrations from an older export format (common/versions.py): version v -> v + 1, on config.json and
+# on the recipe file alike; version 1 is the first
+MIGRATIONS: dict = {}
+
+
+def migrate_export(record: dict, key: str, where) -> dict:
+    """An export's config.json (key `setdlm_format_version`) or recipe file (`format_version`) at the
+    current format version; a newer one is a ConvertError."""
+    from common.versions import migrate
+
+    return migrate(record, key=key, current=FORMAT_VERSION, migrations=MIGRATIONS, what=str(where), error=ConvertError)
 
 
 def schedule_fields(objective, seq_len: int) -> dict:
