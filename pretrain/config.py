@@ -94,6 +94,10 @@ class TrainConfig:
     eval_every: int = Field(100, ge=0, description="steps between validations (0: no validation)")
     eval_batches: int = Field(0, ge=0, description="validation global batches of train.global_batch sequences (0: the whole validation split)")
     save_every: int = Field(500, ge=1, description="steps between checkpoints (the last step and a preemption always save)")
+    preemption_check_every: int = Field(10, ge=1, description=(
+        "steps between the ranks' agreement on a preemption signal (one all-reduce that waits for the host); a "
+        "signal is honoured within this many steps, so keep them shorter than Slurm's --signal lead time; one "
+        "process checks every step"))
     keep_last: int = Field(2, ge=0, description="complete checkpoints kept (0: keep all)")
     keep_best: bool = Field(False, description=(
         "also keep the checkpoint with the best train.best_metric (RUN/checkpoints/best, outside keep_last); "

@@ -368,7 +368,7 @@ class Trainer:
                 self.logger.log(self.step, {**carry, **metrics})
                 carry = {}
             new_best = best is not None and best.improves(metrics)
-            preempted = handler.should_stop()
+            preempted = handler.should_stop(self.step, every=t.preemption_check_every)
             if preempted or self.step % t.save_every == 0 or self.step == t.max_steps or new_best:
                 path = self.save()
                 self.logger.write(f"saved checkpoint {path}")
