@@ -73,11 +73,12 @@ def test_hf_qwen3_8b_config_derives_the_preset(layout):
     assert set(ARCH_FIELDS) - set(preset) == {"head_bias"} and derived["head_bias"] is False
     cfg = load_config(RECIPE, QWEN3_VOCAB)
     before = dataclasses.asdict(cfg.model)
-    _merge_model(cfg, derived, "Qwen3-8B/config.json")
-    assert dataclasses.asdict(cfg.model) == before  # nothing changed: the preset is Qwen3-8B's architecture
+    notes = []
+    _merge_model(cfg, derived, "Qwen3-8B/config.json", notes)
+    assert dataclasses.asdict(cfg.model) == before and notes == []  # nothing changed: the preset is Qwen3-8B's
     wrong = {**derived, "ffn_hidden": 11008}
     with pytest.raises(ValueError, match="model.ffn_hidden.*preset 'qwen3-8b'"):
-        _merge_model(load_config(RECIPE, QWEN3_VOCAB), wrong, "other/config.json")
+        _merge_model(load_config(RECIPE, QWEN3_VOCAB), wrong, "other/config.json", [])
 
 
 def test_one_rank_of_qwen3_8b_at_tp8_pp2_holds_what_the_plan_says():

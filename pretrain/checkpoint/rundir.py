@@ -283,6 +283,13 @@ def _select(run: Path, sel: str, notes: list[str] | None) -> Path:
     return path
 
 
+def names_run_or_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether `path` names a run or a checkpoint (RUN:SELECTOR, a folder with meta.json or checkpoints/),
+    rather than, say, prepared data."""
+    p, sel = split_selector(path)
+    return sel is not None or (p / META).is_file() or (p / CHECKPOINTS).is_dir()
+
+
 def resolve_checkpoint(path: str | os.PathLike, notes: list[str] | None = None) -> Path:
     """One checkpoint folder from a run directory, its checkpoints/ folder, or the folder itself; or
     `RUN:best`, `RUN:latest`, `RUN:STEP` (`split_selector`). When `latest` is broken, the newest

@@ -7,7 +7,9 @@ CURRENT and add the migration from the previous version here, e.g.
 
     MIGRATIONS[1] = lambda meta: {**meta, "config": rename_key(meta["config"], "train.ema", "train.ema_decay")}
 
-and keep a test with a meta.json of the previous version.
+and record the recipe keys of the new version in tests/fixtures/recipe_keys.json (tests/test_versions.py
+fails when the recipe's keys change and CURRENT does not; an added key with a default migrates by the
+identity).
 """
 
 from __future__ import annotations
