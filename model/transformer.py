@@ -260,7 +260,7 @@ class Transformer(torch.nn.Module):
         matmul with few rows runs 1.3-3x faster on it than on the [vocab, hidden] layout). Rebuilt when
         the weight changes (new storage or an in-place update); not part of the state dict. Inside a
         compiled region (a compiled decode step) the copy is read as it is: the storage checks are not
-        traceable, so an eager call must have built it first (the sampler's StepRunner does); None if
+        traceable, so an eager call must have built it first (the sampler's DecodeStepRunner does); None if
         none was built (the plain layout is used)."""
         cached = self.__dict__.get("_head_t")
         if torch.compiler.is_compiling():

@@ -13,6 +13,9 @@ from common.schema import ConfigError, Field, section
 from .. import families
 
 FAMILIES = families.names()
+# The SW-SetDLM window when neither the config nor the model gives one: D = 4, the set size of the
+# paper's OWT and GSM8K models (from_objective replaces it with the trained model's D).
+DEFAULT_WINDOW = 4
 REMASKING = ("confidence", "random")
 
 
@@ -42,7 +45,7 @@ class SamplingConfig:
     family: Literal[FAMILIES] = Field(families.SETDLM.name, description="sampler family (model/families)")
     max_new_tokens: int = Field(128, ge=0, description="plain prompts: positions generated after the prompt")
     window: int | None = Field(None, ge=1, description=(
-        "SW-SetDLM window of masked positions from the leftmost one (null: 4; use the model's D, as "
+        "SW-SetDLM window of masked positions from the leftmost one (null: DEFAULT_WINDOW = 4; use the model's D, as "
         "from_objective does; the paper uses S_max for infilling)"))
     threshold: float | None = Field(None, ge=0.0, description=(
         "SetDLM / BD3-LM / MDLM: also accept every position whose confidence is >= this; null or >= 1: no "
@@ -101,7 +104,7 @@ class SamplingConfig:
 
     @property
     def window_size(self) -> int:
-        return int(self.window) if self.window is not None else 4
+        return int(self.window) if self.window is not None else DEFAULT_WINDOW
 
     @property
     def max_window(self) -> int:

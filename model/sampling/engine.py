@@ -316,7 +316,7 @@ class Decoder:
 
     # -- loop ------------------------------------------------------------------------------------
     def run(self) -> list[SampleOutput]:
-        from .compiled import StepRunner
+        from .compiled import DecodeStepRunner
 
         cfg = self.cfg
         t0 = time.perf_counter()
@@ -331,7 +331,7 @@ class Decoder:
         self.queue = deque(range(n))
         first = [self.queue.popleft() for _ in range(min(self.S, n))]
         self.admit(list(range(len(first))), first, t0)
-        self.runner = StepRunner(self)
+        self.runner = DecodeStepRunner(self)
         limit = sum(r.span + 1 for r in self.reqs) + cfg.check_every * (n + 2)
         step = 0
         self.pending_rows = n
