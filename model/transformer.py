@@ -253,7 +253,7 @@ class Transformer(torch.nn.Module):
             return F.linear(hidden, weight, bias.to(weight.dtype)).float()
         if hidden.dtype != torch.float32:
             hidden = hidden.float()
-        return torch.addmm(bias, hidden.reshape(-1, hidden.shape[-1]), weight.t()).view(*hidden.shape[:-1], -1)
+        return torch.addmm(bias, hidden.reshape(-1, hidden.shape[-1]), weight.t()).view(*hidden.shape[:-1], weight.shape[0])
 
     def transposed_head(self) -> torch.Tensor | None:
         """Inference fast path on CPU: a contiguous [hidden, vocab] copy of the output weight (the decode

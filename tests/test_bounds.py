@@ -77,6 +77,7 @@ def test_mdlm_bound_matches_enumeration():
 
 
 @pytest.mark.parametrize("bs", [2, 3])
+@pytest.mark.slow
 def test_bd3lm_bound_matches_enumeration(bs):
     L = 6
     model = tiny(2)

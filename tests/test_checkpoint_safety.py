@@ -405,6 +405,7 @@ def test_disk_full_during_a_save_keeps_the_last_good_checkpoint(run, model_paral
 
 
 # -- a model without a process group ------------------------------------------------------------
+@pytest.mark.slow
 def test_load_model_needs_no_process_group(trained, tmp_path):
     """A fresh interpreter with no launcher variables loads the checkpoint and decodes; afterwards
     torch.distributed is still uninitialised and os.environ is exactly as before."""
@@ -463,6 +464,7 @@ def test_inference_loads_need_neither_megatron_nor_deepspeed(trained):
     assert "decoded" in r.stdout, r.stdout[-2000:]
 
 
+@pytest.mark.slow
 def test_cli_prints_one_line_and_debug_keeps_the_traceback(run, tmp_path):
     f = step(run[1]) / "mp_rank_00_model_states.pt"
     f.write_bytes(b"")

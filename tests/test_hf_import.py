@@ -247,6 +247,7 @@ def test_bad_sources_fail_before_any_work(hf_dirs, tmp_path, case, match):
         _prepare(tmp_path, d)
 
 
+@pytest.mark.slow
 def test_cli_reports_a_bad_init_from_in_one_line(tmp_path):
     r = setdlm("pretrain", "--config", REPO / "configs" / "quickstart.yaml", "--out", tmp_path,
                f"train.init_from={tmp_path / 'missing'}", timeout=120)

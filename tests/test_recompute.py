@@ -70,6 +70,7 @@ def test_checkpointing_is_off_without_autograd():
 
 
 @pytest.mark.parametrize("mode", ["none", "full"])
+@pytest.mark.slow
 def test_compiled_blocks_match_the_plain_model(mode):
     """inductor on CPU (a tiny model: compiling takes tens of seconds); dropout off because inductor
     draws its own random numbers."""

@@ -115,6 +115,7 @@ def settled(srv, timeout=20.0):
     return False
 
 
+@pytest.mark.slow
 def test_load_mixed_clients_with_disconnects(served, server):
     jobs = [plan(i) for i in range(REQUESTS)]
     refs = {}

@@ -38,6 +38,7 @@ def start(run_dir, tmp_path):
     raise AssertionError(f"no listening line: {(tmp_path / 'err.log').read_text()[-2000:]}")
 
 
+@pytest.mark.slow
 def test_sigterm_drains_and_the_key_is_never_logged(run_dir, tmp_path):
     proc, url = start(run_dir, tmp_path)
     try:

@@ -39,6 +39,7 @@ def _record(run: Path) -> dict:
     return json.loads((run / "checkpoints" / latest / "meta.json").read_text())["data"]
 
 
+@pytest.mark.slow
 def test_per_source_validation_equals_one_source_runs(tmp_path, corpora, model_parallel):
     recipe = _recipe(tmp_path / "r.yaml", corpora, max_steps=1, eval_every=1, eval_batches=3)
     _train(recipe, tmp_path / "mix")
