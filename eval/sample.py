@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from common.cli import ArgumentParser, run_command
+from common.device import check_device
 from common.errors import InputFileError, StorageError
 from common.io import AppendFile, atomic_write_text
 from common.jsonl import read_jsonl
@@ -76,6 +77,7 @@ class SampleOptions(DecodingOptions, PromptOptions):
             raise OptionError("--prompt and --prompts-file are exclusive")
         if self.suffix and self.infill is None:
             raise OptionError("--suffix needs --infill N (the number of tokens to fill)")
+        check_device(self.device, error=OptionError)
 
 
 def build_parser() -> ArgumentParser:
