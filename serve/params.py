@@ -21,7 +21,7 @@ import functools
 from dataclasses import dataclass
 
 from model.sampling import Infill, SamplingConfig
-from model.sampling.stopping import StopRegexError, compile_stop_regex
+from model.sampling.stop_regex import StopRegexError, compile_stop_regex
 
 from .schema import ChatRequest, CompletionRequest, RequestError
 

@@ -8,7 +8,8 @@ import pytest
 
 from model.sampling import SamplingConfig, generate
 from model.sampling import stopping
-from model.sampling.stopping import StopChecker, StopRegexError, compile_stop_regex
+from model.sampling.stop_regex import StopRegexError, compile_stop_regex
+from model.sampling.stopping import StopChecker
 from model.sampling.testing import CharTokenizer, tiny_model
 
 

@@ -144,7 +144,7 @@ class SamplingConfig:
         if any(not s for s in self.stop):
             raise ConfigError("sampling.stop: stop strings must be non-empty")
         if self.stop_regex is not None:
-            from .stopping import StopRegexError, compile_stop_regex
+            from .stop_regex import StopRegexError, compile_stop_regex
 
             try:
                 compile_stop_regex(self.stop_regex)

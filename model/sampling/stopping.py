@@ -6,10 +6,8 @@ are cut after the token that completes the occurrence. Both are searched in the 
 contiguous decoded part of the span (set decoders may have decoded positions further right; those are
 dropped). Token ids that end a sequence (EOS, `stop_token_ids`) are handled on the device instead.
 
-Stop regexes come from users (a server's requests), so they run on RE2 (google-re2): its matching
-time is linear in the text (no catastrophic backtracking such as ``(\\s+)+x``), it refuses patterns
-whose compiled program would be too large (``(a{1000}){1000}``), and it releases the interpreter lock
-while it matches. RE2 syntax is Python's without backreferences and lookaround. On top of that each
+Stop regexes come from users (a server's requests), so they run on RE2 (stop_regex.py: linear-time
+matching, bounded compilation, the interpreter lock released while matching). On top of that each
 output may spend at most `REGEX_SECONDS` matching its regex, summed over its steps: past that,
 `check` raises `StopRegexTimeout` and the decoder ends the output at its decoded prefix
 (stop_reason "regex_timeout").
@@ -17,40 +15,16 @@ output may spend at most `REGEX_SECONDS` matching its regex, summed over its ste
 
 from __future__ import annotations
 
-import functools
 import time
 
 from .config import SamplingError
+from .stop_regex import compile_stop_regex
 
-MAX_PATTERN = 512  # characters of a stop regex
 REGEX_SECONDS = 5.0  # matching time one output may spend on its stop regex, summed over its steps
-REGEX_MEMORY = 8 << 20  # bytes RE2 may use for a compiled pattern (its default)
-
-
-class StopRegexError(SamplingError):
-    """A stop regex RE2 cannot compile (the message says why)."""
 
 
 class StopRegexTimeout(SamplingError):
     """An output used up its matching time (`REGEX_SECONDS`)."""
-
-
-@functools.lru_cache(maxsize=256)
-def compile_stop_regex(pattern: str):
-    """The compiled RE2 pattern, or StopRegexError naming what is wrong with it."""
-    import re2
-
-    if len(pattern) > MAX_PATTERN:
-        raise StopRegexError(f"at most {MAX_PATTERN} characters, got {len(pattern)}")
-    opts = re2.Options()
-    opts.log_errors = False
-    opts.max_mem = REGEX_MEMORY
-    try:
-        return re2.compile(pattern, opts)
-    except re2.error as e:
-        why = e.args[0].decode(errors="replace") if e.args and isinstance(e.args[0], bytes) else str(e)
-        raise StopRegexError(f"not a regular expression RE2 accepts ({why}; RE2 is Python's syntax without "
-                             f"backreferences and lookaround)") from None
 
 
 class StopChecker:
