@@ -173,6 +173,9 @@ async def _generate(request: web.Request, kind):
     loop, inbox = asyncio.get_running_loop(), asyncio.Queue()
     pl = await loop.run_in_executor(None, lambda: plan(parse(kind, load_body(raw)), srv.served))
     outputs = len(pl.choices)
+    if srv.max_waiting is not None and outputs > srv.scheduler.max_batch + srv.max_waiting:
+        raise RequestError("n", f"{outputs} outputs in one request are more than this server ever holds (--max-batch "
+                                f"{srv.scheduler.max_batch} + --max-waiting {srv.max_waiting}); send fewer at a time")
     if not srv.room(outputs):
         raise RequestError(None, f"the server is overloaded: {srv.waiting} outputs wait for a slot (--max-waiting "
                                  f"{srv.max_waiting}); retry later", 429, "rate_limit_error",

@@ -201,5 +201,7 @@ def test_overload_gets_429_with_retry_after_and_health_says_so(served):
         assert final.status_code == 200 and final.json()["status"] == "ok" and final.json()["waiting"] == 0
         text = httpx.get(url + "/metrics", timeout=10).text
         assert f'setdlm_requests_total{{endpoint="/v1/completions",outcome="429"}} {statuses.count(429)}.0' in text
+        never = httpx.post(url + C, json={"prompt": "x", "n": 5, "max_tokens": 2}, timeout=30)  # > 2 slots + 2 waiting
+        assert never.status_code == 400 and never.json()["error"]["param"] == "n"
     finally:
         srv.close()
