@@ -198,3 +198,47 @@ def test_tokenize_and_detokenize_in_vllms_shape(server, served):
                               ("/tokenize", {"prompt": "x", "continue_final_message": True}, "continue_final_message")]:
         resp = post(server, body, path)
         assert 400 <= resp.status_code < 500 and resp.json()["error"]["param"] == param, (path, body, resp.text)
+
+
+def test_incremental_detokenisation_equals_decoding_the_whole_prefix(served):
+    """Tokens committed out of order, characters split over byte-level tokens: at every step the
+    stream's prefix is exactly the decoding of the whole decoded prefix, and the deltas add up."""
+    import random
+
+    from model.sampling import SampleOutput
+    from model.sampling.observe import StepEvent
+    from serve.streaming import ChoiceText
+
+    tok = served.tokenizer
+    text = "Größe 日本語の text ✓ — naïve café 🙂 end"
+    ids = tok.encode(text)
+    assert any("\ufffd" in tok.decode([t]) for t in ids)  # some characters take more than one token
+    order = list(range(len(ids)))
+    random.Random(0).shuffle(order)
+    stream, got, done = ChoiceText(tok, ["café 🙂 x"], None), "", set()
+    for step, k in enumerate(range(0, len(order), 3), 1):
+        pos = order[k:k + 3]
+        done.update(pos)
+        decoded = next((i for i in range(len(ids)) if i not in done), len(ids))
+        delta, payload = stream.step(StepEvent(0, step, pos, [ids[p] for p in pos], None, (0, len(ids)), decoded))
+        assert payload["prefix"] == tok.decode(ids[:decoded])
+        got += delta
+        assert text.startswith(got)
+    delta, _ = stream.finish(SampleOutput(tokens=ids, text=text))
+    assert got + delta == text
+
+
+def test_streamed_text_with_a_stop_regex_equals_the_full_text(server, served):
+    free = engine(served, "Return the", max_new_tokens=16).text
+    import re
+
+    pattern = re.escape(free[4:7])
+    body = {"prompt": "Return the", "max_tokens": 16, "temperature": 0, "setdlm": {"stop_regex": pattern}}
+    full = post(server, body).json()["choices"][0]
+    assert full["setdlm"]["stop_reason"] == "regex" and full["text"] == free[:7]
+    text = ""
+    with httpx.stream("POST", server.url + "/v1/completions", json={**body, "stream": True}, timeout=60) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                text += json.loads(line[6:])["choices"][0]["text"]
+    assert text == full["text"]
