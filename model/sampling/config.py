@@ -67,7 +67,7 @@ class SamplingConfig:
     stop_on_eos: bool = Field(True, description="plain prompts: stop at the first EOS (infilling fills the span)")
     stop_token_ids: list[int] = Field(default_factory=list, description="more token ids that end a sequence")
     stop: list[str] = Field(default_factory=list, description="stop strings (need a tokenizer)")
-    stop_regex: str | None = Field(None, description="a regular expression searched in the generated text")
+    stop_regex: str | None = Field(None, description="an RE2 regular expression searched in the generated text")
     check_every: int = Field(1, ge=1, description="host synchronisation (finished rows, stop strings) every N steps")
     compact: bool = Field(True, description="drop finished rows from the batch once no prompt is waiting")
     max_batch: int | None = Field(None, ge=1, description=(
