@@ -64,7 +64,8 @@ class SampleOptions(DecodingOptions, PromptOptions):
         "SW-SetDLM window w (default: D; S_max when infilling)"))
     seed: int | None = Field(None, description="seeds the sampler (temperature > 0)")
     stop: TextList = Field((), description="stop string (repeatable)")
-    stop_regex: str | None = Field(None, description="stop at the end of the first match of this regular expression (RE2 syntax)")
+    stop_regex: str | None = Field(None, description=(
+        "stop at the end of the first match of this regular expression (RE2 syntax)"))
     ignore_eos: bool = Field(False, description="do not stop at EOS")
     no_ema: bool = Field(False, description="use the raw weights instead of the EMA")
     device: str | None = Field(None, description="cpu, cuda, cuda:1 ... (default: cuda if available)")
