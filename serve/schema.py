@@ -25,6 +25,9 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from common.errors import Error
+from model import families
+
+FAMILY_NAMES = families.names()
 
 MAX_DEPTH = 32  # nesting of a request body (a chat message with content parts is 5 deep)
 MAX_STOP = 32  # stop strings (lm-eval sends a task's `until` list and the EOS text)
@@ -119,7 +122,7 @@ class Extension(_Strict):
     """The `setdlm` key: the decoder's own options (defaults: the checkpoint's recipe). Widths and step
     counts are bounded by the served model in params.py."""
 
-    family: Literal["setdlm", "bd3lm", "mdlm", "ar"] | None = None
+    family: Literal[FAMILY_NAMES] | None = None
     window: int | None = Field(None, ge=1)
     threshold: float | None = Field(None, ge=0)
     adaptive_window: bool | None = None
