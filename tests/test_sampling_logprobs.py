@@ -163,3 +163,23 @@ def test_bad_values_name_the_field():
                       (dict(logprobs=1, compile=True), "logprobs"), (dict(stop_regex="(?=x)"), "stop_regex")]:
         with pytest.raises(ConfigError, match=f"^sampling.{field}: "):
             SamplingConfig(**kw)
+
+
+@pytest.mark.parametrize("family,kw", [("setdlm", dict(window=4, threshold=0.3)), ("bd3lm", dict(block_size=4)),
+                                       ("mdlm", dict(steps=5)), ("ar", {})])
+def test_fixed_shape_head_records_the_same_logprobs(model, family, kw):
+    """A GPU chooses over every query slot in the step, a CPU over the active ones packed
+    (Decoder.head_choose, whose logprobs are scattered back): both record the same."""
+    from model.sampling.api import decoder_class
+
+    cfg = SamplingConfig(family=family, max_new_tokens=8, logprobs=2, **kw)
+    outs = []
+    for cpu_head in (True, False):
+        reqs = to_requests(PROMPTS, cfg, model.cfg.mask_id, model.cfg.vocab_size)
+        dec = decoder_class(family)(model, reqs, cfg, mask_id=model.cfg.mask_id, eos_id=None)
+        dec.cpu_head = cpu_head
+        with torch.inference_mode():
+            outs.append(dec.run())
+    for a, b in zip(*outs):
+        assert a.tokens == b.tokens and a.logprobs == pytest.approx(b.logprobs, abs=1e-5)
+        assert [[t for t, _ in top] for top in a.top_logprobs] == [[t for t, _ in top] for top in b.top_logprobs]
