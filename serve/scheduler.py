@@ -38,7 +38,8 @@ class Job:
 
 def lane_key(cfg: SamplingConfig) -> tuple:
     d = dataclasses.asdict(cfg)
-    return tuple((k, tuple(v) if isinstance(v, list) else v) for k, v in sorted(d.items()))
+    frozen = lambda v: tuple(sorted(v.items())) if isinstance(v, dict) else tuple(v) if isinstance(v, list) else v  # noqa: E731
+    return tuple((k, frozen(v)) for k, v in sorted(d.items()))
 
 
 class Lane:

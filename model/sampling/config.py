@@ -3,7 +3,6 @@ outputs, and `SamplingError` for a request `generate` cannot decode."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -60,11 +59,20 @@ class SamplingConfig:
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus: smallest set with this probability (1: off)")
     repetition_penalty: float = Field(1.0, gt=0.0, description=(
         "CTRL-style penalty on tokens present (positive logits / p, negative * p; 1: off)"))
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description=(
+        "OpenAI's: subtracted from the logit of every token the output already holds (0: off)"))
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description=(
+        "OpenAI's: subtracted from a token's logit once per occurrence in the output so far (0: off)"))
+    logit_bias: dict[int, float] = Field(default_factory=dict, description=(
+        "token id -> value added to its logit (-100 to 100; OpenAI's logit_bias)"))
+    logprobs: int | None = Field(None, ge=0, le=20, description=(
+        "record each output token's log-probability under the step that committed it, and the k most likely "
+        "tokens of that step at its position (null: off; docs/sampling.md)"))
     seed: int | None = Field(None, description="seeds a generator on the model's device when none is passed")
     stop_on_eos: bool = Field(True, description="plain prompts: stop at the first EOS (infilling fills the span)")
     stop_token_ids: list[int] = Field(default_factory=list, description="more token ids that end a sequence")
     stop: list[str] = Field(default_factory=list, description="stop strings (need a tokenizer)")
-    stop_regex: str | None = Field(None, description="a regular expression searched in the generated text")
+    stop_regex: str | None = Field(None, description="an RE2 regular expression searched in the generated text")
     check_every: int = Field(1, ge=1, description="host synchronisation (finished rows, stop strings) every N steps")
     compact: bool = Field(True, description="drop finished rows from the batch once no prompt is waiting")
     max_batch: int | None = Field(None, ge=1, description=(
@@ -127,13 +135,20 @@ class SamplingConfig:
         if self.adaptive_window and self.max_window < self.window_min:
             raise ConfigError(f"sampling.window_max: must be >= window_min={self.window_min}, got {self.max_window}")
         self.spec.validate_sampling(self)
+        for t, v in self.logit_bias.items():
+            if t < 0 or not -100.0 <= v <= 100.0:
+                raise ConfigError(f"sampling.logit_bias: token ids >= 0 and values in [-100, 100], got {t}: {v}")
+        if self.compile and self.logprobs is not None:
+            raise ConfigError("sampling.logprobs: recorded by the eager step only; set compile: false")
         if any(not s for s in self.stop):
             raise ConfigError("sampling.stop: stop strings must be non-empty")
         if self.stop_regex is not None:
+            from .stop_regex import StopRegexError, compile_stop_regex
+
             try:
-                re.compile(self.stop_regex)
-            except re.error as e:
-                raise ConfigError(f"sampling.stop_regex: invalid regular expression {self.stop_regex!r}: {e}") from None
+                compile_stop_regex(self.stop_regex)
+            except StopRegexError as e:
+                raise ConfigError(f"sampling.stop_regex: {e}") from None
 
 
 @dataclass
@@ -146,10 +161,13 @@ class SampleOutput:
     sequence took part in, prefill excluded; tokens_per_step = len(tokens) / steps; seconds: wall time
     from the start of `generate` (prefill included) until this sequence finished; stopped_early: a
     stop criterion fired before the span was full, stop_reason: "length" (span full), "eos",
-    "stop_string" or "regex"; masks_dropped: positions still masked when it stopped (dropped);
+    "stop_string", "regex" or "regex_timeout" (the stop regex used up its time, model/sampling/stopping.py:
+    the output ends at its decoded prefix); masks_dropped: positions still masked when it stopped (dropped);
     commit_step: for each output token the step that committed it (1-based); prompt_tokens: visible
     context tokens; sequence: the whole decoded sequence as the model saw it (prompt + tokens, or
-    prefix + span + suffix), cut at a stop like `tokens`. With continuous batching (`max_batch`)
+    prefix + span + suffix), cut at a stop like `tokens`; with `SamplingConfig.logprobs` set, logprobs:
+    per token its log-probability under the step that committed it, top_logprobs: per token the k
+    (id, log-probability) pairs most likely at its position in that step. With continuous batching (`max_batch`)
     `seconds` runs from the row's admission into a slot (its prefill) until it finished.
     """
 
@@ -164,6 +182,8 @@ class SampleOutput:
     commit_step: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
     sequence: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("tokens", "text", "steps", "tokens_per_step", "seconds",
