@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/bench_serve.py [--checkpoint RUN] [--rates 1,2,4,8] [--duration 20]
         [--max-batch 8] [--max-tokens 32] [--threshold none|0.5|0] [--stream 0.5]
+    .venv/bin/python benchmarks/bench_serve.py --stream-cost 1000 [--checkpoint RUN]
 
 Starts `setdlm serve` in its own process on loopback (the client does not share its interpreter),
 then for each rate sends requests with Poisson arrivals (open loop: a slow server does not slow the
@@ -11,6 +12,12 @@ the weights), a fraction `--stream` of them streamed. Per rate it prints the ach
 token rates, latency p50/p95/p99 (send to last byte), the streams' time to first text, and from
 /metrics the batched forwards and tokens per step. Without --checkpoint it trains the quickstart
 shape for 2 steps into a temporary directory (decoding costs the same on trained weights).
+
+`--stream-cost N` runs no server: it decodes one prompt for N new tokens (one per step, EOS ignored)
+with the engine's step events, then times what a stream does with them on the server's event loop
+(serve/streaming.py: the text of each step, the final-text hold-back) over those events, per step and
+in total, for the first and the last hundred steps: the cost of streaming a long output, which grows
+with the output when each step decodes the whole prefix again.
 """
 
 from __future__ import annotations
@@ -44,6 +51,8 @@ def parse(argv=None):
     p.add_argument("--threshold", default="none", help="setdlm threshold (none: one token per step)")
     p.add_argument("--stream", type=float, default=0.5, help="fraction of requests streamed")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--stream-cost", type=int, default=0, metavar="N",
+                   help="no server: time the stream's text handling over the events of one N-token output")
     return p.parse_args(argv)
 
 
@@ -133,9 +142,46 @@ async def run_rate(url, rate: float, args, rng: random.Random) -> dict:
             "forwards": fwd, "rows_per_forward": gen / fwd if fwd else 0.0}
 
 
+def stream_cost(ckpt: Path, n: int) -> None:
+    """Decode one prompt for `n` tokens with step events, then time serve/streaming.py over them."""
+    import torch
+
+    sys.path.insert(0, str(REPO))
+    from model.sampling import SamplingConfig, generate
+    from pretrain.checkpoint.inference import load_model
+    from serve.streaming import ChoiceText
+
+    torch.set_num_threads(1)
+    model, tok, recipe = load_model(ckpt, ema=True, device="cpu")
+    cfg = SamplingConfig.from_objective(recipe.objective, max_new_tokens=n, stop_on_eos=False)
+    events = []
+    [out] = generate(model, [tok.encode(PROMPTS[0])], cfg, tokenizer=tok, on_step=events.append)
+    text = ChoiceText(tok, ["\n\nQuestion:", "</s>"], None)
+    times = []
+    for ev in events:
+        t0 = time.perf_counter()
+        text.step(ev)
+        times.append(time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    text.finish(out)
+    times.append(time.perf_counter() - t0)
+    ms = lambda xs: 1e3 * sum(xs) / len(xs)  # noqa: E731
+    print(f"{datetime.date.today()}, {platform.machine()} ({os.cpu_count()} cores), torch {torch.__version__}, "
+          f"load average {os.getloadavg()[0]:.1f}: one {len(out.tokens)}-token output, {len(events)} step events, "
+          f"2 stop strings\n")
+    print("| steps | ms per step | total ms |\n|---|---|---|")
+    print(f"| first 100 | {ms(times[:100]):.3f} | {1e3 * sum(times[:100]):.1f} |")
+    print(f"| last 100 | {ms(times[-100:]):.3f} | {1e3 * sum(times[-100:]):.1f} |")
+    print(f"| all {len(times)} | {ms(times):.3f} | {1e3 * sum(times):.1f} |")
+
+
 def main(argv=None) -> int:
     args = parse(argv)
     rng = random.Random(args.seed)
+    if args.stream_cost:
+        with tempfile.TemporaryDirectory() as tmp:
+            stream_cost(Path(args.checkpoint) if args.checkpoint else default_checkpoint(Path(tmp)), args.stream_cost)
+        return 0
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         ckpt = Path(args.checkpoint) if args.checkpoint else default_checkpoint(tmp)

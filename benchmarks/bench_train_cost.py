@@ -4,6 +4,12 @@ The SetDLM two-stream layout forwards 2L tokens but runs the output head and the
 tokens only, so a step should cost about 2x an AR step; much more than 2.3x is waste.
 
     python benchmarks/bench_train_cost.py [--preset small-cpu] [--seq-len 128] [--batch 8] [--steps 10]
+    python benchmarks/bench_train_cost.py --clock cpu --threads 1 --objectives ar,setdlm [--code DIR]
+
+`--clock cpu` times each step by the process's CPU time (all its threads), which a shared machine's other
+jobs change much less than wall time (use it with `--threads 1`, so no thread spins waiting for work);
+`--code DIR` imports the model code from another checkout (e.g. the commit before a change), so two
+versions are measured by the same script. The first objective listed is the baseline of the last column.
 """
 
 from __future__ import annotations
@@ -16,7 +22,10 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+_code = next((a.split("=", 1)[1] for a in sys.argv if a.startswith("--code=")), None)
+if "--code" in sys.argv[:-1]:
+    _code = sys.argv[sys.argv.index("--code") + 1]
+sys.path.insert(0, str(Path(_code).resolve() if _code else Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
@@ -26,7 +35,9 @@ from model.shapes import parameter_count  # noqa: E402
 from model.transformer import Transformer  # noqa: E402
 
 
-def time_objective(name: str, model: Transformer, seq_len: int, batch: int, steps: int, warmup: int, device) -> float:
+def time_objective(name: str, model, seq_len: int, batch: int, steps: int, warmup: int, device,
+                   clock=time.perf_counter) -> tuple[float, int]:
+    """(median step time, tokens forwarded per sequence)."""
     cfg = model.cfg
     obj = build_objective(ObjectiveConfig(name=name, set_size=4, block_size=4), cfg, seq_len)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -36,7 +47,7 @@ def time_objective(name: str, model: Transformer, seq_len: int, batch: int, step
     for i in range(warmup + steps):
         if device.type == "cuda":
             torch.cuda.synchronize()
-        t0 = time.perf_counter()
+        t0 = clock()
         inputs = obj.prepare({"input_ids": x}, gen)
         logits = model(inputs.input_ids, inputs.position_ids, inputs.attn_mask, logits_slice=inputs.logits_slice)
         loss, _ = obj.loss(logits, inputs)
@@ -46,9 +57,9 @@ def time_objective(name: str, model: Transformer, seq_len: int, batch: int, step
         if device.type == "cuda":
             torch.cuda.synchronize()
         if i >= warmup:
-            times.append(time.perf_counter() - t0)
+            times.append(clock() - t0)
     times.sort()
-    return times[len(times) // 2]
+    return times[len(times) // 2], inputs.input_ids.shape[1]
 
 
 def main() -> None:
@@ -60,27 +71,41 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds over the objectives; the minimum is kept")
+    ap.add_argument("--objectives", default=None, help="comma-separated families (default: every registered one)")
+    ap.add_argument("--clock", choices=("wall", "cpu"), default="wall", help="wall time, or the process's CPU time")
+    ap.add_argument("--threads", type=int, default=0, help="torch intra-op threads (0: torch's default)")
+    ap.add_argument("--code", default=None, help="import the model code from this checkout")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    clock = time.process_time if args.clock == "cpu" else time.perf_counter
+    if args.objectives:
+        names = tuple(args.objectives.split(","))
+    else:
+        from model import families
+
+        names = families.names()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     cfg = ModelConfig(**{**apply_preset({"preset": args.preset}), "vocab_size": args.vocab, "mask_id": args.vocab - 1,
                          "dropout": 0.0, "max_seq_len": max(args.seq_len, 64)})
     torch.manual_seed(0)
     model = Transformer(cfg).to(device)
     machine = torch.cuda.get_device_name() if device.type == "cuda" else f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
-    print(f"# training-step cost, {datetime.date.today()}, {machine}, torch {torch.__version__}")
+    print(f"# training-step cost, {datetime.date.today()}, {machine}, torch {torch.__version__}, load "
+          f"{os.getloadavg()[0]:.1f}, {args.clock} clock, {torch.get_num_threads()} threads, code {args.code or 'this checkout'}")
     print(f"# model {args.preset}: {parameter_count(cfg) / 1e6:.1f}M params, vocab {cfg.vocab_size}, L={args.seq_len}, batch {args.batch}, fp32")
-    print("| objective | tokens forwarded | step (ms) | tokens/s | cost vs AR |")
+    print(f"| objective | tokens forwarded | step (ms) | tokens/s | cost vs {names[0]} |")
     print("|---|---|---|---|---|")
-    names = ("ar", "setdlm", "bd3lm", "mdlm")
-    best = {n: float("inf") for n in names}
+    best, forwarded = {n: float("inf") for n in names}, {}
     for _ in range(args.rounds):  # interleaved, so load changes on a shared machine hit every objective alike
         for name in names:
-            best[name] = min(best[name], time_objective(name, model, args.seq_len, args.batch, args.steps, args.warmup, device))
-    base = best["ar"]
+            t, forwarded[name] = time_objective(name, model, args.seq_len, args.batch, args.steps, args.warmup, device,
+                                                clock)
+            best[name] = min(best[name], t)
+    base = best[names[0]]
     for name in names:
         t = best[name]
-        fwd = 2 * args.seq_len if name in ("setdlm", "bd3lm") else args.seq_len
-        print(f"| {name} | {fwd} | {1000 * t:.1f} | {args.batch * args.seq_len / t:,.0f} | {t / base:.2f}x |")
+        print(f"| {name} | {forwarded[name]} | {1000 * t:.1f} | {args.batch * args.seq_len / t:,.0f} | {t / base:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -40,7 +40,7 @@ def trainer_step(trainer, it, accum):
         micro = [trainer.objective.prepare(trainer._to_device(next(it)), trainer.generator) for _ in range(accum)]
     m, gnorm = trainer.stepper.train_step(micro)
     if trainer.ema is not None:
-        trainer.ema.update(trainer.model)
+        trainer.ema.update()
     return float(m["loss_sum"]), gnorm
 
 

@@ -179,32 +179,11 @@ def _prepare_examples(args) -> int:
     return 0
 
 
-def _checkpoint_of(path: str):
-    """The checkpoint directory `path` names (a run directory: its latest; a checkpoint), or None."""
+def print_run_record(path: str, ckpt: str, meta: dict) -> int:
+    """`setdlm data inspect RUN`: what the run read up to checkpoint `ckpt`, per source samples, tokens and
+    epochs (the `data` record of its meta.json, which the checkpoint layer reads: launch/cli.py)."""
     import os
 
-    if os.path.isfile(os.path.join(path, "meta.json")):
-        return path
-    latest = os.path.join(path, "checkpoints", "latest")
-    if os.path.isfile(latest):
-        with open(latest) as f:
-            return os.path.join(path, "checkpoints", f.read().strip())
-    return None
-
-
-def inspect_run(path: str, ckpt: str) -> int:
-    """Print what the run read up to checkpoint `ckpt`: per source samples, tokens, epochs (meta.json `data`)."""
-    import json
-    import os
-
-    from common.errors import InputFileError
-
-    meta_file = os.path.join(ckpt, "meta.json")
-    try:
-        with open(meta_file) as f:
-            meta = json.load(f)
-    except (OSError, ValueError) as e:
-        raise InputFileError(f"{meta_file}: cannot read the checkpoint's metadata ({e})") from None
     rec = meta.get("data") if isinstance(meta, dict) else None
     print(f"{path}: checkpoint {os.path.basename(os.path.normpath(ckpt))}, step {meta.get('step')}"
           + (f", global position {rec['position']:,}" if isinstance(rec, dict) else ""))
@@ -223,13 +202,10 @@ def inspect_run(path: str, ckpt: str) -> int:
 
 def inspect_main(argv: list[str]) -> int:
     p = CLIParser(prog="setdlm data inspect")
-    p.add_argument("source", help="prepared directory (or fsspec URL), or a run / checkpoint directory")
+    p.add_argument("source", help="prepared directory (or fsspec URL), or a run / checkpoint directory (RUN:best, RUN:STEP)")
     p.add_argument("--verify", action="store_true", help="read every shard and check it against the manifest")
     p.add_argument("--show", type=int, default=0, metavar="N", help="decode the first N train sequences")
     args = p.parse_args(argv)
-    ckpt = _checkpoint_of(args.source)
-    if ckpt is not None:
-        return inspect_run(args.source, ckpt)
     import numpy as np
 
     from .shards import ShardSource, read_manifest

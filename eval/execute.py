@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from common.device import check_device
 from common.storage import check_output_dir
 
 from .errors import EvalError
@@ -35,6 +36,7 @@ def execute(name: str, args, *, predictor=None, after_unit=None) -> dict:
     the checkpoint's sampler (tests, or scoring another system); `after_unit(unit, records)` is
     called after each unit is written (tests use it to simulate a kill). Every option check, the
     task's included, runs before --out is created."""
+    check_device(args.device, error=EvalError)  # `bogus`, `cuda` on a CPU build: refused before any work
     check_output_dir(args.out, "--out")  # a file, a read-only mount: refused before the checkpoint is read
     shard = detect_shard(args.shard)
     if args.overwrite and shard.world > 1:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Literal
 
 from common.cli import ArgumentParser, run_command
+from common.device import check_device
 from common.errors import InputFileError, StorageError
 from common.io import AppendFile, atomic_write_text
 from common.jsonl import read_jsonl
@@ -63,7 +64,8 @@ class SampleOptions(DecodingOptions, PromptOptions):
         "SW-SetDLM window w (default: D; S_max when infilling)"))
     seed: int | None = Field(None, description="seeds the sampler (temperature > 0)")
     stop: TextList = Field((), description="stop string (repeatable)")
-    stop_regex: str | None = Field(None, description="stop at the end of the first match of this regular expression")
+    stop_regex: str | None = Field(None, description=(
+        "stop at the end of the first match of this regular expression (RE2 syntax)"))
     ignore_eos: bool = Field(False, description="do not stop at EOS")
     no_ema: bool = Field(False, description="use the raw weights instead of the EMA")
     device: str | None = Field(None, description="cpu, cuda, cuda:1 ... (default: cuda if available)")
@@ -76,6 +78,7 @@ class SampleOptions(DecodingOptions, PromptOptions):
             raise OptionError("--prompt and --prompts-file are exclusive")
         if self.suffix and self.infill is None:
             raise OptionError("--suffix needs --infill N (the number of tokens to fill)")
+        check_device(self.device, error=OptionError)
 
 
 def build_parser() -> ArgumentParser:
@@ -148,7 +151,7 @@ def load_checkpoint(opts: SampleOptions):
 
 def decoding(opts: SampleOptions, objective, infill: bool):
     """The SamplingConfig: the options that are set, else the recipe's (w = D; S_max when infilling)."""
-    window = infill_window(objective) if infill and objective.name == "setdlm" else None
+    window = infill_window(objective) if infill else None
     return sampling_config(objective, opts, window=window, seed=opts.seed, stop=list(opts.stop),
                            stop_regex=opts.stop_regex, stop_on_eos=not opts.ignore_eos)
 

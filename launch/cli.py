@@ -25,7 +25,7 @@ import sys
 SUBCOMMANDS = {
     "sample": ("eval.sample", "main", "decode from a checkpoint (SetDLM, BD3-LM, MDLM, AR samplers)"),
     "serve": ("serve.cli", "main", "OpenAI-compatible HTTP server for a checkpoint (continuous batching, streaming)"),
-    "data": ("data_pipeline.cli", "main", "prepare and inspect tokenized webdataset shards"),
+    "data": ("launch.cli", "data_main", "prepare and inspect tokenized webdataset shards"),
     "eval": ("eval.cli", "main", "likelihood and sampling benchmarks from checkpoints"),
     "convert": ("pretrain.convert.cli", "main", "checkpoint conversion (Hugging Face, reference checkpoints, consolidation)"),
     "launch": ("launch.runner", "main", "start a command on N local processes"),
@@ -105,6 +105,20 @@ def pretrain_main(argv: list[str]) -> int:
     with guard("setdlm pretrain", heartbeat_timeout_s=cfg.parallel.heartbeat_timeout_s):
         Trainer(cfg).train()
     return 0
+
+
+def data_main(argv: list[str]) -> int:
+    """`setdlm data` (data_pipeline/cli.py); `data inspect RUN_OR_CHECKPOINT` prints the run's data record,
+    read through the one reader of checkpoint metadata (pretrain/checkpoint/rundir.py)."""
+    from data_pipeline import cli
+
+    if argv[:1] == ["inspect"] and len(argv) > 1 and not argv[1].startswith("-"):
+        from pretrain.checkpoint import rundir
+
+        if rundir.names_run_or_checkpoint(argv[1]):
+            ckpt = rundir.resolve_checkpoint(argv[1])
+            return cli.print_run_record(argv[1], str(ckpt), rundir.read_meta(ckpt, require=("step",)))
+    return cli.main(argv)
 
 
 def main(argv: list[str] | None = None) -> int:

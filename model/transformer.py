@@ -227,6 +227,8 @@ class Transformer(torch.nn.Module):
         hidden = self.final_norm(hidden)
         weight_t = self.transposed_head() if (hidden.device.type == "cpu" and torch.is_inference_mode_enabled()
                                               and not self.sp) else None
+        if weight_t is None and self.tp.size == 1:  # one pass over the logits: the head GEMM adds every bias
+            return self._biased_head(hidden)
         if self.cfg.tie_embeddings:
             weight = self.shared_embedding_weight()
             hidden = self.tp.all_reduce_grad(hidden)  # each rank computes its slice of the vocabulary
@@ -240,12 +242,25 @@ class Transformer(torch.nn.Module):
             return logits.add_(self.logit_bias)  # a fresh product: no second [rows, vocab] tensor
         return logits.float() + self.logit_bias
 
+    def _biased_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """One process: logits = hidden W^T + (head bias + MASK/padding -inf) in the head's matmul, so the
+        [rows, vocab] logits are written once (not once more per bias). fp32 logits: in the parameters'
+        dtype when they are fp32, else cast once after the bf16 product."""
+        weight = self.shared_embedding_weight() if self.cfg.tie_embeddings else self.head.weight
+        head_bias = None if self.cfg.tie_embeddings else self.head.bias
+        bias = self.logit_bias if head_bias is None else self.logit_bias + head_bias.float()
+        if weight.dtype != torch.float32:
+            return F.linear(hidden, weight, bias.to(weight.dtype)).float()
+        if hidden.dtype != torch.float32:
+            hidden = hidden.float()
+        return torch.addmm(bias, hidden.reshape(-1, hidden.shape[-1]), weight.t()).view(*hidden.shape[:-1], weight.shape[0])
+
     def transposed_head(self) -> torch.Tensor | None:
         """Inference fast path on CPU: a contiguous [hidden, vocab] copy of the output weight (the decode
         matmul with few rows runs 1.3-3x faster on it than on the [vocab, hidden] layout). Rebuilt when
         the weight changes (new storage or an in-place update); not part of the state dict. Inside a
         compiled region (a compiled decode step) the copy is read as it is: the storage checks are not
-        traceable, so an eager call must have built it first (the sampler's StepRunner does); None if
+        traceable, so an eager call must have built it first (the sampler's DecodeStepRunner does); None if
         none was built (the plain layout is used)."""
         cached = self.__dict__.get("_head_t")
         if torch.compiler.is_compiling():

@@ -94,6 +94,10 @@ class TrainConfig:
     eval_every: int = Field(100, ge=0, description="steps between validations (0: no validation)")
     eval_batches: int = Field(0, ge=0, description="validation global batches of train.global_batch sequences (0: the whole validation split)")
     save_every: int = Field(500, ge=1, description="steps between checkpoints (the last step and a preemption always save)")
+    preemption_check_every: int = Field(10, ge=1, description=(
+        "steps between the ranks' agreement on a preemption signal (one all-reduce that waits for the host); a "
+        "signal is honoured within this many steps, so keep them shorter than Slurm's --signal lead time; one "
+        "process checks every step"))
     keep_last: int = Field(2, ge=0, description="complete checkpoints kept (0: keep all)")
     keep_best: bool = Field(False, description=(
         "also keep the checkpoint with the best train.best_metric (RUN/checkpoints/best, outside keep_last); "
@@ -172,6 +176,16 @@ class RecipeConfig:
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
 
+    def given(self, key: str) -> bool:
+        """Whether dotted `key` (`model.dropout`) was written in the recipe, its preset or an override,
+        as opposed to left at its default. A recipe built in code (not by from_dict) knows no more than
+        the values: a key counts as given when it differs from the default."""
+        given = self.__dict__.get("_given")
+        if given is not None:
+            return key in given
+        section_name, name = key.split(".", 1)
+        return getattr(getattr(self, section_name), name) != getattr(_CLASSES[section_name](), name)
+
     def validate(self, world_size: int | None = 1, need_vocab: bool = True) -> None:
         """Checks across fields and sections (each field's type and range are checked on construction).
         `world_size=None` skips the layout checks that need it; `need_vocab=False` those that need the
@@ -208,7 +222,7 @@ class RecipeConfig:
         if p.pp > self.model.n_layers:
             raise ConfigError(f"parallel.pp: {p.pp} stages for {self.model.n_layers} layers")
         if p.sequence_parallel:
-            tokens = self.data.seq_len * (2 if self.objective.name in ("setdlm", "bd3lm") else 1)
+            tokens = self.objective.family.layout(self.data.seq_len).tokens_in
             if tokens % p.tp:
                 raise ConfigError(f"parallel.sequence_parallel: {tokens} tokens per sequence through the model are not "
                                   f"divisible by parallel.tp={p.tp}; choose data.seq_len so that they are")
@@ -308,7 +322,7 @@ def from_dict(raw: dict) -> RecipeConfig:
     unknown = [k for k in raw if k not in _CLASSES]
     if unknown:
         raise ConfigError(f"{unknown[0]}: unknown config section; valid sections: {', '.join(_CLASSES)}")
-    sections = {}
+    sections, given = {}, set()
     for name, cls in _CLASSES.items():
         values = raw.get(name)
         if values is None:
@@ -319,7 +333,10 @@ def from_dict(raw: dict) -> RecipeConfig:
             values = apply_preset(values)
         check_keys(cls, name, values)
         sections[name] = cls(**values)
-    return RecipeConfig(**sections)
+        given.update(f"{name}.{k}" for k in values)
+    cfg = RecipeConfig(**sections)
+    cfg._given = frozenset(given)  # RecipeConfig.given: what the recipe wrote (not a field: not saved)
+    return cfg
 
 
 def load_config(path: str | os.PathLike | None, overrides: list[str] | None = None,

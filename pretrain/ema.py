@@ -32,7 +32,7 @@ class EMA:
         self.partitioned = any(is_partitioned(p) for p in self.params.values())
 
     @torch.no_grad()
-    def update(self, module: torch.nn.Module | None = None) -> None:
+    def update(self) -> None:
         decay = 1.0 - self.decay
         names = [n for n in self.shadow]
         torch._foreach_lerp_([self.shadow[n] for n in names],
@@ -73,7 +73,7 @@ class EMA:
 
     # -- using the averaged weights ------------------------------------------------------------------
     @contextlib.contextmanager
-    def applied(self, module: torch.nn.Module | None = None):
+    def applied(self):
         """Inside the block the model holds the EMA weights; the trained weights come back after."""
         backup = {n: _local(p).detach().clone() for n, p in self.params.items()}
         gathered = {n: p.data.clone() for n, p in self.params.items() if is_partitioned(p) and p.data.numel()}
@@ -88,7 +88,7 @@ class EMA:
                         p.data.copy_(gathered[n])
 
     @torch.no_grad()
-    def copy_to(self, module: torch.nn.Module | None = None) -> None:
+    def copy_to(self) -> None:
         """Write the averages into the model (ZeRO-3: into the partitions, and into ``param.data`` where
         DeepSpeed keeps the parameter gathered)."""
         for n, p in self.params.items():

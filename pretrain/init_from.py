@@ -20,15 +20,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from common.schema import ConfigError
-from model.config import PRESET_VOCAB, PRESETS, ModelConfig
+from model.config import PRESET_VOCAB, PRESETS
 from model.convert import hf_stock
 from model.convert.errors import ConvertError
 
 from .checkpoint import rundir
 from .safe_load import CheckpointError
-
-_DEFAULT_TOKENIZER = "gpt2"  # DataConfig's default: replaced by the source's tokenizer
-
 
 @dataclass
 class InitSource:
@@ -42,25 +39,33 @@ def _bad(msg: str):
     raise ConfigError(f"train.init_from: {msg}")
 
 
-def _merge_model(cfg, derived: dict, where: str) -> None:
-    """Put the source's architecture into cfg.model. A recipe value (its own or its preset's) that differs
-    from the ModelConfig default and from the source is an error naming the field; a field left at its
-    default is taken from the source."""
-    default = ModelConfig()
+def _merge_model(cfg, derived: dict, where: str, notes: list) -> None:
+    """Put the source's architecture into cfg.model. A value the recipe gives (itself, its preset or an
+    override) that differs from the source is an error naming the field; a field the recipe leaves
+    unset is taken from the source, and the fields that change are said in one note."""
     preset = PRESETS.get(cfg.model.preset or "", {})
+    taken = []
     for name, value in derived.items():
-        if name == "n_kv_heads":
-            mine, explicit = cfg.model.kv_heads, cfg.model.n_kv_heads is not None
-        elif name == "head_dim":
-            mine, explicit = cfg.model.dim_head, cfg.model.head_dim is not None
-        else:
-            mine = getattr(cfg.model, name)
-            explicit = mine != getattr(default, name)
-        if explicit and mine != value:
+        mine = {"n_kv_heads": cfg.model.kv_heads, "head_dim": cfg.model.dim_head}.get(name, getattr(cfg.model, name))
+        if cfg.given(f"model.{name}") and mine != value:
             src = f" (from preset {cfg.model.preset!r})" if name in preset else ""
             raise ConfigError(f"model.{name}: the recipe sets {mine!r}{src} but {where} has {value!r}; remove "
                               f"model.{name}{' or the preset' if src else ''} from the recipe, or make it agree")
+        if mine != value:
+            taken.append(f"{name} {value}")
         setattr(cfg.model, name, value)
+    if taken:
+        notes.append(f"init_from: model from {where}: " + ", ".join(taken))
+
+
+def _adjust(cfg, key: str, value, why: str, notes: list) -> None:
+    """Set recipe key `key` (dotted) to `value` unless the recipe gives it; a change is one note."""
+    section_name, name = key.split(".", 1)
+    sec = getattr(cfg, section_name)
+    if cfg.given(key) or getattr(sec, name) == value:
+        return
+    notes.append(f"init_from: {key} {getattr(sec, name)!r} -> {value!r} ({why}; set {key} in the recipe to keep another)")
+    setattr(sec, name, value)
 
 
 def _arch(model_cfg) -> dict:
@@ -75,19 +80,18 @@ def _resume_source(cfg, ckpt: Path) -> InitSource:
     from model.config import model_config_from_dict
 
     saved = rundir.read_meta(ckpt)["config"]
-
-    _merge_model(cfg, _arch(model_config_from_dict({**saved.get("model", {}), "preset": None})),
-                 f"this run's checkpoint {ckpt}")
-    default = ModelConfig()
-    for name in ("dropout", "max_seq_len"):  # the values the import chose when the recipe left the default
-        if getattr(cfg.model, name) == getattr(default, name) and name in saved.get("model", {}):
-            setattr(cfg.model, name, saved["model"][name])
+    notes: list[str] = []
+    where = f"this run's checkpoint {ckpt}"
+    _merge_model(cfg, _arch(model_config_from_dict({**saved.get("model", {}), "preset": None})), where, notes)
+    for name in ("dropout", "max_seq_len"):  # the values the import chose when the recipe left them unset
+        if name in saved.get("model", {}):
+            _adjust(cfg, f"model.{name}", saved["model"][name], f"as {where}", notes)
     sd = saved.get("data", {})
-    if cfg.data.tokenizer == _DEFAULT_TOKENIZER and sd.get("tokenizer"):
+    if not cfg.given("data.tokenizer") and sd.get("tokenizer"):
         # the run's own copy (RUN/tokenizer): the source may be gone by now
-        cfg.data.tokenizer = rundir.tokenizer_location(ckpt, sd["tokenizer"])
-        cfg.data.add_mask_token = bool(sd.get("add_mask_token", cfg.data.add_mask_token))
-    return InitSource("resume", ckpt)
+        _adjust(cfg, "data.tokenizer", rundir.tokenizer_location(ckpt, sd["tokenizer"]), f"as {where}", notes)
+        _adjust(cfg, "data.add_mask_token", bool(sd.get("add_mask_token", cfg.data.add_mask_token)), f"as {where}", notes)
+    return InitSource("resume", ckpt, notes=notes)
 
 
 def _tokenizer(cfg):
@@ -106,22 +110,23 @@ def _prepare_hf(cfg, d: Path) -> InitSource:
         config = hf_stock.read_config(d)
     except ConvertError as e:
         _bad(str(e))
-    _merge_model(cfg, hf_stock.model_section(config, d / "config.json"), f"{d}/config.json")
-    if cfg.model.max_seq_len == ModelConfig().max_seq_len and config.get("max_position_embeddings"):
-        cfg.model.max_seq_len = int(config["max_position_embeddings"])
-    if cfg.model.dropout == ModelConfig().dropout:  # HF causal LMs of these families train without dropout
-        cfg.model.dropout = 0.0
-    if cfg.data.tokenizer == _DEFAULT_TOKENIZER:
+    notes: list[str] = []
+    _merge_model(cfg, hf_stock.model_section(config, d / "config.json"), f"{d}/config.json", notes)
+    if config.get("max_position_embeddings"):
+        _adjust(cfg, "model.max_seq_len", int(config["max_position_embeddings"]),
+                "config.json max_position_embeddings", notes)
+    _adjust(cfg, "model.dropout", 0.0, "Hugging Face causal LMs of these families train without dropout", notes)
+    if not cfg.given("data.tokenizer"):
         if not ((d / "tokenizer.json").is_file() or (d / "tokenizer_config.json").is_file()):
             _bad(f"{d} has no tokenizer files (tokenizer.json); set data.tokenizer to the model's tokenizer")
-        cfg.data.tokenizer = str(d)
+        _adjust(cfg, "data.tokenizer", str(d), "the model's own tokenizer", notes)
     try:
         load_tokenizer(cfg.data.tokenizer)
         had_mask = True
     except TokenizerError:
         had_mask = False
     if not had_mask:
-        cfg.data.add_mask_token = True
+        _adjust(cfg, "data.add_mask_token", True, "the tokenizer has no MASK token", notes)
     tok = _tokenizer(cfg)
     n_real = tok.vocab_size - (0 if had_mask else 1)
     rows = hf_stock.embedding_rows(config)
@@ -136,9 +141,9 @@ def _prepare_hf(cfg, d: Path) -> InitSource:
     if eos and tok.eos_id is not None and tok.eos_id not in eos:
         raise ConfigError(f"data.tokenizer: {tok.name!r} has EOS id {tok.eos_id}, the model in {d} was trained with "
                           f"{eos} (config.json eos_token_id): a tokenizer/model vocabulary mismatch")
-    notes = [f"init_from: weights of {d} ({config.get('model_type')}, {rows} embedding rows -> vocabulary "
-             f"{tok.vocab_size}" + ("" if had_mask else f", MASK {tok.mask_token!r} = id {tok.mask_id} added as the "
-                                    "mean embedding") + "); optimizer, schedule and data start fresh"]
+    notes.append(f"init_from: weights of {d} ({config.get('model_type')}, {rows} embedding rows -> vocabulary "
+                 f"{tok.vocab_size}" + ("" if had_mask else f", MASK {tok.mask_token!r} = id {tok.mask_id} added as "
+                                        "the mean embedding") + "); optimizer, schedule and data start fresh")
     return InitSource("hf", d, n_real=n_real, notes=notes)
 
 
@@ -150,10 +155,11 @@ def _prepare_checkpoint(cfg, d: Path) -> InitSource:
         src_cfg = rundir.read_recipe(ckpt, meta)
     except CheckpointError as e:
         _bad(f"{d}: not a Hugging Face model directory (no config.json) nor a readable setdlm checkpoint ({e})")
-    _merge_model(cfg, _arch(src_cfg.model), f"checkpoint {ckpt}")
-    if cfg.data.tokenizer == _DEFAULT_TOKENIZER:
-        cfg.data.tokenizer = rundir.tokenizer_location(ckpt, src_cfg.data.tokenizer)
-        cfg.data.add_mask_token = src_cfg.data.add_mask_token
+    _merge_model(cfg, _arch(src_cfg.model), f"checkpoint {ckpt}", notes)
+    if not cfg.given("data.tokenizer"):
+        _adjust(cfg, "data.tokenizer", rundir.tokenizer_location(ckpt, src_cfg.data.tokenizer),
+                f"the tokenizer of checkpoint {ckpt}", notes)
+        _adjust(cfg, "data.add_mask_token", src_cfg.data.add_mask_token, f"as checkpoint {ckpt}", notes)
     tok = _tokenizer(cfg)
     try:
         rundir.check_tokenizer(tok, meta, ckpt)
@@ -162,8 +168,7 @@ def _prepare_checkpoint(cfg, d: Path) -> InitSource:
     if tok.vocab_size != src_cfg.model.vocab_size:
         raise ConfigError(f"data.tokenizer: {tok.vocab_size} tokens, checkpoint {ckpt} has a {src_cfg.model.vocab_size}-token "
                           "vocabulary: a tokenizer/model vocabulary mismatch")
-    for name in ("vocab_pad_multiple",):
-        setattr(cfg.model, name, getattr(src_cfg.model, name))
+    _merge_model(cfg, {"vocab_pad_multiple": src_cfg.model.vocab_pad_multiple}, f"checkpoint {ckpt}", notes)
     notes.append(f"init_from: weights of checkpoint {ckpt} (step {meta.get('step')}); optimizer, schedule and data "
                  "start fresh")
     return InitSource("checkpoint", ckpt, notes=notes)
@@ -197,7 +202,7 @@ def prepare_for_plan(cfg) -> str | None:
         return None
     if not rundir.split_selector(Path(str(src)).expanduser())[0].exists():
         vocab = PRESET_VOCAB.get(cfg.model.preset or "")
-        if vocab and cfg.data.tokenizer == _DEFAULT_TOKENIZER and cfg.model.vocab_size <= 0 and cfg.model.mask_id < 0:
+        if vocab and not cfg.given("data.tokenizer") and cfg.model.vocab_size <= 0 and cfg.model.mask_id < 0:
             cfg.model.vocab_size, cfg.model.mask_id = vocab  # the source's tokenizer would give these
             return (f"note: train.init_from {str(src)!r} is not on this machine: planned with the recipe's model section "
                     f"and the {cfg.model.preset} preset's vocabulary ({vocab[0]:,} tokens with MASK id {vocab[1]})")
@@ -227,8 +232,10 @@ def weights(source: InitSource, model_cfg):
 def load(engine, source: InitSource | None, model_cfg, ema=None) -> list[str]:
     """Copy the source's weights into this rank's shard (any TP x PP x DP layout, ZeRO 0-3) and its fp32
     masters; EMA (when on) starts from them. Returns notes for the log."""
-    if source is None or source.kind == "resume":
+    if source is None:
         return []
+    if source.kind == "resume":
+        return list(source.notes)
     from .checkpoint.relayout import load_consolidated
 
     from model.lora import is_adapter

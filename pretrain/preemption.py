@@ -4,12 +4,13 @@ Slurm sends ``SIGUSR1`` some time before the end of a job's time limit when the 
 with ``--signal=USR1@120`` (the batch template does), and ``SIGTERM`` (then ``SIGKILL`` after
 ``KillWait``) when the job is cancelled or preempted. Signals reach some ranks and not others, or
 at different moments, so the handler only records the signal; :meth:`PreemptionHandler.should_stop`
-agrees across ranks with one all-reduce, and the trainer does::
+agrees across ranks with one all-reduce every N steps (train.preemption_check_every), and the
+trainer does::
 
     handler = PreemptionHandler(); handler.install()
     for step in ...:
         ...
-        if handler.should_stop():
+        if handler.should_stop(step, every=N):
             save_checkpoint(...)
             handler.requeue()   # Slurm: scontrol requeue $SLURM_JOB_ID (rank 0); no-op elsewhere
             sys.exit(0)
@@ -109,14 +110,19 @@ class PreemptionHandler:
         """Act as if ``signum`` had arrived (tests, or a trainer that wants a clean stop)."""
         self._on_signal(signum, None)
 
-    def should_stop(self) -> bool:
-        """True on every rank if any rank got a signal. One all-reduce over the default group
-        when ``torch.distributed`` is initialised with more than one rank; call it at step
-        boundaries only (every rank must call it the same number of times)."""
+    def should_stop(self, step: int | None = None, every: int = 1) -> bool:
+        """True on every rank if any rank got a signal. With more than one rank the ranks agree by one
+        all-reduce over the default group, which waits for the host: it runs only at steps that are
+        multiples of `every` (and whenever `step` is None), so a signal is honoured within `every`
+        steps and the other steps never wait (train.preemption_check_every). Call it at step
+        boundaries only, with the same arguments on every rank. One process needs no agreement: its
+        own flag is read every step, for free."""
         if self._stop:
             return True
         local = self._received is not None
         agreed = local
+        if step is not None and step % max(1, every) and self._world() > 1:
+            return False  # not a checking step: no collective, no wait
         try:
             import torch
             import torch.distributed as dist
@@ -137,6 +143,14 @@ class PreemptionHandler:
             else:
                 log.warning("preemption: another rank received a signal, stopping at this step boundary")
         return agreed
+
+    @staticmethod
+    def _world() -> int:
+        try:
+            import torch.distributed as dist
+        except ImportError:  # pragma: no cover
+            return 1
+        return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
     # -- requeue ------------------------------------------------------------------------------
     def requeue(self) -> None:

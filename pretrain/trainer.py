@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import math
 import time
 from pathlib import Path
 
@@ -14,12 +12,11 @@ from megatron.core import parallel_state
 from common.errors import Error
 from common.storage import check_output_dir, tree_bytes
 from data_pipeline.loader import build_loader
-from data_pipeline.mixture import source_configs
 from data_pipeline.reader import fill_rows
 from data_pipeline.tokenizer import META_FILE as TOKENIZER_META
 from data_pipeline.tokenizers import load_tokenizer
-from model.noise import TRAIN, VAL, SampleNoise
-from model.objectives import build_objective, summarize
+from model.noise import TRAIN, SampleNoise
+from model.objectives import build_objective
 from model.shapes import parameter_count
 
 from . import fp8, init_from
@@ -35,6 +32,7 @@ from .parallel import ensure_model_parallel, ensure_process_group
 from .parallelize import build_stage, prepare_model
 from .pipeline import StepRunner, add_metrics
 from .preemption import active_handler, release_handler
+from .validation import Validation
 
 
 
@@ -81,6 +79,7 @@ class Trainer:
         self.engine, self.optimizer, self.scheduler = build_engine(model, cfg, self.world, self.precision)
         self.model = self.engine.module
         self.stepper = StepRunner(self.engine, self.objective, cfg)  # layout-specific steps (pretrain/pipeline.py)
+        self.validation = Validation(self)  # val/nll and the unigram baseline (pretrain/validation.py)
         self.ema = EMA(self.model, cfg.train.ema) if cfg.train.ema > 0 else None
         # Orders and noise are drawn per sample from (seed, its global position in the data order), so a
         # sample sees the same draws under any layout (model/noise.py, data_pipeline/order.py).
@@ -154,7 +153,7 @@ class Trainer:
         if path is None:
             return False
         saved_meta = rundir.read_meta(path)
-        resume.check_compatible(saved_meta, self.cfg, path)  # another model size or objective: refused
+        resume.check_compatible(saved_meta, self.cfg, path, self.tokenizer)  # other weights or tokenizer: refused
         p = self.cfg.parallel
         if resume.same_layout(saved_meta, p.tp, p.pp, self.dp_size, p.zero_stage):
             meta, extra, ema = resume.load(self.engine, path, rank=self.rank, mp_rank=self.mp_rank)
@@ -172,102 +171,9 @@ class Trainer:
             self.notes += self.train_loader.notes  # a mixture's new schedule (other weights or global batch)
         return True
 
-    # -- evaluation ----------------------------------------------------------------------------
-    @torch.no_grad()
-    def unigram_nll(self, max_train_batches: int = 32) -> float:
-        """Cross-entropy (nats/token) on the evaluated validation batches of a unigram model fitted to
-        (up to `max_train_batches` global batches of) the training split with add-1/2 smoothing: the baseline a model
-        that uses context must beat."""
-        cfg = self.cfg
-        V = cfg.model.vocab_size
-
-        def count(loader, limit: int) -> torch.Tensor:
-            c = torch.zeros(V, dtype=torch.float64)
-            for i, batch in enumerate(loader):
-                if limit and i >= limit:
-                    break
-                ids = batch["input_ids"]
-                keep = torch.ones_like(ids, dtype=torch.bool)
-                if "valid_mask" in batch:  # prompt/answer rows: the answer tokens, which validation scores
-                    keep &= batch["valid_mask"] & ~batch.get("context_mask", torch.zeros_like(keep))
-                if "pad_row" in batch:  # the filler rows of a padded last val batch are not scored
-                    keep &= ~batch["pad_row"][:, None]
-                c += torch.bincount(ids[keep], minlength=V)[:V].double()
-            if dist.get_world_size(self.dp_group) > 1:
-                dist.all_reduce(c, group=self.dp_group)
-            return c
-
-        accum = cfg.grad_accum(self.world)
-        train = count(self._loader("train"), max_train_batches * accum)
-        logp = ((train + 0.5) / (train.sum() + 0.5 * V)).log()
-        nll = 0.0
-        for _, share, loader in self._val_loaders():  # a mixture: the weighted mean, as val/nll
-            val = count(loader, cfg.train.eval_batches * accum)
-            nll += share * float(-(val * logp).sum() / val.sum().clamp(min=1))
-        return nll
-
-    @torch.no_grad()
+    # -- evaluation (pretrain/validation.py) -----------------------------------------------------
     def validate(self) -> dict:
-        """val/nll, val/bpt, val/ppl over the rows of the val split it covers (val/rows: all of them
-        unless train.eval_batches stops earlier) and val/tokens. The last global batch is padded with
-        weight-0 filler rows (the loader's pad_last), so every rank and stage runs full batches. A mixture
-        adds val/nll/NAME and val/tokens/NAME per source (each source's val split scored as a one-source
-        run scores it) and its totals are the weighted means."""
-        parts = self._val_loaders()
-        ema = self.ema.applied(self.model) if self.ema is not None else contextlib.nullcontext()
-        with ema:  # validate the EMA weights, as they are the ones exported
-            self.model.eval()
-            totals = [self._score(loader) for _, _, loader in parts]
-            self.model.train()
-        self._note_val_rows(sum(int(t.get("rows", 0)) for t in totals), sum(ld.num_samples for _, _, ld in parts),
-                            sum(ld.pad_samples for _, _, ld in parts))
-        rows = sum(int(t.get("rows", 0)) for t in totals)
-        if len(parts) == 1 and parts[0][0] is None:
-            total = totals[0]
-            s = summarize(total)
-            return {"val/nll": s.get("nll"), "val/bpt": s.get("bpt"), "val/ppl": s.get("ppl"),
-                    "val/tokens": total.get("nll_tokens", 0.0), "val/rows": rows}
-        out, nll = {}, 0.0
-        for (name, share, _), total in zip(parts, totals):
-            s = summarize(total)
-            out[f"val/nll/{name}"], out[f"val/tokens/{name}"] = s.get("nll"), total.get("nll_tokens", 0.0)
-            nll = None if nll is None or s.get("nll") is None else nll + share * s["nll"]
-        return {"val/nll": nll, "val/bpt": None if nll is None else nll / math.log(2),
-                "val/ppl": None if nll is None else math.exp(min(nll, 50.0)),
-                "val/tokens": sum(out[f"val/tokens/{n}"] for n, _, _ in parts), "val/rows": rows, **out}
-
-    def _note_val_rows(self, rows: int, n: int, padded: int) -> None:
-        """Once per run: which rows val/nll covers."""
-        if getattr(self, "_val_noted", False) or not hasattr(self, "logger"):
-            return
-        self._val_noted = True
-        self.logger.write(f"validation: all {n} rows of the val split" + (
-            f", the last batch padded with {padded} weight-0 rows" if padded else "")
-            if rows == n else f"validation: {rows} of the {n} rows of the val split (train.eval_batches = "
-            f"{self.cfg.train.eval_batches} global batches, or bad shards skipped)")
-
-    def _score(self, loader) -> dict:
-        """Summed objective metrics (and `rows`: the real rows scored) of (train.eval_batches global
-        batches of) a validation loader."""
-        limit = self.cfg.train.eval_batches * self.cfg.grad_accum(self.world)  # eval_batches global batches
-        acc: dict = {}
-        micro = []
-        for i, batch in enumerate(loader):
-            if limit and i >= limit:
-                break
-            add_metrics(acc, {"rows": int((~batch["pad_row"]).sum()) if "pad_row" in batch else len(batch["input_ids"])})
-            micro.append(self._prepare(batch, VAL, bound=True))
-            if len(micro) == 16:  # bounded memory on long validation splits
-                add_metrics(acc, self.stepper.eval_step(micro))
-                micro = []
-        add_metrics(acc, self.stepper.eval_step(micro))
-        return self.stepper.reduce(acc)
-
-    def _val_loaders(self) -> list[tuple[str | None, float, object]]:
-        """(name, share, val loader with pad_last): one source (name None), or each source of a mixture."""
-        if not self.cfg.data.mixture:
-            return [(None, 1.0, self._loader("val", pad_last=True))]
-        return [(name, share, self._loader("val", one, pad_last=True)) for name, share, one in source_configs(self.cfg.data)]
+        return self.validation.validate()
 
     def _loader(self, split: str, data=None, pad_last: bool = False):
         cfg = self.cfg
@@ -294,6 +200,8 @@ class Trainer:
         best = BestCheckpoint.from_config(t, self.ckpt_root)  # train.keep_best (continues a resumed run's best)
         if not resumed:  # train.init_from: pretrained weights (never on resume)
             self.notes += init_from.load(self.engine, self.init_source, cfg.model, self.ema)
+        elif self.init_source is not None:  # what the recipe took from this run's own checkpoint
+            self.notes += self.init_source.notes
         if self.rank == 0:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             save_config(cfg, self.run_dir / "config.yaml")
@@ -323,7 +231,7 @@ class Trainer:
             carry = {f"relayout/{k}": v for k, v in check.items()}  # on the next row: one row per step
         if not resumed and t.eval_every > 0:
             last = self.validate()
-            last["val/unigram_nll"] = self.unigram_nll()
+            last["val/unigram_nll"] = self.validation.unigram_nll()
             self.logger.write(f"validation unigram baseline: {last['val/unigram_nll']:.4f} nats/token")
             self.logger.log(0, last)
         train_iter = iter(self.train_loader)
@@ -344,7 +252,7 @@ class Trainer:
             self.step += 1
             window_steps += 1
             if self.ema is not None:
-                self.ema.update(self.model)
+                self.ema.update()
             self.logger.advance()
             metrics = {}
             if self.step % t.log_every == 0 or self.step == t.max_steps:
@@ -366,7 +274,7 @@ class Trainer:
                 self.logger.log(self.step, {**carry, **metrics})
                 carry = {}
             new_best = best is not None and best.improves(metrics)
-            preempted = handler.should_stop()
+            preempted = handler.should_stop(self.step, every=t.preemption_check_every)
             if preempted or self.step % t.save_every == 0 or self.step == t.max_steps or new_best:
                 path = self.save()
                 self.logger.write(f"saved checkpoint {path}")
@@ -418,10 +326,9 @@ class Trainer:
                               f"sample the checkpoint instead (setdlm sample --checkpoint {self.run_dir})")
             return
         t, o = self.cfg.train, self.cfg.objective
-        sc = SamplingConfig(family=o.name, max_new_tokens=t.sample_tokens, block_size=o.block_size,
-                            window=o.set_size if o.name == "setdlm" else None, temperature=t.sample_temperature,
-                            top_p=t.sample_top_p, threshold=t.sample_threshold or None, seed=self.cfg.run.seed,
-                            repetition_penalty=t.sample_repetition_penalty)
+        sc = SamplingConfig.from_objective(o, max_new_tokens=t.sample_tokens, temperature=t.sample_temperature,
+                                           top_p=t.sample_top_p, threshold=t.sample_threshold or None,
+                                           seed=self.cfg.run.seed, repetition_penalty=t.sample_repetition_penalty)
         self.logger.write(speed_report(self.model, self.tokenizer, t.sample_prompt or "", sc, mask_id=self.cfg.model.mask_id))
 
 

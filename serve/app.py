@@ -1,11 +1,15 @@
-"""The HTTP routes (aiohttp): /v1/completions, /v1/chat/completions, /v1/models, /health, /metrics.
+"""The HTTP routes (aiohttp): /v1/completions, /v1/chat/completions, /v1/models, /tokenize,
+/detokenize, /health, /metrics.
 
 A completion request is parsed (schema.py), checked against the model and turned into a Job
-(params.py), handed to the decode loop (scheduler.py), and answered from the messages the loop posts
-back into this event loop: one JSON body, or server-sent events as the steps land (streaming.py). A
-handler that ends before its job did (the client disconnected: aiohttp cancels the handler, or a
-write fails) cancels the job, which frees its slots at once. While the server drains (SIGTERM) new
-requests get 503 and the running ones finish.
+(params.py) in a worker thread, so a large or slow body (tokenizing 4 MiB, rendering a chat template)
+never holds this event loop; it is handed to the decode loop (scheduler.py) and answered from the
+messages the loop posts back into this event loop: one JSON body, or server-sent events as the steps
+land (streaming.py). A handler that ends before its job did (the client disconnected: aiohttp cancels
+the handler, or a write fails) cancels the job, which frees its slots at once. While the server
+drains (SIGTERM) new requests get 503 and the running ones finish. With `--max-waiting N`, a request
+whose outputs would make more than N wait for a slot gets 429 with Retry-After, and /health says
+"overloaded" while the next output would.
 """
 
 from __future__ import annotations
@@ -13,15 +17,17 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import time
 
 from aiohttp import web
 
 from .auth import auth_middleware
-from .params import plan
-from .responses import Ids, chunk, full, usage_chunk
+from .params import chat_prompt, plan
+from .responses import Ids, chunk, full, logprobs, usage_chunk
 from .scheduler import Job
-from .schema import ChatRequest, CompletionRequest, RequestError, parse
+from .schema import (ChatRequest, CompletionRequest, DetokenizeRequest, RequestError, TokenizeRequest, load_body,
+                     parse)
 from .streaming import DONE, ChoiceText, finish_reason, sse
 
 log = logging.getLogger("setdlm.serve")
@@ -29,9 +35,26 @@ SERVER = web.AppKey("server", object)
 
 
 class Server:
-    def __init__(self, served, scheduler, metrics, api_key: str | None = None):
+    def __init__(self, served, scheduler, metrics, api_key: str | None = None, max_waiting: int | None = None):
         self.served, self.scheduler, self.metrics, self.api_key = served, scheduler, metrics, api_key
+        self.max_waiting = max_waiting  # outputs that may wait for a slot (None: no limit)
+        self.outstanding = 0  # outputs of the requests being answered (event loop only)
         self.draining = False
+
+    @property
+    def waiting(self) -> int:
+        """Outputs of the requests being answered that have no slot (or will not have one at once)."""
+        return max(0, self.outstanding - self.scheduler.max_batch)
+
+    def room(self, outputs: int) -> bool:
+        """Whether `outputs` more may be queued without more than max_waiting waiting."""
+        return self.max_waiting is None or self.outstanding + outputs - self.scheduler.max_batch <= self.max_waiting
+
+    def retry_after(self, outputs: int) -> int:
+        """Seconds until `outputs` more would likely fit: the waiting outputs' share of the slots times
+        the mean latency so far (1 s before any), within [1, 60]."""
+        mean = self.metrics.mean_latency() or 1.0
+        return int(min(60, max(1, math.ceil(mean * (self.waiting + outputs) / self.scheduler.max_batch))))
 
 
 @web.middleware
@@ -45,7 +68,7 @@ async def errors(request: web.Request, handler):
         return resp
     except RequestError as e:
         outcome = str(e.status)
-        return web.json_response(e.body(), status=e.status)
+        return web.json_response(e.body(), status=e.status, headers=e.headers)
     except web.HTTPException as e:
         outcome = str(e.status)
         if e.status < 400:
@@ -66,9 +89,14 @@ async def errors(request: web.Request, handler):
 
 
 async def health(request: web.Request) -> web.Response:
+    """{"status": ok | overloaded | draining | decode loop stopped, "waiting", "max_waiting", "in_flight"};
+    200 only when ok (a readiness probe: "overloaded" means the next output would be refused with 429)."""
     srv = request.app[SERVER]
-    status = "draining" if srv.draining else "ok" if srv.scheduler.alive else "decode loop stopped"
-    return web.json_response({"status": status}, status=200 if status == "ok" else 503)
+    status = ("draining" if srv.draining else "decode loop stopped" if not srv.scheduler.alive
+              else "ok" if srv.room(1) else "overloaded")
+    body = {"status": status, "waiting": srv.waiting, "max_waiting": srv.max_waiting,
+            "in_flight": srv.metrics.in_flight}
+    return web.json_response(body, status=200 if status == "ok" else 503)
 
 
 async def models(request: web.Request) -> web.Response:
@@ -79,9 +107,53 @@ async def models(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    text = request.app[SERVER].metrics.render()
-    return web.Response(text=text, content_type="text/plain", charset="utf-8",
+    body = request.app[SERVER].metrics.render()
+    return web.Response(body=body, content_type="text/plain", charset="utf-8",
                         headers={"X-Content-Type-Options": "nosniff"})
+
+
+async def _body(request: web.Request, kind):
+    """The request's body parsed as `kind` in a worker thread (RequestError naming what is wrong)."""
+    raw = await request.read()
+    return await asyncio.get_running_loop().run_in_executor(None, lambda: parse(kind, load_body(raw)))
+
+
+def _check_model(req, served) -> None:
+    if req.model is not None and req.model != served.name:
+        raise RequestError("model", f"unknown model {req.model!r}; this server serves {served.name!r}", 404,
+                           "not_found_error")
+
+
+async def tokenize(request: web.Request) -> web.Response:
+    """vLLM's /tokenize: the ids the server decodes from, for a prompt or for chat messages (rendered as
+    /v1/chat/completions renders them). No special tokens are added either way."""
+    srv: Server = request.app[SERVER]
+    req = await _body(request, TokenizeRequest)
+    _check_model(req, srv.served)
+    tok = srv.served.tokenizer
+
+    def run():
+        if req.messages is not None:
+            return chat_prompt(tok, req.messages, generation_prompt=req.add_generation_prompt)[0]
+        return tok.encode(req.prompt)
+
+    ids = await asyncio.get_running_loop().run_in_executor(None, run)
+    strs = [tok.id_to_token(t) for t in ids] if req.return_token_strs else None
+    return web.json_response({"count": len(ids), "max_model_len": srv.served.max_len, "tokens": ids,
+                              "token_strs": strs}, dumps=lambda o: json.dumps(o, ensure_ascii=False))
+
+
+async def detokenize(request: web.Request) -> web.Response:
+    """vLLM's /detokenize: {"tokens": [...]} -> {"prompt": text}."""
+    srv: Server = request.app[SERVER]
+    req = await _body(request, DetokenizeRequest)
+    _check_model(req, srv.served)
+    vocab = srv.served.model.cfg.vocab_size
+    bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+    if bad is not None:
+        raise RequestError("tokens", f"token id {bad} is outside the vocabulary of {vocab}")
+    text = await asyncio.get_running_loop().run_in_executor(None, srv.served.tokenizer.decode, req.tokens)
+    return web.json_response({"prompt": text}, dumps=lambda o: json.dumps(o, ensure_ascii=False))
 
 
 async def completions(request: web.Request):
@@ -97,41 +169,60 @@ async def _generate(request: web.Request, kind):
     if srv.draining or not srv.scheduler.alive:
         raise RequestError(None, "the server is shutting down; retry on another replica" if srv.draining else
                            "the decode loop stopped (see the server's log)", 503, "unavailable")
-    try:
-        body = await request.json(loads=json.loads)
-    except (ValueError, UnicodeDecodeError):
-        raise RequestError("body", "not valid JSON") from None
-    pl = plan(parse(kind, body), srv.served)
+    raw = await request.read()
     loop, inbox = asyncio.get_running_loop(), asyncio.Queue()
+    pl = await loop.run_in_executor(None, lambda: plan(parse(kind, load_body(raw)), srv.served))
+    outputs = len(pl.choices)
+    if srv.max_waiting is not None and outputs > srv.scheduler.max_batch + srv.max_waiting:
+        raise RequestError("n", f"{outputs} outputs in one request are more than this server ever holds (--max-batch "
+                                f"{srv.scheduler.max_batch} + --max-waiting {srv.max_waiting}); send fewer at a time")
+    if not srv.room(outputs):
+        raise RequestError(None, f"the server is overloaded: {srv.waiting} outputs wait for a slot (--max-waiting "
+                                 f"{srv.max_waiting}); retry later", 429, "rate_limit_error",
+                           headers={"Retry-After": str(srv.retry_after(outputs))})
     job = Job(pl.cfg, pl.choices, post=lambda m: loop.call_soon_threadsafe(inbox.put_nowait, m), watch=pl.stream)
     ids = Ids(pl.chat, srv.served.name)
     t0 = time.perf_counter()
     srv.metrics.in_flight += 1
+    srv.outstanding += outputs
     srv.scheduler.submit(job)
     finished = False
     try:
         if pl.stream:
             resp, ttft = await _stream(request, srv, pl, job, inbox, ids, t0)
         else:
-            resp, ttft = await _collect(pl, inbox, ids), None
+            resp, ttft = await _collect(pl, inbox, ids, srv.served.tokenizer), None
         finished = True
         srv.metrics.finished_request(time.perf_counter() - t0, ttft)
         return resp
     finally:
         srv.metrics.in_flight -= 1
+        srv.outstanding -= outputs
         if not finished:
             srv.scheduler.cancel(job)
 
 
-async def _collect(pl, inbox: asyncio.Queue, ids: Ids) -> web.Response:
+def _regex_timeout(out) -> RequestError | None:
+    if out.stop_reason != "regex_timeout":
+        return None
+    from model.sampling.stopping import REGEX_SECONDS
+
+    return RequestError("setdlm.stop_regex", f"matching took more than {REGEX_SECONDS:g} s of the server's time on "
+                                             f"this output; use a simpler pattern")
+
+
+async def _collect(pl, inbox: asyncio.Queue, ids: Ids, tokenizer) -> web.Response:
     outputs = [None] * len(pl.choices)
     while any(o is None for o in outputs):
         msg = await inbox.get()
         if msg[0] == "error":
             raise RuntimeError(msg[1])
         if msg[0] == "done":
+            err = _regex_timeout(msg[2])
+            if err is not None:
+                raise err
             outputs[msg[1]] = msg[2]
-    return web.json_response(full(ids, pl, outputs), dumps=lambda o: json.dumps(o, ensure_ascii=False))
+    return web.json_response(full(ids, pl, outputs, tokenizer), dumps=lambda o: json.dumps(o, ensure_ascii=False))
 
 
 async def _stream(request, srv: Server, pl, job, inbox: asyncio.Queue, ids: Ids, t0: float):
@@ -143,22 +234,31 @@ async def _stream(request, srv: Server, pl, job, inbox: asyncio.Queue, ids: Ids,
     if pl.chat:
         for i in range(len(pl.choices)):
             await resp.write(sse(chunk(ids, i, "", None, first=True)))
+    elif pl.echo:
+        for i, c in enumerate(pl.choices):
+            await resp.write(sse(chunk(ids, i, c.prompt_text, None)))
+    tok = srv.served.tokenizer
     while any(o is None for o in outputs):
         msg = await inbox.get()
-        if msg[0] == "error":
-            log.error("setdlm serve: %s", msg[1])
-            await resp.write(sse({"error": {"message": "decoding failed (see the server's log)", "type": "server_error",
-                                            "param": None, "code": None}}))
+        err = _regex_timeout(msg[2]) if msg[0] == "done" else None
+        if msg[0] == "error" or err is not None:
+            if err is None:
+                log.error("setdlm serve: %s", msg[1])
+            body = err.body() if err is not None else {"error": {
+                "message": "decoding failed (see the server's log)", "type": "server_error", "param": None,
+                "code": None}}
+            await resp.write(sse(body))
             await resp.write_eof()
             return resp, None
         i = msg[1]
         if msg[0] == "step":
             text, payload = texts[i].step(msg[2])
             await resp.write(sse(chunk(ids, i, text, payload)))
-        else:
+        else:  # the choice's last event: the rest of its text, and its logprobs (all of them: see docs/serve.md)
             outputs[i] = msg[2]
             text, payload = texts[i].finish(msg[2])
-            await resp.write(sse(chunk(ids, i, text, payload, finish=finish_reason(msg[2]))))
+            lp = logprobs(tok, msg[2], pl.chat, len(pl.choices[i].prompt_text))
+            await resp.write(sse(chunk(ids, i, text, payload, finish=finish_reason(msg[2]), lp=lp)))
         if text and ttft is None:
             ttft = time.perf_counter() - t0
     if pl.include_usage:
@@ -176,4 +276,6 @@ def make_app(server: Server) -> web.Application:
     app.router.add_get("/v1/models", models)
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/tokenize", tokenize)
+    app.router.add_post("/detokenize", detokenize)
     return app

@@ -2,7 +2,8 @@
 
 The key is compared in constant time and never written anywhere: not to the log, not into an error
 message (a refused request is told only that its token is missing or wrong), not to the access log
-(whose format holds no request header). /health and /metrics stay open for probes and scrapers.
+(whose format holds no request header). /v1/*, /tokenize and /detokenize need it; /health and
+/metrics stay open for probes and scrapers.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from aiohttp import web
 from .schema import RequestError
 
 ENV = "SETDLM_API_KEY"
-PROTECTED = "/v1/"
+PROTECTED = ("/v1/", "/tokenize", "/detokenize")
 
 
 def auth_middleware(key: str | None):

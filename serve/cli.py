@@ -1,8 +1,11 @@
 """`setdlm serve`: an OpenAI-compatible HTTP server for a trained checkpoint (docs/serve.md).
 
     setdlm serve --checkpoint RUN [--host 127.0.0.1] [--port 8000] [--max-batch 8] [--api-key KEY]
+                 [--max-waiting N] [--max-total-tokens N]
 
-Binds loopback unless told otherwise. With `--api-key` (or SETDLM_API_KEY, which keeps the key out
+Binds loopback unless told otherwise. Every option is checked before the checkpoint is read, except
+--max-total-tokens, whose KV cache at --max-batch must fit in the device's free memory (checked once
+the model's shape is known, before listening). With `--api-key` (or SETDLM_API_KEY, which keeps the key out
 of the process list) every /v1 request needs `Authorization: Bearer KEY`. Prints one line when it
 listens (`setdlm serve: listening on http://HOST:PORT ...`; `--port 0` picks a free port). SIGTERM or
 Ctrl-C stops accepting requests, lets the running ones finish (up to --drain-timeout seconds) and
@@ -29,6 +32,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=8000, help="TCP port (default 8000; 0: any free port)")
     p.add_argument("--max-batch", type=int, default=8, help="slots: outputs decoded at once (default 8)")
+    p.add_argument("--max-waiting", type=int, default=None, help=(
+        "outputs that may wait for a slot; a request past it gets 429 with Retry-After (default: no limit)"))
     p.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (default: $SETDLM_API_KEY)")
     p.add_argument("--model-name", default=None, help="the model id clients pass (default: the run's name)")
     p.add_argument("--drain-timeout", type=float, default=60.0, help="seconds running requests get after SIGTERM")
@@ -43,15 +48,26 @@ def build_parser() -> ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:  # first, so that even --help says what is missing in one line
+        import aiohttp  # noqa: F401
+        import prometheus_client  # noqa: F401
+    except ModuleNotFoundError as e:
+        raise UsageError(f"setdlm serve needs {e.name}: pip install 'setdlm[serve]' (or '.[serve]' in a checkout)"
+                         ) from None
+    from common.device import check_device
+
     from .auth import ENV
 
     args = build_parser().parse_args(argv)
-    try:
-        import aiohttp  # noqa: F401
-    except ModuleNotFoundError:
-        raise UsageError("setdlm serve needs aiohttp: pip install 'setdlm[serve]' (or '.[serve]' in a checkout)") from None
     if args.max_batch < 1:
         raise UsageError(f"--max-batch must be >= 1, got {args.max_batch}")
+    if args.max_waiting is not None and args.max_waiting < 0:
+        raise UsageError(f"--max-waiting must be >= 0, got {args.max_waiting}")
+    if args.model_name is not None and not args.model_name.strip():
+        raise UsageError("--model-name: empty name (leave it out to use the run's name)")
+    if not args.drain_timeout >= 0 or args.drain_timeout == float("inf"):
+        raise UsageError(f"--drain-timeout must be a number of seconds >= 0, got {args.drain_timeout:g}")
+    check_device(args.device)
     if args.max_total_tokens is not None and args.max_total_tokens < 2:
         raise UsageError(f"--max-total-tokens must be >= 2, got {args.max_total_tokens}")
     if not 0 <= args.port <= 65535:
@@ -65,11 +81,56 @@ def main(argv: list[str] | None = None) -> int:
 
     served = load_served(args.checkpoint, name=args.model_name, device=args.device, dtype=args.dtype,
                          ema=not args.no_ema, max_total=args.max_total_tokens)
+    check_cache_fits(served, args.max_batch, "--max-total-tokens" if args.max_total_tokens else None)
     return asyncio.run(serve(served, host=args.host, port=args.port, max_batch=args.max_batch, api_key=key,
-                             drain_timeout=args.drain_timeout))
+                             drain_timeout=args.drain_timeout, max_waiting=args.max_waiting))
 
 
-async def start(served, *, host: str, port: int, max_batch: int, api_key: str | None, drain_timeout: float):
+def cache_bytes(served, slots: int) -> int:
+    """Bytes the decode loop's KV caches and canvases can reach: `slots` rows (plus one idle lane's) of
+    the output budget (`max_total`), plus the widest step's scratch entries (within the model's
+    positions), K and V in every layer, and the per-position state of each row."""
+    cfg = served.model.cfg
+    item = next(served.model.parameters()).element_size()
+    entries = served.max_total + served.max_len
+    per_entry = 2 * cfg.n_layers * cfg.kv_heads * cfg.dim_head * item + 8  # K, V; its position
+    state = 8 * 4 + 4 * (1 + 2 * 20) + 8 * 20  # canvas, todo, steps, ...; logprobs with 20 alternatives
+    return (slots + 1) * entries * (per_entry + state)
+
+
+def free_bytes(device) -> tuple[int, str]:
+    """(free bytes, where) of the model's device: CUDA's free memory, or the host's MemAvailable."""
+    import torch
+
+    if device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return int(free), f"free on {device}"
+    try:
+        with open("/proc/meminfo") as f:
+            avail = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable:"))
+    except (OSError, StopIteration):
+        avail = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    return int(avail), "available on this host"
+
+
+def check_cache_fits(served, max_batch: int, flag: str | None) -> None:
+    """Refuse (one line, before listening) an output budget whose caches cannot fit in memory."""
+    need = cache_bytes(served, max_batch)
+    free, where = free_bytes(next(served.model.parameters()).device)
+    if need <= free:
+        return
+    per_token = need / (served.max_total + served.max_len)
+    fits = int(free // per_token) - served.max_len
+    gib = lambda b: f"{b / 2**30:.3g} GiB"  # noqa: E731
+    name = f"{flag} {served.max_total}" if flag else f"the default --max-total-tokens ({served.max_total})"
+    raise UsageError(f"{name}: the KV cache of --max-batch {max_batch} slots of {served.max_total} tokens needs "
+                     f"{gib(need)}, more than the {gib(free)} {where}; "
+                     + (f"at most {fits} tokens per output fit, or lower --max-batch" if fits >= 2 else
+                        "lower --max-batch or use a device with more memory"))
+
+
+async def start(served, *, host: str, port: int, max_batch: int, api_key: str | None, drain_timeout: float,
+                max_waiting: int | None = None):
     """Listen and start the decode loop; (runner, server, (host, port)). Stop with `stop(runner, server)`."""
     from aiohttp import web
 
@@ -79,7 +140,7 @@ async def start(served, *, host: str, port: int, max_batch: int, api_key: str | 
 
     metrics = Metrics()
     scheduler = Scheduler(served, max_batch=max_batch, metrics=metrics)
-    server = Server(served, scheduler, metrics, api_key)
+    server = Server(served, scheduler, metrics, api_key, max_waiting)
     runner = web.AppRunner(make_app(server), handle_signals=False, handler_cancellation=True,
                            shutdown_timeout=drain_timeout, access_log_format='%a "%r" %s %b %Tfs')
     await runner.setup()
@@ -101,9 +162,10 @@ async def stop(runner, server, drain_timeout: float = 60.0) -> None:
     server.scheduler.stop(timeout=drain_timeout)
 
 
-async def serve(served, *, host: str, port: int, max_batch: int, api_key: str | None, drain_timeout: float) -> int:
+async def serve(served, *, host: str, port: int, max_batch: int, api_key: str | None, drain_timeout: float,
+                max_waiting: int | None = None) -> int:
     runner, server, bound = await start(served, host=host, port=port, max_batch=max_batch, api_key=api_key,
-                                        drain_timeout=drain_timeout)
+                                        drain_timeout=drain_timeout, max_waiting=max_waiting)
     done = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -112,7 +174,7 @@ async def serve(served, *, host: str, port: int, max_batch: int, api_key: str | 
         log.warning("setdlm serve: listening on %s without --api-key: anyone who reaches it can use the model", host)
     print(f"setdlm serve: listening on http://{bound[0]}:{bound[1]} (model {served.name!r}, "
           f"{served.recipe.objective.name}, {served.max_len} positions, up to {served.max_total} tokens per output, "
-          f"{max_batch} slots"
+          f"{max_batch} slots{f', at most {max_waiting} waiting' if max_waiting is not None else ''}"
           f"{', bearer token required' if api_key else ''})", flush=True)
     await done.wait()
     await stop(runner, server, drain_timeout)

@@ -1,101 +1,85 @@
-"""Server counters and the /metrics page (Prometheus text exposition format 0.0.4).
+"""Server counters and the /metrics page (Prometheus text format, through prometheus_client).
 
-Written by hand: the format is a few lines of text, and the official Python client's Summary has
-no quantiles, which this page reports (latency and time to first token, p50/p95/p99 over the last
-`WINDOW` requests). The decode thread and the HTTP handlers both update it, under one lock.
+Latencies are histograms (cumulative `_bucket{le=...}` counters with `_sum` and `_count`), so the
+replicas of a deployment add up and any quantile is `histogram_quantile` of their sum. Each server
+has its own registry (tests run several in one process). The decode thread and the HTTP handlers
+both update it; prometheus_client's metrics are thread-safe.
 """
 
 from __future__ import annotations
 
-import threading
 import time
-from collections import Counter, deque
 
-import numpy as np
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-WINDOW = 1000  # requests the latency quantiles are computed over
-QUANTILES = (0.5, 0.95, 0.99)
+# seconds: from a short greedy answer on a GPU to a long sampled one on a loaded CPU
+LATENCY_BUCKETS = (0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0, 100.0, 250.0, 500.0)
+FIRST_TOKEN_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 25.0, 50.0)
 
 
 class Metrics:
     def __init__(self):
-        self.lock = threading.Lock()
         self.started = time.time()
-        self.requests: Counter = Counter()  # (endpoint, outcome) -> count
-        self.prompt_tokens = self.generated_tokens = 0
-        self.forwards = 0  # batched decoding steps (each one forward of the model)
-        self.row_steps = 0  # decoding steps summed over finished outputs (tokens per step = generated / row_steps)
-        self.cancelled = 0  # outputs cut short because their client went away
-        self.queue_depth = self.slots_busy = self.in_flight = 0
+        self.in_flight = 0  # HTTP requests being answered (event loop only)
         self.slots = 0
-        self.latency: deque = deque(maxlen=WINDOW)
-        self.first_token: deque = deque(maxlen=WINDOW)
-        self.totals = {"latency": [0, 0.0], "first_token": [0, 0.0]}  # cumulative count and sum
+        self._totals = (0, 0)  # generated tokens, row steps (for tokens_per_step)
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter("setdlm_requests", "HTTP requests by endpoint and outcome (status code or "
+                                "'disconnected')", ["endpoint", "outcome"], registry=r)
+        self.prompt_tokens = Counter("setdlm_prompt_tokens", "prompt tokens of finished outputs", registry=r)
+        self.generated_tokens = Counter("setdlm_generated_tokens", "tokens generated (finished outputs)", registry=r)
+        self.forwards = Counter("setdlm_forwards", "batched decoding steps (model forwards, prefill excluded)",
+                                registry=r)
+        self.row_steps = Counter("setdlm_row_steps", "decoding steps summed over finished outputs", registry=r)
+        self.cancelled = Counter("setdlm_cancelled", "outputs stopped because their client disconnected", registry=r)
+        self.queue_depth = Gauge("setdlm_queue_depth", "outputs waiting for a slot", registry=r)
+        self.slots_busy = Gauge("setdlm_slots_busy", "slots decoding an output", registry=r)
+        Gauge("setdlm_slots", "slots (--max-batch)", registry=r).set_function(lambda: self.slots)
+        Gauge("setdlm_requests_in_flight", "HTTP requests being answered", registry=r).set_function(
+            lambda: self.in_flight)
+        Gauge("setdlm_tokens_per_step", "generated tokens per decoding step of an output, since start",
+              registry=r).set_function(self._tokens_per_step)
+        self.latency = Histogram("setdlm_request_latency_seconds", "request latency (received to last byte)",
+                                 buckets=LATENCY_BUCKETS, registry=r)
+        self.first_token = Histogram("setdlm_time_to_first_token_seconds", "streamed requests: time to the first "
+                                     "text", buckets=FIRST_TOKEN_BUCKETS, registry=r)
+
+    def _tokens_per_step(self) -> float:
+        gen, steps = self._totals
+        return gen / steps if steps else 0.0
 
     def count(self, endpoint: str, outcome: str) -> None:
-        with self.lock:
-            self.requests[(endpoint, outcome)] += 1
+        self.requests.labels(endpoint, outcome).inc()
 
     def finished_request(self, seconds: float, first_token: float | None = None) -> None:
-        with self.lock:
-            self.latency.append(seconds)
-            self.totals["latency"][0] += 1
-            self.totals["latency"][1] += seconds
-            if first_token is not None:
-                self.first_token.append(first_token)
-                self.totals["first_token"][0] += 1
-                self.totals["first_token"][1] += first_token
+        self.latency.observe(seconds)
+        if first_token is not None:
+            self.first_token.observe(first_token)
+
+    def mean_latency(self) -> float | None:
+        """Mean request latency since start (None before the first request)."""
+        count = total = 0.0
+        for metric in self.latency.collect():
+            for s in metric.samples:
+                if s.name.endswith("_count"):
+                    count = s.value
+                elif s.name.endswith("_sum"):
+                    total = s.value
+        return total / count if count else None
 
     def output(self, tokens: int, prompt_tokens: int, steps: int, cancelled: bool) -> None:
-        with self.lock:
-            self.generated_tokens += tokens
-            self.prompt_tokens += prompt_tokens
-            self.row_steps += steps
-            self.cancelled += int(cancelled)
+        self.generated_tokens.inc(tokens)
+        self.prompt_tokens.inc(prompt_tokens)
+        self.row_steps.inc(steps)
+        self._totals = (self._totals[0] + tokens, self._totals[1] + steps)  # the decode thread only
+        if cancelled:
+            self.cancelled.inc()
 
     def loop_state(self, forwards: int, queue_depth: int, slots_busy: int) -> None:
-        with self.lock:
-            self.forwards += forwards
-            self.queue_depth, self.slots_busy = queue_depth, slots_busy
+        if forwards:
+            self.forwards.inc(forwards)
+        self.queue_depth.set(queue_depth)
+        self.slots_busy.set(slots_busy)
 
-    def snapshot(self) -> dict:
-        with self.lock:
-            return {"requests": dict(self.requests), "prompt_tokens": self.prompt_tokens,
-                    "generated_tokens": self.generated_tokens, "forwards": self.forwards,
-                    "row_steps": self.row_steps, "cancelled": self.cancelled, "queue_depth": self.queue_depth,
-                    "slots_busy": self.slots_busy, "slots": self.slots, "in_flight": self.in_flight,
-                    "latency": list(self.latency), "first_token": list(self.first_token),
-                    "totals": {k: list(v) for k, v in self.totals.items()}}
-
-    def render(self) -> str:
-        s = self.snapshot()
-        out = []
-
-        def metric(name, kind, help_, rows):
-            out.append(f"# HELP setdlm_{name} {help_}")
-            out.append(f"# TYPE setdlm_{name} {kind}")
-            for labels, value in rows:
-                lab = "{" + ",".join(f'{k}="{v}"' for k, v in labels.items()) + "}" if labels else ""
-                out.append(f"setdlm_{name}{lab} {value:g}" if isinstance(value, float) else f"setdlm_{name}{lab} {value}")
-
-        metric("requests_total", "counter", "HTTP requests by endpoint and outcome",
-               [({"endpoint": e, "outcome": o}, n) for (e, o), n in sorted(s["requests"].items())])
-        metric("prompt_tokens_total", "counter", "prompt tokens of finished outputs", [({}, s["prompt_tokens"])])
-        metric("generated_tokens_total", "counter", "tokens generated (finished outputs)", [({}, s["generated_tokens"])])
-        metric("forwards_total", "counter", "batched decoding steps (model forwards, prefill excluded)",
-               [({}, s["forwards"])])
-        metric("tokens_per_step", "gauge", "generated tokens per decoding step of an output, since start",
-               [({}, float(s["generated_tokens"] / s["row_steps"]) if s["row_steps"] else 0.0)])
-        metric("cancelled_total", "counter", "outputs stopped because their client disconnected", [({}, s["cancelled"])])
-        metric("queue_depth", "gauge", "outputs waiting for a slot", [({}, s["queue_depth"])])
-        metric("slots_busy", "gauge", "slots decoding an output", [({}, s["slots_busy"])])
-        metric("slots", "gauge", "slots (--max-batch)", [({}, s["slots"])])
-        metric("requests_in_flight", "gauge", "HTTP requests being answered", [({}, s["in_flight"])])
-        for name, key, help_ in (("request_latency_seconds", "latency", "request latency"),
-                                 ("time_to_first_token_seconds", "first_token", "streamed requests: time to the first text")):
-            values, (count, total) = s[key], s["totals"][key]
-            rows = [({"quantile": str(q)}, float(np.quantile(values, q)) if values else 0.0) for q in QUANTILES]
-            metric(name, "summary", f"{help_} (quantiles over the last {WINDOW} requests)", rows)
-            out.append(f"setdlm_{name}_count {count}")
-            out.append(f"setdlm_{name}_sum {total:g}")
-        return "\n".join(out) + "\n"
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -8,17 +8,20 @@ prefilled in one forward (`prompt` / `messages`); prompt + new tokens must fit i
 which for SW-SetDLM, BD3-LM and AR is the server's `--max-total-tokens` (they decode past the model's
 positions by dropping the oldest cached tokens, model/sampling) and for MDLM the model's positions
 (it re-reads the whole sequence every step) (`max_tokens`, `setdlm.infill.length`); a window above the
-model's S_max (`setdlm.window`).
+model's S_max (`setdlm.window`). Every other number a request holds is bounded by the model before
+anything is allocated (`check_numbers`): token ids (in prompts and `logit_bias`) inside the vocabulary,
+widths (`setdlm.window`, `block_size`, ...) within the model's positions, step counts within the
+output budget.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import functools
-import re
 from dataclasses import dataclass
 
 from model.sampling import Infill, SamplingConfig
+from model.sampling.stop_regex import StopRegexError, compile_stop_regex
 
 from .schema import ChatRequest, CompletionRequest, RequestError
 
@@ -35,6 +38,7 @@ class Choice:
     max_new_tokens: int
     stop: list[str]
     stop_regex: str | None
+    prompt_text: str = ""  # echoed before the completion with `echo`
 
 
 @dataclass
@@ -46,19 +50,24 @@ class Plan:
     include_usage: bool
     n: int  # choices per prompt
     texts: list[tuple[str, str]]  # per choice: the prompt text and the infill suffix (for traces)
+    logprobs: int | None = None  # alternatives per token in `logprobs` (None: no logprobs)
+    echo: bool = False  # completions: the prompt's text before each completion
 
 
-def sampling_config(req, recipe, s_max: int | None, *, infill: bool, stop_token_ids=()) -> SamplingConfig:
+def sampling_config(req, recipe, *, infill: bool, stop_token_ids=()) -> SamplingConfig:
     """Request fields over the recipe's defaults (those of `setdlm sample`); stop strings are per choice."""
     ext, obj = req.setdlm, recipe.objective
     cfg = SamplingConfig.from_objective(obj)
-    if infill and ext.window is None and cfg.family == "setdlm" and s_max:  # the paper uses w = S_max to infill
-        cfg = dataclasses.replace(cfg, window=s_max)
+    window = cfg.spec.infill_window(obj) if infill and ext.window is None else None
+    if window:  # SW-SetDLM: the paper infills with w = S_max
+        cfg = dataclasses.replace(cfg, window=window)
     fields = {k: getattr(ext, k) for k in ("family", "window", "threshold", "adaptive_window", "window_min",
                                            "window_max", "block_size", "steps_per_block", "steps", "remasking",
                                            "top_k", "repetition_penalty")}
     fields.update(temperature=req.temperature, top_p=req.top_p, seed=req.seed, stop_on_eos=not ext.ignore_eos,
-                  stop_token_ids=sorted(set(stop_token_ids)))
+                  stop_token_ids=sorted(set(stop_token_ids)), presence_penalty=req.presence_penalty,
+                  frequency_penalty=req.frequency_penalty, logit_bias=dict(req.logit_bias or {}),
+                  logprobs=logprobs_wanted(req))
     try:  # the section checks every value, S_max (SamplingConfig.s_max, from the objective) included
         cfg = dataclasses.replace(cfg, **{k: v for k, v in fields.items() if v is not None})
         if cfg.greedy:  # greedy ignores these: requests differing only there share a batch
@@ -67,16 +76,48 @@ def sampling_config(req, recipe, s_max: int | None, *, infill: bool, stop_token_
     except ValueError as e:  # "sampling.window: ..." -> the request's name of that field
         name, _, msg = str(e).partition(": ")
         field = name.removeprefix("sampling.")
-        raise RequestError(field if field in ("temperature", "top_p", "seed") else f"setdlm.{field}", msg) from None
+        top = ("temperature", "top_p", "seed", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs")
+        raise RequestError(field if field in top else f"setdlm.{field}", msg) from None
     return cfg
 
 
-def total_budget(served, family: str) -> int:
+def logprobs_wanted(req) -> int | None:
+    """Alternatives per token the response's `logprobs` lists (None: no logprobs): completions'
+    `logprobs: k`, chat's `logprobs: true` with `top_logprobs: k`."""
+    if isinstance(req, ChatRequest):
+        return (req.top_logprobs or 0) if req.logprobs else None
+    return req.logprobs
+
+
+def check_numbers(req, served) -> None:
+    """Bound what a request's numbers may allocate or loop over by the model and the server's limits."""
+    L, ext = served.max_len, req.setdlm
+    most = (L - 1) // 2  # a step forwards up to twice its width (committed tokens + queries) within L positions
+    for name in ("window", "window_min", "window_max", "block_size"):
+        v = getattr(ext, name)
+        if v is not None and v > most:
+            raise RequestError(f"setdlm.{name}", f"at most {most}: a decoding step forwards up to twice this many "
+                                                 f"tokens within the model's {L} positions; got {v}")
+    budget = served.max_total or L
+    for name in ("steps", "steps_per_block"):
+        v = getattr(ext, name)
+        if v is not None and v > budget:
+            raise RequestError(f"setdlm.{name}", f"at most {budget} (this server's tokens per output); got {v}")
+    vocab = served.model.cfg.vocab_size
+    if ext.top_k is not None and ext.top_k > vocab:
+        raise RequestError("setdlm.top_k", f"at most the vocabulary size {vocab}; got {ext.top_k}")
+    for t in req.logit_bias or {}:
+        if not 0 <= t < vocab or t == served.mask_id:
+            raise RequestError("logit_bias", f"token id {t} is not a visible token id (vocabulary {vocab}, "
+                                             f"MASK {served.mask_id})")
+
+
+def total_budget(served, spec) -> int:
     """Prompt + new tokens one output may have: the model's positions for MDLM (it re-reads the whole
     sequence every step); the server's `max_total` for the cached families, which decode past the
     positions by dropping the oldest cached tokens (the prompt alone must fit: it is prefilled)."""
     total = served.max_total or served.max_len
-    return min(total, served.max_len) if family == "mdlm" else total
+    return min(total, served.max_len) if spec.rereads_sequence else total
 
 
 @functools.lru_cache(maxsize=4)
@@ -87,7 +128,7 @@ def _template(tokenizer, template: str):
     return ChatTemplate(tokenizer, template)
 
 
-def chat_prompt(tokenizer, messages) -> tuple[list[int], list[int], list[str]]:
+def chat_prompt(tokenizer, messages, generation_prompt: bool = True) -> tuple[list[int], list[int], list[str]]:
     """(prompt ids, stop token ids, stop strings): the tokenizer's chat template with the generation
     prompt (`default_chat_template`: its own Jinja template, else the built-in ChatML where it has the
     ChatML tokens), rendered and tokenized as transformers' `apply_chat_template` does, `<|im_end|>`
@@ -96,23 +137,37 @@ def chat_prompt(tokenizer, messages) -> tuple[list[int], list[int], list[str]]:
     from data_pipeline.prompt_answer import IM_END
     from data_pipeline.tokenizer import TokenizerError
 
-    msgs = [{"role": m.role, "content": m.content} for m in messages]
+    msgs = [message_dict(m) for m in messages]
     template = default_chat_template(tokenizer)
     if template is not None:
         try:
             chat = _template(tokenizer, template)
-            if chat.forges(msgs):
+            names = [{"role": m["role"], "content": m.get("name", "")} for m in msgs]
+            if chat.forges(msgs) or chat.forges(names):
                 raise RequestError("messages", "a message holds the text of a special token of the chat template "
                                                "(e.g. <|im_end|>), which would forge one; leave it out")
-            ids = chat.prompt(msgs)
+            # The server's one chat-template render (issue 29: the time- and size-limited render of
+            # data_pipeline/chat_template.py replaces this call when it lands). It runs off the event
+            # loop (app.py), so a slow template does not stall other requests.
+            text, _ = chat.render(msgs, add_generation_prompt=generation_prompt)
+            ids = chat.tokens(text)
         except TokenizerError as e:
             raise RequestError("messages", str(e)) from None
         end = tokenizer.token_to_id(IM_END)
         return ids, [end] if end is not None else [], []
     user, bot = PLAIN_CHAT
     names = {"system": "System", "user": user, "assistant": bot}
-    text = "".join(f"{names[m['role']]}: {m['content']}\n" for m in msgs) + f"{bot}:"
+    text = "".join(f"{names[m['role']]}: {m['content']}\n" for m in msgs) + (f"{bot}:" if generation_prompt else "")
     return tokenizer.encode(text), [], [f"\n{user}:"]
+
+
+def message_dict(m) -> dict:
+    """A chat message as the template sees it: `developer` is rendered as `system` (templates know
+    the older name), null content (an assistant turn) as empty text, `name` kept where given."""
+    d = {"role": "system" if m.role == "developer" else m.role, "content": m.content or ""}
+    if m.name is not None:
+        d["name"] = m.name
+    return d
 
 
 def _check_ids(ids: list[int], served, i: int) -> None:
@@ -130,6 +185,7 @@ def plan(req: CompletionRequest | ChatRequest, served) -> Plan:
         raise RequestError("model", f"unknown model {req.model!r}; this server serves {served.name!r}", 404,
                            "not_found_error")
     chat = isinstance(req, ChatRequest)
+    check_numbers(req, served)
     stop_ids, stops = [], list(req.stop)
     if chat:
         ids, stop_ids, extra = chat_prompt(tok, req.messages)
@@ -137,14 +193,23 @@ def plan(req: CompletionRequest | ChatRequest, served) -> Plan:
         max_tokens = req.max_completion_tokens or req.max_tokens
     else:
         prompts = [tok.encode(p) if isinstance(p, str) else p for p in req.prompt]
+        for i, ids in enumerate(prompts):  # before anything decodes them
+            _check_ids(ids, served, i)
         texts = [p if isinstance(p, str) else tok.decode(p) for p in req.prompt]
         max_tokens = req.max_tokens
     ext = req.setdlm
+    echo = bool(getattr(req, "echo", False))
+    if echo and logprobs_wanted(req) is not None:
+        raise RequestError("echo", "with logprobs it asks for the prompt's log-probabilities, which this server does "
+                                   "not compute (a set model scores a text with `setdlm eval likelihood`); "
+                                   "leave one of them out")
+    if echo and ext.infill is not None:
+        raise RequestError("echo", "not with setdlm.infill (the output is the span between prompt and suffix)")
     if ext.stop_regex is not None:
         try:
-            re.compile(ext.stop_regex)
-        except re.error as e:
-            raise RequestError("setdlm.stop_regex", f"invalid regular expression ({e})") from None
+            compile_stop_regex(ext.stop_regex)
+        except StopRegexError as e:
+            raise RequestError("setdlm.stop_regex", str(e)) from None
     if len(prompts) * req.n > MAX_CHOICES:
         raise RequestError("n", f"{len(prompts)} prompts x n={req.n} is more than {MAX_CHOICES} outputs in one request")
     infill = ext.infill if not chat else None
@@ -154,13 +219,12 @@ def plan(req: CompletionRequest | ChatRequest, served) -> Plan:
     if infill is not None and max_tokens is not None and max_tokens != infill.length:
         raise RequestError("max_tokens", f"with setdlm.infill the span is setdlm.infill.length={infill.length}; "
                                          f"leave max_tokens out or set it equal")
-    cfg = sampling_config(req, served.recipe, served.s_max, infill=infill is not None, stop_token_ids=stop_ids)
-    budget = total_budget(served, cfg.family)
-    where = (f"the model's {L} positions (MDLM re-reads the whole sequence)" if budget == L and cfg.family == "mdlm"
+    cfg = sampling_config(req, served.recipe, infill=infill is not None, stop_token_ids=stop_ids)
+    budget = total_budget(served, cfg.spec)
+    where = (f"the model's {L} positions ({cfg.spec.title} re-reads the whole sequence)" if budget == L and cfg.spec.rereads_sequence
              else f"this server's {budget} tokens per output")
     choices, per = [], []
     for i, ids in enumerate(prompts):
-        _check_ids(ids, served, i)
         if not ids and not suffix:
             raise RequestError("messages" if chat else "prompt", "empty prompt; give at least one token of text")
         visible = len(ids) + len(suffix)
@@ -182,7 +246,8 @@ def plan(req: CompletionRequest | ChatRequest, served) -> Plan:
                                                  f"at most {room}")
             prompt = ids
         for _ in range(req.n):
-            choices.append(Choice(len(choices), prompt, len(ids) + len(suffix), n_new, stops, ext.stop_regex))
+            choices.append(Choice(len(choices), prompt, len(ids) + len(suffix), n_new, stops, ext.stop_regex,
+                                  texts[i] if echo else ""))
             per.append((texts[i], infill.suffix if infill is not None else ""))
     include_usage = bool(req.stream_options and req.stream_options.include_usage)
-    return Plan(chat, cfg, choices, req.stream, include_usage, req.n, per)
+    return Plan(chat, cfg, choices, req.stream, include_usage, req.n, per, cfg.logprobs, echo)

@@ -1,4 +1,4 @@
-"""OpenAI-shaped JSON bodies: completions, chat completions, their stream chunks and `usage`."""
+"""OpenAI-shaped JSON bodies: completions, chat completions, their stream chunks, `usage` and `logprobs`."""
 
 from __future__ import annotations
 
@@ -30,19 +30,59 @@ def usage(plan, outputs) -> dict:
             "setdlm": {"steps": steps, "tokens_per_step": round(completion / steps, 4) if steps else 0.0}}
 
 
-def full(ids: Ids, plan, outputs) -> dict:
+def _keyed(pairs: list[tuple[str, float]]) -> dict:
+    """Completions' top_logprobs {token text: logprob}; two tokens with the same text (e.g. two halves
+    of characters, both shown as U+FFFD) stay apart as 'token_id:ID' (vLLM's spelling)."""
+    out = {}
+    for (tid, piece), lp in pairs:
+        out[piece if piece not in out else f"token_id:{tid}"] = lp
+    return out
+
+
+def logprobs(tokenizer, out, chat: bool, offset: int = 0) -> dict | None:
+    """OpenAI's `logprobs` of one choice: per output token its log-probability under the decoding step
+    that committed it, and that step's most likely tokens at its position (model/sampling, docs/serve.md)."""
+    if out.logprobs is None:
+        return None
+    piece = {}
+
+    def text(t: int) -> str:
+        if t not in piece:
+            piece[t] = tokenizer.decode([t])
+        return piece[t]
+
+    tops = out.top_logprobs or [[] for _ in out.tokens]
+    if chat:
+        def entry(t, lp):
+            s = text(t)
+            return {"token": s, "logprob": lp, "bytes": list(s.encode("utf-8"))}
+
+        return {"content": [entry(t, lp) | {"top_logprobs": [entry(a, alp) for a, alp in top]}
+                            for t, lp, top in zip(out.tokens, out.logprobs, tops)], "refusal": None}
+    offsets, at = [], offset
+    for t in out.tokens:
+        offsets.append(at)
+        at += len(text(t))
+    return {"tokens": [text(t) for t in out.tokens], "token_logprobs": list(out.logprobs),
+            "top_logprobs": [_keyed([((a, text(a)), alp) for a, alp in top]) for top in tops],
+            "text_offset": offsets}
+
+
+def full(ids: Ids, plan, outputs, tokenizer) -> dict:
     choices = []
     for i, o in enumerate(outputs):
-        text = o.text or ""
-        c = {"index": i, "logprobs": None, "finish_reason": finish_reason(o), "setdlm": final_payload(o)}
+        echo = plan.choices[i].prompt_text if plan.echo else ""
+        text = echo + (o.text or "")
+        c = {"index": i, "logprobs": logprobs(tokenizer, o, ids.chat, len(echo)), "finish_reason": finish_reason(o),
+             "setdlm": final_payload(o)}
         c.update({"message": {"role": "assistant", "content": text}} if ids.chat else {"text": text})
         choices.append(c)
     return {**ids.head(False), "choices": choices, "usage": usage(plan, outputs)}
 
 
 def chunk(ids: Ids, index: int, text: str, payload: dict | None, finish: str | None = None,
-          first: bool = False) -> dict:
-    c = {"index": index, "logprobs": None, "finish_reason": finish}
+          first: bool = False, lp: dict | None = None) -> dict:
+    c = {"index": index, "logprobs": lp, "finish_reason": finish}
     if ids.chat:
         c["delta"] = ({"role": "assistant"} if first else {}) | ({"content": text} if text or not first else {})
     else:

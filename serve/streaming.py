@@ -7,14 +7,15 @@ generated position, token ids and each token's text), the step's `window`, the s
 `decoded` from the start without a gap and their text (`prefix`). The OpenAI field (`text`, or
 `delta.content` in chat) carries only the newly *final* part of that prefix: text a later step can
 no longer change (held back: a trailing partial character, the start of a stop string, and with a
-stop regex the last token's text). The deltas of a choice add up to its final text exactly.
+stop regex the last token's text). The deltas of a choice add up to its final text exactly. Nothing
+here matches the stop regex: the decode thread does (model/sampling/stopping.py), so a slow pattern
+never holds this event loop.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 
 log = logging.getLogger("setdlm.serve")
 
@@ -37,21 +38,39 @@ def runs(offsets: list[int], tokens: list[int]) -> list[tuple[int, list[int]]]:
 
 
 class ChoiceText:
+    """The stream of one choice. The decoded prefix is detokenised incrementally: each step decodes
+    only its new tokens with a few tokens of context before them (the usual window, so a leading space
+    or a character split over tokens comes out right), never the whole prefix again."""
+
     def __init__(self, tokenizer, stop: list[str], stop_regex: str | None):
-        self.tok, self.stop, self.regex = tokenizer, list(stop), stop_regex
-        self.tokens: dict[int, int] = {}  # offset -> committed token
+        self.tok, self.stop, self.regex = tokenizer, list(stop), stop_regex is not None
+        self.longest = max(map(len, self.stop), default=0)
+        self.tokens: dict[int, int] = {}  # offset -> committed token not yet in the decoded prefix
+        self.ids: list[int] = []  # the decoded left-to-right prefix
+        self.text = ""  # text of ids[:read]: complete characters
+        self.tail = ""  # text of ids[read:]: a character that needs more bytes (U+FFFD until it has them)
+        self.window = self.read = 0  # ids[window:read] is the context decoded again with new tokens
         self.sent = ""  # final text already streamed
 
-    def _final(self, text: str, ids: list[int]) -> str:
-        """The part of the decoded prefix `text` no later step can change: cut before a stop string
-        (or after a regex match) it already holds, else without the characters a later token may
-        still change (an incomplete UTF-8 character, the start of a stop string, with a stop regex
-        the last token's text)."""
-        cuts = [i for i in (text.find(s) for s in self.stop) if i >= 0]
-        if self.regex:
-            m = re.search(self.regex, text)
-            if m is not None:
-                cuts.append(m.end())
+    def _extend(self, new: list[int]) -> None:
+        """Append tokens to the decoded prefix, decoding only them (with their context)."""
+        self.ids += new
+        head = self.tok.decode(self.ids[self.window:self.read])
+        full = self.tok.decode(self.ids[self.window:])
+        if len(full) > len(head) and not full.endswith("\ufffd"):
+            self.text += full[len(head):]
+            self.window, self.read, self.tail = self.read, len(self.ids), ""
+        else:
+            self.tail = full[len(head):]
+
+    def _final(self, text: str) -> str:
+        """The part of the decoded prefix `text` no later step can change: cut before a stop string it
+        already holds, else without the characters a later token may still change (an incomplete
+        UTF-8 character, the start of a stop string, with a stop regex the last token's text: the
+        decode thread matches the regex, and a match ends the output, whose final text then follows).
+        Only the text past what was sent, less a stop string's length, is searched."""
+        start = max(0, len(self.sent) - self.longest + 1)
+        cuts = [i for i in (text.find(s, start) for s in self.stop) if i >= 0]
         if cuts:
             return text[: min(cuts)]
         hold = len(text) - len(text.rstrip("\ufffd"))
@@ -60,8 +79,8 @@ class ChoiceText:
                 if text.endswith(s[:k]):
                     hold = k
                     break
-        if self.regex and ids:
-            hold = max(hold, len(self.tok.decode(ids[-1:])))
+        if self.regex and self.ids:
+            hold = max(hold, len(self.tok.decode(self.ids[-1:])))
         return text[: len(text) - min(hold, len(text))]
 
     def step(self, ev) -> tuple[str, dict]:
@@ -72,9 +91,13 @@ class ChoiceText:
         self.tokens.update(fresh)
         for o in [o for o in self.tokens if o >= end]:
             del self.tokens[o]
-        ids = [self.tokens[o] for o in range(ev.decoded)]
-        text = self.tok.decode(ids)
-        final = self._final(text, ids)
+        if ev.decoded < len(self.ids):  # the prefix never shrinks while a choice runs; start again if it did
+            old, self.ids, self.text, self.tail, self.window, self.read = self.ids[: ev.decoded], [], "", "", 0, 0
+            self._extend(old)
+        elif ev.decoded > len(self.ids):
+            self._extend([self.tokens.pop(o) for o in range(len(self.ids), ev.decoded)])
+        text = self.text + self.tail
+        final = self._final(text)
         delta = ""
         if len(final) > len(self.sent) and final.startswith(self.sent):
             delta, self.sent = final[len(self.sent):], final

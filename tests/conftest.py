@@ -17,6 +17,18 @@ def model_parallel():
     yield
 
 
+@pytest.fixture(scope="session")
+def parity_runs(tmp_path_factory):
+    """Every multi-process parity run (tests/test_parallel_parity.py RUNS: the plain layouts, and the
+    recompute, compile, sequence-parallel and LoRA variants), launched once for the three modules that
+    compare them; the folder holding their results."""
+    from test_parallel_parity import run_all
+
+    out = tmp_path_factory.mktemp("parity")
+    run_all(out)
+    return out
+
+
 @pytest.fixture(scope="module")
 def one_thread():
     """torch on one thread for a test module (tiny matmuls: threads only add contention on shared CPUs)."""

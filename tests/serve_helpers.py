@@ -11,12 +11,13 @@ from serve.cli import start, stop
 
 
 class ThreadServer:
-    def __init__(self, served, *, max_batch: int = 8, api_key: str | None = None):
+    def __init__(self, served, *, max_batch: int = 8, api_key: str | None = None, max_waiting: int | None = None):
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, name="test-serve", daemon=True)
         self.thread.start()
         fut = asyncio.run_coroutine_threadsafe(start(served, host="127.0.0.1", port=0, max_batch=max_batch,
-                                                     api_key=api_key, drain_timeout=30), self.loop)
+                                                     api_key=api_key, drain_timeout=30, max_waiting=max_waiting),
+                                               self.loop)
         self.runner, self.server, (host, port) = fut.result(120)
         self.url = f"http://{host}:{port}"
 

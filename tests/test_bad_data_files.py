@@ -49,6 +49,7 @@ def test_prepare_names_an_empty_or_non_utf8_file(tmp_path, capsys, name):
         assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_a_shard_that_breaks_during_training_is_one_line(tmp_path, capsys, model_parallel):
     from launch.cli import main
 

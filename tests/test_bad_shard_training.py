@@ -79,6 +79,7 @@ def _close(a: float, b: float) -> bool:
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
+@pytest.mark.slow
 def test_an_empty_micro_batch_adds_no_loss_no_gradient_no_tokens(tmp_path, data, model_parallel, objective):
     good, bad = data
     extra = ["objective.block_size=4"] if objective == "bd3lm" else []

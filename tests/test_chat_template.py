@@ -90,6 +90,7 @@ def _hf(qwen, template):
     return hf_tokenizer(qwen, template)
 
 
+@pytest.mark.slow
 def test_qwen3_style_template_gives_the_builtin_chatml_masks_for_single_turn_pairs(qwen, tmp_path):
     rows = [{"question": q, "answer": a} for q, a in PAIRS]
     if GSM8K.is_file():
@@ -119,6 +120,7 @@ def test_qwen3_style_template_gives_the_builtin_chatml_masks_for_single_turn_pai
 
 
 @pytest.mark.parametrize("template", ["qwen3-style", "builtin"])
+@pytest.mark.slow
 def test_a_multi_turn_chat_supervises_every_assistant_turn(qwen, tmp_path, template):
     from data_pipeline.chat_template import CHATML_JINJA
 
@@ -138,6 +140,7 @@ def test_a_multi_turn_chat_supervises_every_assistant_turn(qwen, tmp_path, templ
     assert _answers(qwen, rows[0]) == ["5.<|im_end|>", "7, since 3 + 4 = 7.<|im_end|>"]  # both turns are answers
 
 
+@pytest.mark.slow
 def test_a_template_without_generation_tags_splits_at_the_generation_prompt(qwen, tmp_path):
     src = tmp_path / "chat.jsonl"
     src.write_text(json.dumps({"messages": CHAT}) + "\n")
@@ -151,6 +154,7 @@ def test_a_template_without_generation_tags_splits_at_the_generation_prompt(qwen
     assert qwen.decode(ids[len(ctx): int(v.sum())]) == "<think>\n\n</think>\n\n7, since 3 + 4 = 7.<|im_end|>\n"
 
 
+@pytest.mark.slow
 def test_forged_special_tokens_and_non_prefix_templates_are_counted_and_skipped(qwen, tmp_path):
     rows = [{"question": "ok?", "answer": "yes"}, {"question": "hi<|im_end|>", "answer": "no"},
             {"question": "x", "answer": "forged <|im_start|>user"}]
@@ -232,6 +236,7 @@ def test_a_tokenizer_directory_brings_its_template_in_either_file(qwen, tmp_path
     assert read_chat_template(a) == QWEN3_THINK
 
 
+@pytest.mark.slow
 def test_exports_carry_the_chat_template(qwen, tmp_path):
     """`convert to-hf` writes the run tokenizer's template (the built-in ChatML for the qwen3 preset),
     so transformers' apply_chat_template on the export gives the prompt the training rows used."""
@@ -270,6 +275,7 @@ def test_exports_carry_the_chat_template(qwen, tmp_path):
             assert tcfg["chat_template"] == QWEN3_THINK
 
 
+@pytest.mark.slow
 def test_serve_chat_renders_the_template_as_transformers_does(qwen, tmp_path):
     """/v1/chat/completions tokenizes a 2-turn chat exactly as transformers' apply_chat_template does on
     the exported tokenizer: the built-in ChatML (qwen3 preset) and a tokenizer's own template; a message

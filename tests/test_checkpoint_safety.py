@@ -262,11 +262,89 @@ def test_missing_model_file(run, capsys):
 
 
 @pytest.mark.parametrize("override,field", [("model.hidden=64", "model.hidden"),
-                                            ("objective.name=mdlm", "objective.name")])
-def test_resume_refuses_another_model_or_objective(run, capsys, override, field):
+                                            ("objective.name=mdlm", "objective.name"),
+                                            ("model.rope_base=5000.0", "model.rope_base"),
+                                            ("model.norm_eps=0.001", "model.norm_eps"),
+                                            ("data.tokenizer=bert-base-uncased", "data.tokenizer"),
+                                            ("train.lora={rank: 2}", "train.lora")])
+def test_resume_refuses_another_model_objective_or_tokenizer(run, capsys, override, field):
+    """The identity a resume checks is derived from every model key that changes what the weights
+    compute (model/config.py: all but RUNTIME_KEYS), so rope_base and norm_eps are in it."""
     recipe, run_dir = run
     code = pretrain(recipe, run_dir, override, "train.max_steps=6")
-    one_line_error(capsys, code, field, "another model or objective")
+    line = one_line_error(capsys, code, field, "the checkpoint has" if field != "data.tokenizer" else "trained with")
+    assert str(step(run_dir)) in line
+
+
+def test_runtime_keys_may_change_on_resume(run, capsys):
+    """Dropout and the attention kernel are not part of a checkpoint's identity: the run continues."""
+    recipe, run_dir = run
+    assert pretrain(recipe, run_dir, "model.dropout=0.0", "model.attention_backend=sdpa", "train.max_steps=5") == 0
+
+
+def test_identity_covers_every_model_key_but_the_runtime_ones():
+    import dataclasses
+
+    from model.config import RUNTIME_KEYS, ModelConfig, identity_keys
+
+    names = {f.name for f in dataclasses.fields(ModelConfig)}
+    assert set(identity_keys()) == names - set(RUNTIME_KEYS)
+    assert {"rope_base", "norm_eps", "qk_norm", "vocab_size", "head_dim"} <= set(identity_keys())
+    assert set(RUNTIME_KEYS) <= names  # no stale name
+
+
+def test_meta_json_has_a_format_version(run):
+    import json
+
+    from pretrain.checkpoint.versions import CURRENT
+
+    assert json.loads((step(run[1]) / "meta.json").read_text())["format_version"] == CURRENT
+
+
+def test_a_newer_format_is_refused_in_one_line(run, capsys):
+    import json
+
+    from eval.sample import main
+
+    f = step(run[1]) / "meta.json"
+    f.write_text(json.dumps({**json.loads(f.read_text()), "format_version": 99}))
+    code = main(["--checkpoint", str(step(run[1])), "--prompt", "x", "--max-new-tokens", "2"])
+    one_line_error(capsys, code, "meta.json", "format_version 99 is newer")
+
+
+def test_an_older_format_with_a_renamed_key_is_migrated(run, capsys, monkeypatch):
+    """A synthetic older format: version CURRENT of a make-believe history in which `train.max_steps`
+    was called `train.steps`. Its checkpoint loads once the migration from that version is declared,
+    and is one line naming the key without it; an unversioned meta.json (written before versions were
+    recorded) is version 0 and loads as it is."""
+    import json
+
+    from eval.sample import main
+    from pretrain.checkpoint import versions
+
+    f = step(run[1]) / "meta.json"
+    meta = json.loads(f.read_text())
+    old = {**meta, "config": {**meta["config"], "train": {("steps" if k == "max_steps" else k): v
+                                                          for k, v in meta["config"]["train"].items()}}}
+    f.write_text(json.dumps(old))
+    args = ["--checkpoint", str(step(run[1])), "--prompt", "x", "--max-new-tokens", "2"]
+    monkeypatch.setattr(versions, "CURRENT", versions.CURRENT + 1)
+    one_line_error(capsys, main(args), "meta.json", "too old")  # no migration from that version declared
+    monkeypatch.setitem(versions.MIGRATIONS, versions.CURRENT - 1, lambda m: {
+        **m, "config": rename_key(m["config"], "train.steps", "train.max_steps")})
+    assert main(args) == 0, capsys.readouterr().err
+    monkeypatch.setattr(versions, "CURRENT", versions.CURRENT - 1)
+    del versions.MIGRATIONS[versions.CURRENT]
+    f.write_text(json.dumps(old))  # the same key at the current version: no migration applies
+    one_line_error(capsys, main(args), "train.steps")
+    f.write_text(json.dumps({k: v for k, v in meta.items() if k != "format_version"}))
+    assert main(args) == 0, capsys.readouterr().err
+
+
+def rename_key(recipe, old, new):
+    from common.versions import rename_key as rename
+
+    return rename(recipe, old, new)
 
 
 def test_truncated_meta_json(run, capsys):
@@ -327,6 +405,7 @@ def test_disk_full_during_a_save_keeps_the_last_good_checkpoint(run, model_paral
 
 
 # -- a model without a process group ------------------------------------------------------------
+@pytest.mark.slow
 def test_load_model_needs_no_process_group(trained, tmp_path):
     """A fresh interpreter with no launcher variables loads the checkpoint and decodes; afterwards
     torch.distributed is still uninitialised and os.environ is exactly as before."""
@@ -385,6 +464,7 @@ def test_inference_loads_need_neither_megatron_nor_deepspeed(trained):
     assert "decoded" in r.stdout, r.stdout[-2000:]
 
 
+@pytest.mark.slow
 def test_cli_prints_one_line_and_debug_keeps_the_traceback(run, tmp_path):
     f = step(run[1]) / "mp_rank_00_model_states.pt"
     f.write_bytes(b"")

@@ -179,6 +179,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, tol: float = 1e-5) -> None:
 
 
 @pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.slow
 def test_logits_agree_training_hf_reimported(world, family):
     from pretrain.checkpoint.inference import load_model
 

@@ -53,6 +53,7 @@ def _one_source_ids(path, tok, n, seed=3):
     return [int(next(it)["sample_id"]) for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_every_batch_holds_each_share_to_within_one_sample(corpora, gpt2):
     steps, _ = _steps(_cfg(corpora), gpt2, 100)
     shares = np.array(list(WEIGHTS.values()))

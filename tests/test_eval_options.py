@@ -145,6 +145,7 @@ def test_checks_across_options_name_the_flags():
     (["sample", "--checkpoint", "c", "--prompt", "x", "--window", "2.5"],
      "setdlm sample: error: --window (sampling.window): expected an integer"),
 ])
+@pytest.mark.slow
 def test_the_command_line_error_is_one_line_with_exit_status_2(argv, needle):
     p = _cli(argv)
     assert p.returncode == 2, p.stderr
@@ -152,6 +153,7 @@ def test_the_command_line_error_is_one_line_with_exit_status_2(argv, needle):
     assert "Traceback" not in p.stderr
 
 
+@pytest.mark.slow
 def test_setdlm_debug_0_is_off_and_1_keeps_the_traceback():
     argv = ["sample", "--checkpoint", "c", "--prompt", "x", "--top-p", "0"]
     p = _cli(argv, SETDLM_DEBUG="0")  # `setdlm sample` used to re-raise on any value

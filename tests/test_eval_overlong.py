@@ -147,6 +147,7 @@ def test_gsm8k_summarize_and_throughput_follow_the_same_policy(run_dir, tmp_path
     assert all(r["prompt_tokens"] < 10 for r in recs.values())
 
 
+@pytest.mark.slow
 def test_gsm8k_through_lm_eval_skips_the_harness_prompts_that_do_not_fit(run_dir, tmp_path):
     pytest.importorskip("lm_eval")
     from data_pipeline.tokenizers import load_tokenizer

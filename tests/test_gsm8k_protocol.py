@@ -50,6 +50,7 @@ def _questions():
     return [json.loads(line)["question"] for line in DATA.read_text().splitlines()]
 
 
+@pytest.mark.slow
 def test_paper_protocol_is_lm_evals_gsm8k_with_the_tokenizers_template_past_max_seq_len(run_dir, tmp_path, monkeypatch):
     pytest.importorskip("lm_eval")
     import eval.tasks.gsm8k as g
@@ -117,6 +118,7 @@ def test_a_chat_prompt_cut_to_fit_keeps_its_headers(run_dir):
         assert chat.fit([{"role": "user", "content": _questions()[0]}], head - 1) is None
 
 
+@pytest.mark.slow
 def test_chat_prompts_over_the_context_are_cut_inside_the_content_through_the_task(run_dir, tmp_path):
     from eval.chat_prompt import ChatPrompts
     from eval.models import Checkpoint
@@ -143,6 +145,7 @@ def test_chat_prompts_over_the_context_are_cut_inside_the_content_through_the_ta
     assert m["skipped_overlong"] == len(over) and m["prompts_cut"] == 0
 
 
+@pytest.mark.slow
 def test_max_new_tokens_defaults_from_the_models_length_and_the_prompts(run_dir, tmp_path, capsys):
     from eval.chat_prompt import ChatPrompts
     from eval.models import Checkpoint

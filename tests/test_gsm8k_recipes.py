@@ -91,6 +91,7 @@ def test_cosine_schedule_is_composers_with_alpha_f():
 
 @pytest.mark.parametrize("recipe,world,params", [("gsm8k-qwen3-8b-setdlm", 8, "8.189B"),
                                                   ("gsm8k-qwen3-1.7b-setdlm", 1, "1.720B")])
+@pytest.mark.slow
 def test_dry_run_plans_the_preset_vocabulary_on_the_recipes_world(recipe, world, params):
     r = setdlm("pretrain", "--config", REPO / "configs" / f"{recipe}.yaml", "--dry-run", timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]

@@ -191,6 +191,29 @@ def test_config_comes_from_config_json_and_a_disagreeing_recipe_names_the_field(
         _prepare(tmp_path, hf_dirs["qwen3"], preset="qwen3-1.7b")
 
 
+def test_init_from_keeps_every_value_the_recipe_gives_and_says_each_change(hf_dirs, tmp_path):
+    """An explicit `dropout: 0.1` (the default's value) is the user's choice: kept, not replaced by the
+    0.0 a recipe that leaves dropout unset gets; every value init_from changes is a note."""
+    from pretrain import init_from as hook
+    from pretrain.config import from_dict
+
+    def prepare(**model):
+        cfg = from_dict({"run": {"out_dir": str(tmp_path)}, "model": model, "objective": {"name": "ar"},
+                         "train": {"init_from": str(hf_dirs["qwen3"])}, "data": {"seq_len": 16}})
+        return cfg, hook.prepare(cfg)
+
+    cfg, src = prepare(dropout=0.1, max_seq_len=64)
+    assert (cfg.model.dropout, cfg.model.max_seq_len) == (0.1, 64)
+    assert not any("model.dropout" in n or "model.max_seq_len" in n for n in src.notes), src.notes
+    cfg, src = prepare()
+    assert cfg.model.dropout == 0.0
+    notes = "\n".join(src.notes)
+    for said in ("model.dropout 0.1 -> 0.0", "model.max_seq_len", "data.tokenizer 'gpt2' ->", "data.add_mask_token",
+                 "n_layers 2"):
+        assert said in notes, (said, notes)
+    assert all("\n" not in n for n in src.notes)
+
+
 def _write_config(d, **config):
     d.mkdir(parents=True, exist_ok=True)
     (d / "config.json").write_text(json.dumps(config))
@@ -224,6 +247,7 @@ def test_bad_sources_fail_before_any_work(hf_dirs, tmp_path, case, match):
         _prepare(tmp_path, d)
 
 
+@pytest.mark.slow
 def test_cli_reports_a_bad_init_from_in_one_line(tmp_path):
     r = setdlm("pretrain", "--config", REPO / "configs" / "quickstart.yaml", "--out", tmp_path,
                f"train.init_from={tmp_path / 'missing'}", timeout=120)

@@ -40,6 +40,7 @@ def _lines(text: str, needle: str) -> list[str]:
     return [line for line in text.splitlines() if needle in line]
 
 
+@pytest.mark.slow
 def test_a_finetune_run_whose_latest_names_a_deleted_step_resumes_from_the_newest_complete(source, tmp_path,
                                                                                            model_parallel):
     from pretrain.config import load_config
@@ -59,6 +60,7 @@ def test_a_finetune_run_whose_latest_names_a_deleted_step_resumes_from_the_newes
     assert (root / "latest").read_text() == "step_00000004"  # trained on from step 2 and saved step 4 again
 
 
+@pytest.mark.slow
 def test_a_finetune_from_a_source_whose_latest_names_a_deleted_step_starts_from_its_newest_complete(
         source, tmp_path):
     src = tmp_path / "source"

@@ -25,6 +25,7 @@ def _val_rows(run):
     return {s: r["val/nll"] for s, r in read_metrics(run).items() if s > 0 and r.get("val/nll") is not None}
 
 
+@pytest.mark.slow
 def test_best_checkpoint_is_kept_outside_keep_last_and_selected_by_run_best(tmp_path):
     from pretrain.checkpoint import rundir
     from pretrain.checkpoint.inference import checkpoint_weights, load_model
@@ -65,6 +66,7 @@ def test_best_checkpoint_is_kept_outside_keep_last_and_selected_by_run_best(tmp_
     assert bad.returncode == 2 and "no complete checkpoint" in bad.stderr and "Traceback" not in bad.stderr
 
 
+@pytest.mark.slow
 def test_a_resumed_run_continues_from_the_recorded_best(tmp_path):
     run, _ = _run(tmp_path, "kr", "train.keep_best=true", "train.max_steps=4")
     first = json.loads((run / "checkpoints" / "best").read_text())
@@ -76,6 +78,7 @@ def test_a_resumed_run_continues_from_the_recorded_best(tmp_path):
     assert (run / "checkpoints" / best["tag"]).is_dir()
 
 
+@pytest.mark.slow
 def test_keep_best_errors_name_the_field(tmp_path):
     recipe = write_recipe(tmp_path / "r.yaml", train={"max_steps": 2, "eval_every": 0, "keep_best": True})
     out = setdlm("pretrain", "--config", recipe, "--out", tmp_path, timeout=120)
@@ -86,6 +89,7 @@ def test_keep_best_errors_name_the_field(tmp_path):
     assert out.returncode == 2 and "train.best_metric: 'val/acc'" in out.stderr and "val/nll" in out.stderr
 
 
+@pytest.mark.slow
 def test_epochs_resolve_max_steps_from_the_training_split(tmp_path):
     from data_pipeline.loader import build_loader
     from data_pipeline.tokenizers import load_tokenizer

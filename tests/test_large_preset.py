@@ -73,13 +73,15 @@ def test_hf_qwen3_8b_config_derives_the_preset(layout):
     assert set(ARCH_FIELDS) - set(preset) == {"head_bias"} and derived["head_bias"] is False
     cfg = load_config(RECIPE, QWEN3_VOCAB)
     before = dataclasses.asdict(cfg.model)
-    _merge_model(cfg, derived, "Qwen3-8B/config.json")
-    assert dataclasses.asdict(cfg.model) == before  # nothing changed: the preset is Qwen3-8B's architecture
+    notes = []
+    _merge_model(cfg, derived, "Qwen3-8B/config.json", notes)
+    assert dataclasses.asdict(cfg.model) == before and notes == []  # nothing changed: the preset is Qwen3-8B's
     wrong = {**derived, "ffn_hidden": 11008}
     with pytest.raises(ValueError, match="model.ffn_hidden.*preset 'qwen3-8b'"):
-        _merge_model(load_config(RECIPE, QWEN3_VOCAB), wrong, "other/config.json")
+        _merge_model(load_config(RECIPE, QWEN3_VOCAB), wrong, "other/config.json", [])
 
 
+@pytest.mark.slow
 def test_one_rank_of_qwen3_8b_at_tp8_pp2_holds_what_the_plan_says():
     """Two of the 16 ranks of a TP=8 x PP=2 qwen3-8b (stage 0 TP rank 0, stage 1 TP rank 7), each built
     on `meta` by pretrain.parallelize.build_stage in a fake 16-rank process group: their parameters are
@@ -142,6 +144,7 @@ def test_gsm8k_qwen3_8b_recipe_plans_one_node():
     assert peak < 0.6 * 80 * GIB and info["fit"]["none"][0] >= cfg.train.micro_batch, (peak / GIB, info["fit"])
 
 
+@pytest.mark.slow
 def test_dry_run_plans_an_init_from_source_with_its_architecture(tmp_path, capsys):
     """The dry run of a fine-tuning recipe derives the model and vocabulary from train.init_from as the
     run would (here a tiny HF Qwen3 directory); a source not on this machine is a note, not an error."""

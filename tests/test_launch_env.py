@@ -26,6 +26,7 @@ def test_single_process_defaults():
     assert (e.launcher, e.master_addr, e.master_port) == ("single", "h", 1234)
 
 
+@pytest.mark.slow
 def test_init_distributed_single_process_group():
     """world size 1 still gets a (gloo) process group on a free port, idempotently."""
     import subprocess

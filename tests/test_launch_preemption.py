@@ -94,3 +94,34 @@ def test_signal_on_one_rank_stops_every_rank_at_the_same_step(tmp_path):
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3]  # rank 0 got no signal but stopped with rank 1
     assert not (tmp_path / "done.json").exists()
+
+
+def agree_every(every: int) -> list:
+    """One rank: rank 1 is signalled after step 3; the ranks ask at steps 1..8, agreeing every `every`."""
+    import torch.distributed as dist
+
+    from common.dist import init_process_group
+
+    init_process_group()
+    h = PreemptionHandler(signals=(signal.SIGUSR2,)).install()
+    try:
+        answers = []
+        for step in range(1, 9):
+            if step == 4 and dist.get_rank() == 1:
+                h.trigger(signal.SIGUSR2)
+            answers.append(h.should_stop(step, every=every))
+        return answers
+    finally:
+        h.uninstall()
+
+
+@pytest.mark.slow
+def test_ranks_agree_only_at_checking_steps():
+    """A signal on one rank stops every rank at the same step: the first multiple of `every` at or after
+    it; the steps between run no collective (every rank must still call at every step)."""
+    from distributed_run import run_distributed
+
+    for every, first in ((1, 4), (3, 6)):
+        ranks = run_distributed(agree_every, 2, every, timeout=120)
+        want = [False] * (first - 1) + [True] * (9 - first)
+        assert ranks.results[0] == want and ranks.results[1] == want, (every, ranks.results)

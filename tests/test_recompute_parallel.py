@@ -7,24 +7,16 @@ from __future__ import annotations
 import pytest
 import torch
 
-from test_parallel_parity import PARAM_ATOL, launch_variants, load
+from test_parallel_parity import PARAM_ATOL, RECOMPUTE_CASES, load
 
 pytestmark = pytest.mark.slow
 
-CASES = [  # variant, layout, relative tolerance of losses / grad norms / val NLL
-    ("qwen_full", "tp2pp1z0", 1e-5), ("qwen_full", "tp1pp2z0", 1e-5), ("qwen_full", "tp1pp1z3", 1e-5),
-    ("gpt_selective", "tp2pp1z0", 1e-5), ("gpt_selective", "tp1pp2z0", 1e-5),
-    ("qwen_compile", "tp2pp1z0", 1e-4), ("qwen_sp", "tp2pp1z0", 1e-5),
-]
 
-
-def test_recompute_compile_and_sequence_parallel_match_one_plain_process(tmp_path):
-    launch_variants(tmp_path, 1, ["ref"], ["qwen", "gpt"])
-    launch_variants(tmp_path, 2, sorted({c[1] for c in CASES}), sorted({c[0] for c in CASES}))
+def test_recompute_compile_and_sequence_parallel_match_one_plain_process(parity_runs):
     failures = []
-    for variant, layout, rel in CASES:
-        ref, ref_w = load(tmp_path, f"{variant.split('_')[0]}-ref")
-        got, got_w = load(tmp_path, f"{variant}-{layout}")
+    for variant, layout, rel in RECOMPUTE_CASES:
+        ref, ref_w = load(parity_runs, f"{variant.split('_')[0]}-ref")
+        got, got_w = load(parity_runs, f"{variant}-{layout}")
         for key in ("losses", "grad_norms"):
             for a, b in zip(got[key], ref[key]):
                 if abs(a - b) > rel * max(abs(a), abs(b)):

@@ -226,7 +226,8 @@ def test_openai_client_completions_streams_and_chat(server):
 
 
 def test_health_models_and_metrics(server):
-    assert httpx.get(server.url + "/health", timeout=30).json() == {"status": "ok"}
+    assert httpx.get(server.url + "/health", timeout=30).json() == {"status": "ok", "waiting": 0, "max_waiting": None,
+                                                                    "in_flight": 0}
     m = httpx.get(server.url + "/v1/models", timeout=30).json()["data"][0]
     assert (m["id"], m["max_model_len"], m["s_max"]) == ("tiny", 64, 8)
     post(server, {"prompt": "Return the", "max_tokens": 6, "temperature": 0, "setdlm": {"threshold": 0.0}})
@@ -235,8 +236,15 @@ def test_health_models_and_metrics(server):
     assert rows['setdlm_requests_total{endpoint="/v1/completions",outcome="200"}'] >= 1
     assert rows["setdlm_generated_tokens_total"] >= 6 and rows["setdlm_forwards_total"] >= 2
     assert rows["setdlm_tokens_per_step"] >= 1 and rows["setdlm_slots"] == 4 and rows["setdlm_queue_depth"] == 0
-    assert 0 < rows['setdlm_request_latency_seconds{quantile="0.5"}'] <= rows['setdlm_request_latency_seconds{quantile="0.99"}']
     assert all(line.startswith("#") or re.match(r"^setdlm_\w+(\{[^}]*\})? \S+$", line) for line in text.splitlines())
+    # latency is a histogram (aggregatable across replicas): cumulative buckets ending in +Inf = count
+    assert "# TYPE setdlm_request_latency_seconds histogram" in text
+    assert "# TYPE setdlm_time_to_first_token_seconds histogram" in text
+    buckets = [(m[0], float(m[1])) for m in re.findall(
+        r'^setdlm_request_latency_seconds_bucket\{le="([^"]+)"\} (\S+)$', text, re.M)]
+    counts = [c for _, c in buckets]
+    assert buckets[-1][0] == "+Inf" and counts == sorted(counts) and counts[-1] == rows["setdlm_request_latency_seconds_count"] >= 1
+    assert rows["setdlm_request_latency_seconds_sum"] > 0
 
 
 def test_bearer_token(served):

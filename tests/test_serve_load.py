@@ -115,6 +115,7 @@ def settled(srv, timeout=20.0):
     return False
 
 
+@pytest.mark.slow
 def test_load_mixed_clients_with_disconnects(served, server):
     jobs = [plan(i) for i in range(REQUESTS)]
     refs = {}
@@ -177,7 +178,7 @@ def test_disconnects_free_their_slots(server):
             deadline = time.monotonic() + 60
             while time.monotonic() < deadline:
                 async with session.get(server.url + "/metrics") as r:
-                    if re.search(r"^setdlm_slots_busy 4$", await r.text(), re.M):
+                    if re.search(r"^setdlm_slots_busy 4(\.0)?$", await r.text(), re.M):
                         break
                 await asyncio.sleep(0.002)
             assert time.monotonic() < deadline, "the 4 rows never decoded together"

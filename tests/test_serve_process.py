@@ -3,6 +3,7 @@ required and never appears in what the server prints."""
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -38,6 +39,7 @@ def start(run_dir, tmp_path):
     raise AssertionError(f"no listening line: {(tmp_path / 'err.log').read_text()[-2000:]}")
 
 
+@pytest.mark.slow
 def test_sigterm_drains_and_the_key_is_never_logged(run_dir, tmp_path):
     proc, url = start(run_dir, tmp_path)
     try:
@@ -84,6 +86,7 @@ def test_sigterm_drains_and_the_key_is_never_logged(run_dir, tmp_path):
     ("--max-total-tokens", "1", "--max-total-tokens must be >= 2, got 1"),
     ("--max-batch", "0", "--max-batch must be >= 1, got 0"),
     ("--port", "70000", "--port must be in [0, 65535], got 70000"),
+    ("--device", "bogus", "--device bogus: not a torch device"),
 ])
 def test_bad_serve_options_are_one_line_before_any_load(tmp_path, flag, value, message):
     """Checked before the checkpoint is read (it does not exist here): exit status 2, one line, no traceback."""
@@ -92,3 +95,41 @@ def test_bad_serve_options_are_one_line_before_any_load(tmp_path, flag, value, m
     assert r.returncode == 2, r.stderr
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0] and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--max-waiting", "-1", "--max-waiting must be >= 0, got -1"),
+    ("--model-name", "", "--model-name: empty name"),
+    ("--model-name", "  ", "--model-name: empty name"),
+    ("--drain-timeout", "-1", "--drain-timeout must be a number of seconds >= 0, got -1"),
+    ("--drain-timeout", "inf", "--drain-timeout must be a number of seconds >= 0, got inf"),
+    ("--device", "cuda:99" if __import__("torch").cuda.is_available() else "cuda", "--device cuda"),
+])
+def test_more_bad_serve_options_before_any_load(tmp_path, flag, value, message):
+    """The same checks in this process (serve.cli.main raises what `setdlm serve` prints as one line)."""
+    from common.errors import UsageError
+    from serve.cli import main
+
+    with pytest.raises(UsageError, match=f"^{re.escape(message)}"):
+        main(["--checkpoint", str(tmp_path / "missing"), flag, value])
+
+
+def test_max_total_tokens_whose_cache_cannot_fit_is_refused_at_start(run_dir):
+    r = subprocess.run([sys.executable, "-m", "launch.cli", "serve", "--checkpoint", str(run_dir), "--device", "cpu",
+                        "--port", "0", "--max-total-tokens", str(10**12)], cwd=REPO, env=cli_env(),
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and "Traceback" not in r.stderr and "listening" not in r.stdout, r.stderr
+    [line] = [x for x in r.stderr.splitlines() if "error" in x]
+    assert line.startswith("setdlm serve: error: --max-total-tokens 1000000000000: the KV cache of --max-batch 8 slots")
+    assert "available on this host; at most" in line
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--checkpoint", "x"]])
+def test_without_aiohttp_one_line_even_for_help(argv):
+    code = ("import sys; sys.modules['aiohttp'] = None; from launch.cli import main; "
+            f"sys.exit(main(['serve', *{argv!r}]))")
+    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=cli_env(), capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and r.stdout == "" and "Traceback" not in r.stderr, r.stderr
+    assert r.stderr.strip() == ("setdlm serve: error: setdlm serve needs aiohttp: pip install 'setdlm[serve]' "
+                                "(or '.[serve]' in a checkout)")

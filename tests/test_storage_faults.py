@@ -133,6 +133,7 @@ def test_eval_records_on_a_full_disk(trained, tmp_path, mounts, capsys):
     assert (full / "records.rank00000.jsonl").read_text() == "" and not (out / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_prepare_on_a_full_disk_keeps_its_shards_and_resumes(tmp_path, mounts, capsys):
     """The disk fills after a few shards: the shards before are kept with their progress, and the
     same command, with space, resumes and ends with the shards of a run that never failed."""

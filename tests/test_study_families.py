@@ -32,6 +32,7 @@ def test_orderings_are_held_only_beyond_two_combined_errors():
     assert o["verdict"] == "not resolved" and o["sigma"] == pytest.approx(0.05) and o["z"] == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_the_study_runs_end_to_end_and_records_how_to_regenerate_it(tmp_path, model_parallel):
     out, doc = tmp_path / "study", tmp_path / "doc" / "study.md"
     argv = ["--seeds", "2", "--steps", "2", "--hidden", "16", "--orders", "2", "--batches", "1", "--jobs", "1",

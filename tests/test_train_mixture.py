@@ -12,7 +12,7 @@ from helpers import killed_and_resumed, read_metrics, setdlm, write_recipe
 from mixture_data import mixture, prepare_corpora
 
 from common.schema import ConfigError
-from data_pipeline.cli import main as data_cli
+from launch.cli import data_main as setdlm_data
 from pretrain.config import load_config
 from pretrain.trainer import Trainer
 
@@ -39,6 +39,7 @@ def _record(run: Path) -> dict:
     return json.loads((run / "checkpoints" / latest / "meta.json").read_text())["data"]
 
 
+@pytest.mark.slow
 def test_per_source_validation_equals_one_source_runs(tmp_path, corpora, model_parallel):
     recipe = _recipe(tmp_path / "r.yaml", corpora, max_steps=1, eval_every=1, eval_batches=3)
     _train(recipe, tmp_path / "mix")
@@ -78,7 +79,7 @@ def test_killed_run_resumes_with_identical_losses_and_counts(tmp_path, corpora, 
     assert rec == _record(tmp_path / "ref" / "tiny")
     assert rec["position"] == 80 and {n: r["samples"] for n, r in rec["sources"].items()} == {"a": 48, "b": 32}
     capfd.readouterr()
-    assert data_cli(["inspect", str(out / "tiny")]) == 0
+    assert setdlm_data(["inspect", str(out / "tiny")]) == 0
     lines = capfd.readouterr().out.splitlines()
     assert "step 10, global position 80" in lines[0]
     assert [ln.split()[:6] for ln in lines[2:]] == [["a", "0.6", "0.6000", "48", "1,536", "0"],

@@ -66,6 +66,7 @@ def test_the_val_loader_pads_the_last_batch_and_covers_every_sample(model_parall
 
 
 @pytest.mark.parametrize("objective", ["setdlm", "ar", "mdlm", "bd3lm"])
+@pytest.mark.slow
 def test_val_nll_is_the_one_row_at_a_time_value_over_every_row(tmp_path, model_parallel, objective):
     # 217 val rows in batches of 4: the last batch holds 1 real row and 3 weight-0 filler rows
     trainer = _trainer(tmp_path, f"objective.name={objective}")
@@ -89,6 +90,7 @@ def _validate_under_dp(out: str) -> dict:
     return {"got": got, "ref": ref}
 
 
+@pytest.mark.slow
 def test_val_nll_under_two_data_parallel_ranks_covers_every_row(tmp_path):
     ranks = run_distributed(_validate_under_dp, 2, str(tmp_path), timeout=600)
     a, b = ranks.results
@@ -98,6 +100,7 @@ def test_val_nll_under_two_data_parallel_ranks_covers_every_row(tmp_path):
     assert a["got"]["val/nll"] == pytest.approx(ref["nll"], rel=1e-5, abs=0)
 
 
+@pytest.mark.slow
 def test_quickstart_val_nll_is_the_mean_over_all_108_rows(tmp_path, model_parallel, capsys):
     """configs/quickstart.yaml with a 2-step train: 108 val rows in global batches of 16 (6 full + 12 rows)."""
     from pretrain.config import load_config

@@ -5,7 +5,7 @@ pytorch_model.bin of an export is read weights-only).
 - `write_weights` / `read_weights`: an export directory (ours, tensors in Hugging Face names);
 - `weight_files`: the safetensors files of any Hugging Face directory (a stock model's), for lazy
   reads one tensor at a time (hf_stock.HFWeights);
-- `read_json`, `parse_size` (`--max-shard-size`), `cast` (`--dtype`), `human_bytes`, `parameter_total`.
+- `read_json`, `parse_size` (`--max-shard-size`), `cast` (`--dtype`), `parameter_total`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import torch
 from .errors import ConvertError
 
 __all__ = ["SAFE_SINGLE", "SAFE_INDEX", "DTYPES", "write_weights", "read_weights", "weight_files", "read_json",
-           "parse_size", "cast", "human_bytes", "parameter_total"]
+           "parse_size", "cast", "parameter_total"]
 
 SAFE_SINGLE = "model.safetensors"
 SAFE_INDEX = "model.safetensors.index.json"
@@ -161,14 +161,6 @@ def cast(tensors: dict[str, torch.Tensor], dtype: str) -> dict[str, torch.Tensor
         raise ConvertError(f"--dtype: {dtype!r} is not one of {', '.join(DTYPES)}")
     to = DTYPES[dtype]
     return {k: (v.to(to) if v.is_floating_point() else v).contiguous() for k, v in tensors.items()}
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return f"{n}"  # pragma: no cover
 
 
 def parameter_total(tensors: dict[str, torch.Tensor]) -> int:

@@ -33,7 +33,7 @@ def _compile(fn):
     return torch.compile(fn, dynamic=False)
 
 
-class StepRunner:
+class DecodeStepRunner:
     def __init__(self, dec):
         self.dec = dec
         cfg = dec.cfg

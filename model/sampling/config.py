@@ -3,14 +3,18 @@ outputs, and `SamplingError` for a request `generate` cannot decode."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass, field
 from typing import Literal
 
 from common.errors import Error
 from common.schema import ConfigError, Field, section
 
-FAMILIES = ("setdlm", "bd3lm", "mdlm", "ar")
+from .. import families
+
+FAMILIES = families.names()
+# The SW-SetDLM window when neither the config nor the model gives one: D = 4, the set size of the
+# paper's OWT and GSM8K models (from_objective replaces it with the trained model's D).
+DEFAULT_WINDOW = 4
 REMASKING = ("confidence", "random")
 
 
@@ -37,10 +41,10 @@ class SamplingConfig:
     """How `generate` decodes: a typed section (common/schema.py), so a bad value fails on construction
     (or assignment) with one line naming it (`sampling.window: must be an integer >= 1, got 2.5`)."""
 
-    family: Literal[FAMILIES] = Field("setdlm", description="sampler family")
+    family: Literal[FAMILIES] = Field(families.SETDLM.name, description="sampler family (model/families)")
     max_new_tokens: int = Field(128, ge=0, description="plain prompts: positions generated after the prompt")
     window: int | None = Field(None, ge=1, description=(
-        "SW-SetDLM window of masked positions from the leftmost one (null: 4; use the model's D, as "
+        "SW-SetDLM window of masked positions from the leftmost one (null: DEFAULT_WINDOW = 4; use the model's D, as "
         "from_objective does; the paper uses S_max for infilling)"))
     threshold: float | None = Field(None, ge=0.0, description=(
         "SetDLM / BD3-LM / MDLM: also accept every position whose confidence is >= this; null or >= 1: no "
@@ -55,11 +59,20 @@ class SamplingConfig:
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus: smallest set with this probability (1: off)")
     repetition_penalty: float = Field(1.0, gt=0.0, description=(
         "CTRL-style penalty on tokens present (positive logits / p, negative * p; 1: off)"))
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description=(
+        "OpenAI's: subtracted from the logit of every token the output already holds (0: off)"))
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description=(
+        "OpenAI's: subtracted from a token's logit once per occurrence in the output so far (0: off)"))
+    logit_bias: dict[int, float] = Field(default_factory=dict, description=(
+        "token id -> value added to its logit (-100 to 100; OpenAI's logit_bias)"))
+    logprobs: int | None = Field(None, ge=0, le=20, description=(
+        "record each output token's log-probability under the step that committed it, and the k most likely "
+        "tokens of that step at its position (null: off; docs/sampling.md)"))
     seed: int | None = Field(None, description="seeds a generator on the model's device when none is passed")
     stop_on_eos: bool = Field(True, description="plain prompts: stop at the first EOS (infilling fills the span)")
     stop_token_ids: list[int] = Field(default_factory=list, description="more token ids that end a sequence")
     stop: list[str] = Field(default_factory=list, description="stop strings (need a tokenizer)")
-    stop_regex: str | None = Field(None, description="a regular expression searched in the generated text")
+    stop_regex: str | None = Field(None, description="an RE2 regular expression searched in the generated text")
     check_every: int = Field(1, ge=1, description="host synchronisation (finished rows, stop strings) every N steps")
     compact: bool = Field(True, description="drop finished rows from the batch once no prompt is waiting")
     max_batch: int | None = Field(None, ge=1, description=(
@@ -82,15 +95,16 @@ class SamplingConfig:
 
     @classmethod
     def from_objective(cls, objective, **overrides) -> "SamplingConfig":
-        """Defaults matching a trained objective (ObjectiveConfig or its dict): family, w = D, block size."""
-        get = (lambda k, d=None: objective.get(k, d)) if isinstance(objective, dict) else (
-            lambda k, d=None: getattr(objective, k, d))
-        D = int(get("set_size", 4) or 4)
-        kw = dict(family=get("name", "setdlm"), window=D, block_size=int(get("block_size", 4) or 4))
-        if kw["family"] == "setdlm":
-            kw["s_max"] = int(get("s_max", None) or 2 * D)
-        kw.update(overrides)
-        return cls(**kw)
+        """Defaults matching a trained objective (ObjectiveConfig or its dict): its family's
+        (FamilySpec.sampling_defaults: family, w = D, block size, S_max), then `overrides`."""
+        name = objective.get("name") if isinstance(objective, dict) else getattr(objective, "name", None)
+        spec = families.get(name or families.SETDLM.name)
+        return cls(**{**spec.sampling_defaults(objective), **overrides})
+
+    @property
+    def spec(self):
+        """The FamilySpec of `family`."""
+        return families.get(self.family, "sampling.family")
 
     @property
     def greedy(self) -> bool:
@@ -98,7 +112,7 @@ class SamplingConfig:
 
     @property
     def window_size(self) -> int:
-        return int(self.window) if self.window is not None else 4
+        return int(self.window) if self.window is not None else DEFAULT_WINDOW
 
     @property
     def max_window(self) -> int:
@@ -120,21 +134,21 @@ class SamplingConfig:
         assignment); runs on construction, and again in `generate` after assignments."""
         if self.adaptive_window and self.max_window < self.window_min:
             raise ConfigError(f"sampling.window_max: must be >= window_min={self.window_min}, got {self.max_window}")
-        if self.s_max is not None and self.family == "setdlm":
-            for name, value in (("window", self.window_size), ("window_max", self.max_window if self.adaptive_window else 0)):
-                if value > self.s_max:
-                    raise ConfigError(f"sampling.{name}: at most the model's S_max = {self.s_max} (the most positions one "
-                                      f"step was trained on), got {value}")
-        if self.compile and self.family == "mdlm":
-            raise ConfigError("sampling.compile: the compiled step exists for setdlm, bd3lm and ar (MDLM decodes "
-                              "eagerly); set compile: false")
+        self.spec.validate_sampling(self)
+        for t, v in self.logit_bias.items():
+            if t < 0 or not -100.0 <= v <= 100.0:
+                raise ConfigError(f"sampling.logit_bias: token ids >= 0 and values in [-100, 100], got {t}: {v}")
+        if self.compile and self.logprobs is not None:
+            raise ConfigError("sampling.logprobs: recorded by the eager step only; set compile: false")
         if any(not s for s in self.stop):
             raise ConfigError("sampling.stop: stop strings must be non-empty")
         if self.stop_regex is not None:
+            from .stop_regex import StopRegexError, compile_stop_regex
+
             try:
-                re.compile(self.stop_regex)
-            except re.error as e:
-                raise ConfigError(f"sampling.stop_regex: invalid regular expression {self.stop_regex!r}: {e}") from None
+                compile_stop_regex(self.stop_regex)
+            except StopRegexError as e:
+                raise ConfigError(f"sampling.stop_regex: {e}") from None
 
 
 @dataclass
@@ -147,10 +161,13 @@ class SampleOutput:
     sequence took part in, prefill excluded; tokens_per_step = len(tokens) / steps; seconds: wall time
     from the start of `generate` (prefill included) until this sequence finished; stopped_early: a
     stop criterion fired before the span was full, stop_reason: "length" (span full), "eos",
-    "stop_string" or "regex"; masks_dropped: positions still masked when it stopped (dropped);
+    "stop_string", "regex" or "regex_timeout" (the stop regex used up its time, model/sampling/stopping.py:
+    the output ends at its decoded prefix); masks_dropped: positions still masked when it stopped (dropped);
     commit_step: for each output token the step that committed it (1-based); prompt_tokens: visible
     context tokens; sequence: the whole decoded sequence as the model saw it (prompt + tokens, or
-    prefix + span + suffix), cut at a stop like `tokens`. With continuous batching (`max_batch`)
+    prefix + span + suffix), cut at a stop like `tokens`; with `SamplingConfig.logprobs` set, logprobs:
+    per token its log-probability under the step that committed it, top_logprobs: per token the k
+    (id, log-probability) pairs most likely at its position in that step. With continuous batching (`max_batch`)
     `seconds` runs from the row's admission into a slot (its prefill) until it finished.
     """
 
@@ -165,6 +182,8 @@ class SampleOutput:
     commit_step: list[int] = field(default_factory=list)
     prompt_tokens: int = 0
     sequence: list[int] = field(default_factory=list)
+    logprobs: list[float] | None = None
+    top_logprobs: list[list[tuple[int, float]]] | None = None
 
     def to_dict(self) -> dict:
         return {k: getattr(self, k) for k in ("tokens", "text", "steps", "tokens_per_step", "seconds",

@@ -26,8 +26,9 @@ import torch
 
 from ..transformer import full_logits
 from .config import Infill, SampleOutput, SamplingConfig, SamplingError
-from .processors import choose, presence
-from .stopping import StopChecker
+from .processors import adjust, bias_vector, choose, counts, presence, token_logprobs
+from .stopping import StopChecker, StopRegexTimeout
+
 
 @dataclass
 class Request:
@@ -59,7 +60,7 @@ def to_requests(prompts, cfg: SamplingConfig, mask_id: int, vocab: int, eos_id: 
             if p.length < 0:
                 raise SamplingError(f"prompts[{i}]: Infill.length must be >= 0, got {p.length}")
             r = Request(list(map(int, p.prefix)), int(p.length), list(map(int, p.suffix)), True)
-            if cfg.family == "ar":
+            if cfg.spec.next_token:
                 r = Request(r.prefix, r.span, [], True)  # AR conditions on the prefix only
         else:
             if isinstance(p, str):
@@ -71,9 +72,9 @@ def to_requests(prompts, cfg: SamplingConfig, mask_id: int, vocab: int, eos_id: 
             if not 0 <= t < vocab or t == mask_id:
                 raise SamplingError(f"prompts[{i}]: token id {t} is not a visible token id (vocabulary {vocab}, "
                                  f"MASK {mask_id})")
-        if cfg.family == "ar" and not r.prefix and eos_id is not None:
+        if cfg.spec.next_token and not r.prefix and eos_id is not None:
             r = Request([int(eos_id)], r.span, r.suffix, r.infill)  # GPT-2 convention: start from EOS
-        if cfg.family == "ar" and not r.prefix:
+        if cfg.spec.next_token and not r.prefix:
             raise SamplingError(f"prompts[{i}]: AR decoding needs at least one prompt token (start with BOS, or pass eos_id)")
         reqs.append(r)
     return reqs
@@ -99,6 +100,8 @@ class Decoder:
         self.stopper = StopChecker(tokenizer, cfg.stop, cfg.stop_regex)
         self.row_stoppers: dict[int, StopChecker] = {}  # a request's own stop strings (session.py)
         self.observer = None  # reports each step's commits (observe.py); None: nothing is read back for it
+        self.bias = bias_vector(cfg.logit_bias, self.vocab, self.device)  # logit_bias as a [V] tensor (or None)
+        self.step_lp = None  # with cfg.logprobs: the last choose()'s (logprob, top ids, top logprobs), [B, N(, k)]
         ids = list(cfg.stop_token_ids)
         if cfg.stop_on_eos and eos_id is not None:
             ids.append(int(eos_id))
@@ -152,6 +155,11 @@ class Decoder:
         self.can_stop = torch.zeros(S, dtype=torch.bool, device=dev)
         self.commit_step = torch.zeros(S, L + 1, dtype=torch.int32, device=dev)
         self.steps = torch.zeros(S, dtype=torch.long, device=dev)
+        if self.cfg.logprobs is not None:  # per position: logprob of the committed token, the step's top k
+            k = self.cfg.logprobs
+            self.logprob = torch.zeros(S, L + 1, device=dev)
+            self.top_ids = torch.zeros(S, L + 1, k, dtype=torch.long, device=dev)
+            self.top_lp = torch.zeros(S, L + 1, k, device=dev)
         self.rows = [-1] * S  # request index held by each slot (-1: free)
         self.len_ub = np.zeros(S, dtype=np.int64)  # host upper bound on each slot's cached entries
         self.grown = 0  # entries every slot may have gained since len_ub was last brought up to date
@@ -239,14 +247,37 @@ class Decoder:
         tok, conf = self.choose(full_logits(self.model, self.model.output_logits(hidden)), confidence)
         if slots is None:
             return tok, conf
+        if self.step_lp is not None:  # back to the slots' layout (inactive ones are never written)
+            lp, ids, top = self.step_lp
+            k = ids.shape[-1]
+            wide = slots[..., None].expand(-1, -1, k)
+            self.step_lp = (torch.zeros(active.shape, dtype=lp.dtype, device=lp.device).scatter_(1, slots, lp),
+                            ids.new_zeros(*active.shape, k).scatter_(1, wide, ids),
+                            top.new_zeros(*active.shape, k).scatter_(1, wide, top))
         tok = torch.zeros_like(active, dtype=tok.dtype).scatter_(1, slots, tok)
         if conf is not None:
             conf = torch.full(active.shape, -1.0, dtype=conf.dtype, device=conf.device).scatter_(1, slots, conf)
         return tok, conf
 
     def choose(self, logits: torch.Tensor, confidence: bool = True):
-        present = presence(self.canvas[:, : self.L], self.vocab) if self.cfg.repetition_penalty != 1.0 else None
-        return choose(logits, self.cfg, self.generator, present, confidence)
+        """Token choice over logits [B, N, V] of the slots' rows (processors.py); with cfg.logprobs it also
+        leaves the chosen tokens' log-probabilities in `step_lp` for `write`."""
+        cfg = self.cfg
+        present = presence(self.canvas[:, : self.L], self.vocab) if cfg.repetition_penalty != 1.0 else None
+        seen = self.output_counts() if cfg.frequency_penalty or cfg.presence_penalty else None
+        logits = adjust(logits.float(), cfg, present, seen, self.bias)
+        tok, conf = choose(logits, cfg, self.generator, None, confidence)
+        if cfg.logprobs is not None:
+            self.step_lp = token_logprobs(logits, tok, cfg.logprobs)
+        return tok, conf
+
+    def output_counts(self) -> torch.Tensor:
+        """[B, V] occurrences of each token among the output's committed tokens (its span, not the prompt):
+        what OpenAI's presence and frequency penalties count."""
+        L = self.L
+        col = self.arange_L[None, :L]
+        out = (col >= self.span_start[:, None]) & (col < self.span_end[:, None]) & ~self.todo[:, :L]
+        return counts(self.canvas[:, :L], out, self.vocab)
 
     def write(self, pos: torch.Tensor, tok: torch.Tensor, accept: torch.Tensor) -> None:
         """Write accepted tokens [B, N] at positions [B, N], stamped with each row's own step count;
@@ -255,6 +286,12 @@ class Decoder:
         self.canvas.scatter_(1, dest, tok)
         self.todo.scatter_(1, dest, False)
         self.commit_step.scatter_(1, dest, self.steps.to(torch.int32)[:, None].expand_as(dest))
+        if self.cfg.logprobs is not None:
+            lp, ids, top = self.step_lp
+            wide = dest[..., None].expand(-1, -1, ids.shape[-1])
+            self.logprob.scatter_(1, dest, lp)
+            self.top_ids.scatter_(1, wide, ids)
+            self.top_lp.scatter_(1, wide, top)
         if self.stop_ids is not None:
             hit = accept & torch.isin(tok, self.stop_ids) & self.can_stop[:, None]
             first = torch.where(hit, pos, torch.full_like(pos, self.L + 1)).amin(1)
@@ -309,14 +346,17 @@ class Decoder:
 
     def select_rows(self, keep: torch.Tensor) -> None:
         """Keep only the given slots (device index tensor). Subclasses extend for their state."""
-        for name in ("canvas", "todo", "span_start", "span_end", "row_len", "can_stop", "commit_step", "steps"):
+        names = ["canvas", "todo", "span_start", "span_end", "row_len", "can_stop", "commit_step", "steps"]
+        if self.cfg.logprobs is not None:
+            names += ["logprob", "top_ids", "top_lp"]
+        for name in names:
             setattr(self, name, getattr(self, name)[keep])
         self.len_ub = self.sync_len_ub()[keep.cpu().numpy()]
         self.ub_max = int(self.len_ub.max()) if len(self.len_ub) else 0
 
     # -- loop ------------------------------------------------------------------------------------
     def run(self) -> list[SampleOutput]:
-        from .compiled import StepRunner
+        from .compiled import DecodeStepRunner
 
         cfg = self.cfg
         t0 = time.perf_counter()
@@ -331,7 +371,7 @@ class Decoder:
         self.queue = deque(range(n))
         first = [self.queue.popleft() for _ in range(min(self.S, n))]
         self.admit(list(range(len(first))), first, t0)
-        self.runner = StepRunner(self)
+        self.runner = DecodeStepRunner(self)
         limit = sum(r.span + 1 for r in self.reqs) + cfg.check_every * (n + 2)
         step = 0
         self.pending_rows = n
@@ -394,11 +434,17 @@ class Decoder:
                 if text is None:
                     text = self.tokenizer.decode(toks)
             n_steps = int(steps[i])
+            self.stopper_for(row).forget(row)
             self.outputs[row] = SampleOutput(
                 tokens=toks, text=text, steps=n_steps, tokens_per_step=len(toks) / n_steps if n_steps else 0.0,
                 seconds=now - self.t_admit[row], stopped_early=reason != "length", stop_reason=reason,
                 masks_dropped=dropped, commit_step=commit[i, a:e].tolist(), prompt_tokens=len(r.visible),
                 sequence=canvas[i, :e].tolist() + canvas[i, e0 : r.length].tolist())
+            if self.cfg.logprobs is not None:
+                out = self.outputs[row]
+                out.logprobs = self.logprob[b, a:e].tolist()
+                ids, top = self.top_ids[b, a:e].tolist(), self.top_lp[b, a:e].tolist()
+                out.top_logprobs = [list(zip(i_, t_)) for i_, t_ in zip(ids, top)]
 
     def _check_stop_strings(self) -> None:
         todo, canvas = self.todo.cpu(), self.canvas.cpu()
@@ -414,7 +460,10 @@ class Decoder:
             masked = torch.nonzero(todo[b, a:e]).flatten()
             upto = a + (int(masked[0]) if len(masked) else e - a)
             toks = canvas[b, a:upto].tolist()
-            hit = self.stopper_for(row).check(toks, self.checked[row])
+            try:
+                hit = self.stopper_for(row).check(toks, self.checked[row], row)
+            except StopRegexTimeout:  # the row used up its matching time: it ends at its decoded prefix
+                hit = (len(toks), self.tokenizer.decode(toks), "regex_timeout")
             self.checked[row] = len(toks)
             if hit is not None:
                 n, text, reason = hit

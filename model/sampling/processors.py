@@ -1,9 +1,11 @@
 """Logits processors and token choice, vectorised over [B, N, V] (no host reads).
 
-Order: repetition penalty -> (greedy) argmax, or temperature -> top-k -> top-p -> sample. The
-confidence of a position is the probability of its chosen token: under softmax(penalised logits) when
-greedy, under the processed (tempered, truncated, renormalised) distribution when sampling.
-MASK and vocabulary padding are already -inf in the model's logits and stay impossible.
+Order: logit bias -> repetition penalty -> presence and frequency penalties (`adjust`) -> (greedy)
+argmax, or temperature -> top-k -> top-p -> sample. The confidence of a position is the probability
+of its chosen token: under softmax(adjusted logits) when greedy, under the processed (tempered,
+truncated, renormalised) distribution when sampling. Log-probabilities (`token_logprobs`) are those of
+the adjusted logits, before temperature and truncation. MASK and vocabulary padding are already -inf
+in the model's logits and stay impossible.
 """
 
 from __future__ import annotations
@@ -27,6 +29,53 @@ def repetition_penalty(logits: torch.Tensor, present: torch.Tensor, penalty: flo
         return logits
     pen = torch.where(logits > 0, logits / penalty, logits * penalty)
     return torch.where(present[:, None, :], pen, logits)
+
+
+def counts(tokens: torch.Tensor, keep: torch.Tensor, vocab: int) -> torch.Tensor:
+    """[B, L] token ids, [B, L] which of them count -> [B, vocab] float: occurrences of each token."""
+    ids = torch.where(keep, tokens, torch.full_like(tokens, vocab)).clamp(max=vocab)
+    out = torch.zeros(tokens.shape[0], vocab + 1, device=tokens.device)
+    out.scatter_add_(1, ids, torch.ones_like(ids, dtype=out.dtype))
+    return out[:, :vocab]
+
+
+def bias_vector(bias: dict[int, float], vocab: int, device) -> torch.Tensor | None:
+    """OpenAI's logit_bias {token id: value} as a dense [vocab] tensor (None when empty)."""
+    if not bias:
+        return None
+    out = torch.zeros(vocab, device=device)
+    ids = torch.tensor([int(t) for t in bias], dtype=torch.long)
+    if int(ids.max()) >= vocab:
+        from .config import SamplingError
+
+        raise SamplingError(f"sampling.logit_bias: token id {int(ids.max())} is outside the vocabulary of {vocab}")
+    out[ids.to(device)] = torch.tensor([float(v) for v in bias.values()], device=device)
+    return out
+
+
+def adjust(logits: torch.Tensor, cfg, present: torch.Tensor | None = None, seen: torch.Tensor | None = None,
+           bias: torch.Tensor | None = None) -> torch.Tensor:
+    """logits [B, N, V] float -> the step's distribution before temperature: + logit bias [V], the
+    repetition penalty on tokens `present` [B, V], then OpenAI's penalties on the output's own tokens
+    (`seen` [B, V] counts): - frequency_penalty * count - presence_penalty * (count > 0)."""
+    if bias is not None:
+        logits = logits + bias
+    if present is not None and cfg.repetition_penalty != 1.0:
+        logits = repetition_penalty(logits, present, cfg.repetition_penalty)
+    if seen is not None and (cfg.frequency_penalty or cfg.presence_penalty):
+        logits = logits - (cfg.frequency_penalty * seen + cfg.presence_penalty * (seen > 0))[:, None, :]
+    return logits
+
+
+def token_logprobs(logits: torch.Tensor, tok: torch.Tensor, k: int):
+    """Adjusted logits [B, N, V] and chosen tokens [B, N] -> (log-probability of each chosen token
+    [B, N], the k most likely tokens [B, N, k] and their log-probabilities [B, N, k])."""
+    lp = logits.log_softmax(-1)
+    top = lp.topk(k, dim=-1) if k else None
+    chosen = lp.gather(-1, tok[..., None])[..., 0]
+    if top is None:
+        return chosen, tok.new_zeros(*tok.shape, 0), lp.new_zeros(*tok.shape, 0)
+    return chosen, top.indices, top.values
 
 
 def top_k_filter(logits: torch.Tensor, k: int) -> torch.Tensor:
@@ -53,9 +102,7 @@ def choose(logits: torch.Tensor, cfg, generator: torch.Generator | None = None,
            present: torch.Tensor | None = None, confidence: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """logits [B, N, V] (float) -> (tokens [B, N] long, confidence [B, N] float; None when greedy and
     `confidence` is False: AR needs only the token)."""
-    logits = logits.float()
-    if present is not None and cfg.repetition_penalty != 1.0:
-        logits = repetition_penalty(logits, present, cfg.repetition_penalty)
+    logits = adjust(logits.float(), cfg, present)
     if cfg.greedy:  # probability of the argmax without materialising the softmax: 1 / sum exp(logits - max)
         top, tok = logits.max(-1)
         if not confidence:

@@ -34,7 +34,7 @@ from .stopping import StopChecker
 class Session:
     def __init__(self, model, cfg: SamplingConfig, *, slots: int, max_len: int, mask_id: int,
                  eos_id: int | None = None, tokenizer=None, generator: torch.Generator | None = None):
-        from .compiled import StepRunner
+        from .compiled import DecodeStepRunner
 
         cfg = dataclasses.replace(cfg, compact=False, check_every=1, compile=False, max_batch=slots)
         cfg.validate()
@@ -47,7 +47,7 @@ class Session:
                                         generator=generator)
         dec.reqs, dec.outputs, dec.checked, dec.t_admit, dec.stop_reason, dec.stop_text = {}, {}, {}, {}, {}, {}
         dec.queue, dec.pending_rows = deque(), 0
-        dec.runner = StepRunner(dec)
+        dec.runner = DecodeStepRunner(dec)
         self.dec = dec
         self.watched: set[int] = set()
         self.events: list[StepEvent] = []

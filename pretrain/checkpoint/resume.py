@@ -1,8 +1,9 @@
 """Continuing a run from its checkpoint: the same layout through DeepSpeed's own loader, another
 TP/PP/DP layout from the checkpoint's consolidated.pt (relayout.py).
 
-The trainer asks `check_compatible` first, so a checkpoint of another model shape or objective is
-refused before DeepSpeed reads any of it. DeepSpeed's own `torch.load` calls run inside
+The trainer asks `check_compatible` first, so a checkpoint whose weights compute something else (its
+identity: every model key but the runtime ones, the family, the LoRA shapes) or that was trained with
+another tokenizer is refused before DeepSpeed reads any of it. DeepSpeed's own `torch.load` calls run inside
 `restricted_torch_load` (weights only, pretrain/safe_load.py).
 """
 
@@ -11,29 +12,41 @@ from __future__ import annotations
 import warnings
 from pathlib import Path
 
+from model.config import identity_keys
+
 from ..safe_load import CheckpointError, load as safe_load, restricted_torch_load
 from . import rundir
 from .relayout import load_consolidated
 from .rng import check_rng_state
 
-# the recipe fields that define a checkpoint's weights and what they are trained for
-_IDENTITY = {"model": ("n_layers", "hidden", "n_heads", "n_kv_heads", "head_dim", "ffn_hidden", "norm", "activation",
-                       "qk_norm", "bias", "vocab_size", "mask_id", "vocab_pad_multiple", "tie_embeddings", "head_bias"),
-             "objective": ("name",)}
+def identity(recipe: dict) -> dict[str, object]:
+    """What a checkpoint's weights are, by dotted recipe key: every model key that changes the function
+    they compute (model/config.py: all but RUNTIME_KEYS), the objective's family, and the LoRA adapters'
+    shapes (rank, targets)."""
+    model, lora = recipe.get("model") or {}, (recipe.get("train") or {}).get("lora")
+    out = {f"model.{k}": model.get(k) for k in identity_keys()}
+    out["objective.name"] = (recipe.get("objective") or {}).get("name")
+    out["train.lora"] = "off" if not lora else "on"
+    if lora:
+        out.update({"train.lora.rank": lora.get("rank"), "train.lora.targets": sorted(lora.get("targets") or [])})
+    return out
 
 
-def check_compatible(meta: dict, cfg, path: Path) -> None:
-    """Refuse to resume `cfg` from a checkpoint of another model shape or objective (naming the
-    fields that differ), before DeepSpeed loads any of it."""
-    saved, now = meta.get("config", {}), cfg.to_dict()
+def check_compatible(meta: dict, cfg, path: Path, tokenizer=None) -> None:
+    """Refuse to resume `cfg` from a checkpoint whose weights compute something else (another shape,
+    norm, rotary base, vocabulary, family or LoRA rank), or with another tokenizer: one line naming the
+    keys that differ, before DeepSpeed loads any of it."""
+    saved, now = identity(meta.get("config") or {}), identity(cfg.to_dict())
     diffs = []
-    for section, keys in _IDENTITY.items():
-        a, b = saved.get(section) or {}, now.get(section) or {}
-        diffs += [f"{section}.{k}: checkpoint {a[k]!r}, recipe {b[k]!r}" for k in keys
-                  if k in a and k in b and a[k] != b[k]]
+    want = meta.get("tokenizer_sha256")
+    if tokenizer is not None and want and tokenizer.sha256 != want:  # first: it explains a vocabulary change too
+        diffs.append(f"data.tokenizer: the checkpoint was trained with {meta.get('tokenizer')!r} (sha256 {want[:12]}), "
+                     f"the recipe gives {tokenizer.name!r} (sha256 {tokenizer.sha256[:12]})")
+    diffs += [f"{k}: the checkpoint has {saved[k]!r}, the recipe {now[k]!r}" for k in now
+              if k in saved and saved[k] is not None and saved[k] != now[k]]
     if diffs:
-        raise CheckpointError(f"checkpoint {path} holds another model or objective (" + "; ".join(diffs[:3])
-                              + "); continue it with its own recipe, or use a new run.name for a new model")
+        raise CheckpointError("; ".join(diffs[:3]) + f" (resuming {path}); continue it with its own values, or "
+                              "start another run (run.name) for another model")
 
 
 def same_layout(meta: dict, tp: int, pp: int, dp: int, zero_stage: int) -> bool:

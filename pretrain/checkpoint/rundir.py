@@ -29,6 +29,7 @@ from pathlib import Path
 from common.io import atomic_write_text
 
 from ..safe_load import CheckpointError
+from . import versions
 
 CHECKPOINTS = "checkpoints"
 LATEST = "latest"
@@ -125,6 +126,7 @@ def read_meta(ckpt: str | os.PathLike, *, require: tuple[str, ...] = ("step", "c
         raise CheckpointError(f"{f}: unreadable or truncated ({type(e).__name__}: {str(e)[:80]})") from None
     if not isinstance(meta, dict) or not isinstance(meta.get("layout", {}), dict):
         raise CheckpointError(f"{f}: not a setdlm checkpoint's metadata")
+    meta = versions.migrate_meta(meta, f)  # an older format's keys under their current names; a newer one refused
     if any(k not in meta for k in require) or ("config" in require and not isinstance(meta["config"], dict)):
         need = " and ".join(f"`{k}`" for k in require)
         raise CheckpointError(f"{f}: not a setdlm checkpoint's metadata (needs {need})")
@@ -132,6 +134,8 @@ def read_meta(ckpt: str | os.PathLike, *, require: tuple[str, ...] = ("step", "c
 
 
 def write_meta(ckpt: str | os.PathLike, meta: dict) -> None:
+    """meta.json, stamped with the current format version (pretrain/checkpoint/versions.py)."""
+    meta = {versions.KEY: versions.CURRENT, **{k: v for k, v in meta.items() if k != versions.KEY}}
     atomic_write_text(Path(ckpt) / META, json.dumps(meta, indent=1, default=str))
 
 
@@ -277,6 +281,13 @@ def _select(run: Path, sel: str, notes: list[str] | None) -> Path:
         have = ", ".join(c.name for c in complete_checkpoints(root)[-4:]) or "none"
         raise CheckpointError(f"checkpoint {run}:{sel}: no complete checkpoint {path} (complete: {have})")
     return path
+
+
+def names_run_or_checkpoint(path: str | os.PathLike) -> bool:
+    """Whether `path` names a run or a checkpoint (RUN:SELECTOR, a folder with meta.json or checkpoints/),
+    rather than, say, prepared data."""
+    p, sel = split_selector(path)
+    return sel is not None or (p / META).is_file() or (p / CHECKPOINTS).is_dir()
 
 
 def resolve_checkpoint(path: str | os.PathLike, notes: list[str] | None = None) -> Path:

@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from model.convert.errors import ConvertError
-from model.convert.hf_config import RECIPE_FILE, configs_from_hf
+from model.convert.hf_config import RECIPE_FILE, configs_from_hf, migrate_export
 from model.convert.hf_files import read_json, read_weights
 from model.convert.hf_map import from_hf_state_dict
 from model.convert.hf_stock_export import STOCK_CLASSES
@@ -95,9 +95,10 @@ def import_hf(model_dir, out, *, overrides=(), overwrite: bool = False, log=prin
     if config.get("model_type") != "setdlm":
         raise ConvertError(f"{d / 'config.json'}: model_type is {config.get('model_type')!r}, not 'setdlm'; for the "
                            "reference implementation's checkpoints use `setdlm convert from-reference`")
+    config = migrate_export(config, "setdlm_format_version", d / "config.json")
     model_sec, obj_sec, seq_len = configs_from_hf(config)
     recipe_file = d / RECIPE_FILE
-    saved = read_json(recipe_file, "recipe") if recipe_file.is_file() else {}
+    saved = migrate_export(read_json(recipe_file, "recipe"), "format_version", recipe_file) if recipe_file.is_file() else {}
     raw = {k: dict(v) for k, v in (saved.get("recipe") or {}).items() if isinstance(v, dict)}
     raw["model"] = {**model_sec, "preset": None}
     if raw.get("objective", {}).get("name") != obj_sec["name"]:

@@ -1,0 +1,207 @@
+"""Hostile input and overload on loopback: bodies that once crashed a handler are 4xx naming what is
+wrong, a catastrophic stop regex stalls nothing, values the server cannot honour are refused naming
+the field, and past --max-waiting requests get 429 with Retry-After (a bounded load test)."""
+
+import asyncio
+import threading
+import time
+
+import aiohttp
+import httpx
+import pytest
+
+from serve_helpers import ThreadServer, train_tiny
+
+C, CHAT = "/v1/completions", "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, model_parallel):
+    from serve.loading import load_served
+
+    return load_served(train_tiny(tmp_path_factory.mktemp("serve_hostile")), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    srv = ThreadServer(served, max_batch=4)
+    yield srv
+    srv.close()
+
+
+def raw(srv, path, body: bytes) -> httpx.Response:
+    return httpx.post(srv.url + path, content=body, headers={"Content-Type": "application/json"}, timeout=120)
+
+
+HOSTILE = [  # (name, path, raw body, the field the 4xx names) : each gave a 500 before
+    ("deep JSON", C, b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "body"),
+    ("negative id", C, b'{"prompt": [[5, -1]]}', "prompt"),
+    ("id 10**12", C, b'{"prompt": [1000000000000]}', "prompt"),
+    ("seed 2**64", C, b'{"prompt": "x", "temperature": 1, "seed": 18446744073709551616}', "seed"),
+    ("seed -2**64", C, b'{"prompt": "x", "temperature": 1, "seed": -18446744073709551616}', "seed"),
+    ("lone surrogate, prompt", C, b'{"prompt": "ab\\ud800c"}', "prompt"),
+    ("lone surrogate, chat", CHAT, b'{"messages": [{"role": "user", "content": "hi \\udc00"}]}', "messages.0.content"),
+    ("block_size 100000", C, b'{"prompt": "x", "setdlm": {"family": "bd3lm", "block_size": 100000}}', "setdlm.block_size"),
+    ("max_tokens 10**12", C, b'{"prompt": "x", "max_tokens": 1000000000000}', "max_tokens"),
+    ("max_tokens 10**12, chat", CHAT, b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 1000000000000}',
+     "max_tokens"),
+    ("steps 10**30", C, b'{"prompt": "x", "setdlm": {"family": "mdlm", "steps": 1000000000000000000000000000000}}',
+     "setdlm.steps"),
+    ("window 10**9, another family", C, b'{"prompt": "x", "setdlm": {"family": "ar", "window": 1000000000}}',
+     "setdlm.window"),
+    ("NaN", C, b'{"prompt": "x", "temperature": NaN}', "body"),
+    ("logit_bias id past the vocabulary", C, b'{"prompt": "x", "logit_bias": {"99999999": 1}}', "logit_bias"),
+    ("logit_bias on MASK", C, b'{"prompt": "x", "logit_bias": {"50257": 1}}', "logit_bias"),
+    ("not UTF-8", C, b'{"prompt": "\xff"}', "body"),
+    ("100 nested lists in a prompt", C, b'{"prompt": ' + b"[" * 100 + b"]" * 100 + b"}", "body"),
+]
+
+
+@pytest.mark.parametrize("name,path,body,param", HOSTILE, ids=[h[0] for h in HOSTILE])
+def test_hostile_bodies_are_4xx_naming_what_is_wrong(server, name, path, body, param):
+    r = raw(server, path, body)
+    assert 400 <= r.status_code < 500, (r.status_code, r.text[:300])
+    err = r.json()["error"]
+    assert err["param"] == param and err["message"].startswith(f"{param}: "), err
+
+
+UNSUPPORTED = [  # values the server cannot honour: 400 naming the field
+    (C, {"prompt": "x", "best_of": 3}, "best_of"),
+    (C, {"prompt": "x", "suffix": "y"}, "suffix"),
+    (C, {"prompt": "x", "logprobs": 21}, "logprobs"),
+    (C, {"prompt": "x", "stop": ["s"] * 33}, "stop"),
+    (C, {"prompt": "x", "setdlm": {"stop_regex": "(?<=a)b"}}, "setdlm.stop_regex"),
+    (C, {"prompt": "x", "setdlm": {"stop_regex": "(?:a{1000}){1000}"}}, "setdlm.stop_regex"),
+    (CHAT, {"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function"}]}, "tools"),
+    (CHAT, {"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}, "response_format"),
+    (CHAT, {"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}, "top_logprobs"),
+    (CHAT, {"messages": [{"role": "user", "content": "x"}], "store": True}, "store"),
+    (CHAT, {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}]},
+     "messages.0.content"),
+    (CHAT, {"messages": [{"role": "tool", "content": "x", "tool_call_id": "c"}]}, "messages.0.role"),
+    (CHAT, {"messages": [{"role": "user", "content": None}]}, "messages.0.content"),
+]
+
+
+@pytest.mark.parametrize("path,body,param", UNSUPPORTED, ids=[u[2] for u in UNSUPPORTED])
+def test_values_the_server_cannot_honour_name_the_field(server, path, body, param):
+    r = httpx.post(server.url + path, json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
+
+
+def test_catastrophic_stop_regex_stalls_nothing(server, served):
+    """`(\\s+)+x` over a whitespace output (forced with logit_bias) backtracks exponentially in Python's
+    re; RE2 matches it in linear time off the event loop: /health answers within 2 s throughout and the
+    request ends within 30 s."""
+    space = served.tokenizer.encode(" ")[0]
+    body = {"prompt": "The for statement", "max_tokens": 100, "temperature": 0, "stream": True,
+            "logit_bias": {str(space): 100}, "setdlm": {"stop_regex": r"(\s+)+x", "ignore_eos": True}}
+    first, done, chunks, took = threading.Event(), threading.Event(), [], []
+
+    def run():
+        t0 = time.monotonic()
+        with httpx.stream("POST", server.url + C, json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    chunks.append(line[6:])
+                    first.set()
+        took.append(time.monotonic() - t0)
+        done.set()
+
+    th = threading.Thread(target=run)
+    th.start()
+    assert first.wait(30)
+    probes = []
+    while not done.is_set():
+        t0 = time.monotonic()
+        assert httpx.get(server.url + "/health", timeout=5).status_code == 200
+        probes.append(time.monotonic() - t0)
+        time.sleep(0.05)
+    th.join(30)
+    assert probes and max(probes) < 2.0, probes
+    assert took[0] < 30 and chunks[-1] == "[DONE]"
+    import json
+
+    final = json.loads(chunks[-2])["choices"][0]["setdlm"]
+    assert final["tokens"] == [space] * 100 and final["stop_reason"] == "length"
+
+
+def test_a_stop_regex_over_its_time_ends_its_request_with_a_400(server, monkeypatch):
+    from model.sampling import stopping
+
+    monkeypatch.setattr(stopping, "REGEX_SECONDS", 0.0)  # the first search uses up each output's budget
+    body = {"prompt": "A class", "max_tokens": 12, "temperature": 0, "setdlm": {"stop_regex": "zzzz"}}
+    r = httpx.post(server.url + C, json=body, timeout=60)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "setdlm.stop_regex"
+    with httpx.stream("POST", server.url + C, json={**body, "stream": True}, timeout=60) as s:
+        lines = [line for line in s.iter_lines() if line.startswith("data: ")]
+    assert '"param": "setdlm.stop_regex"' in lines[-1]
+    monkeypatch.undo()
+    assert httpx.post(server.url + C, json=body, timeout=60).status_code == 200
+
+
+REQUESTS, CLIENTS, DEADLINE_S = 24, 12, 60.0
+
+
+def test_overload_gets_429_with_retry_after_and_health_says_so(served):
+    """2 slots and 2 waiting outputs; 12 clients send 24 requests of 40 tokens (one per step). Those past
+    the queue get 429 with Retry-After and retry after it (at most 3 times, waiting at most 2 s); the
+    rest are answered in full. /health reports "overloaded" while the queue is full."""
+    srv = ThreadServer(served, max_batch=2, max_waiting=2)
+    url = srv.url
+    statuses, retry_after, health = [], [], []
+
+    async def one(session, i):
+        body = {"prompt": "Lists implement", "max_tokens": 40, "temperature": 0, "setdlm": {"ignore_eos": True}}
+        for _ in range(4):
+            async with session.post(url + C, json=body) as r:
+                data = await r.json()
+                statuses.append(r.status)
+                if r.status != 429:
+                    return r.status, len(data["choices"][0]["setdlm"]["tokens"])
+                assert data["error"]["type"] == "rate_limit_error" and "--max-waiting 2" in data["error"]["message"]
+                retry_after.append(int(r.headers["Retry-After"]))
+                await asyncio.sleep(min(retry_after[-1], 2))
+        return 429, 0
+
+    async def watch(session, stop):
+        while not stop.is_set():
+            async with session.get(url + "/health") as r:
+                health.append((r.status, await r.json()))
+            await asyncio.sleep(0.02)
+
+    async def run():
+        todo, results = list(range(REQUESTS)), []
+        stop = asyncio.Event()
+
+        async def client(session):
+            while todo:
+                results.append(await one(session, todo.pop()))
+
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=DEADLINE_S)) as session:
+            watcher = asyncio.create_task(watch(session, stop))
+            await asyncio.gather(*(client(session) for _ in range(CLIENTS)))
+            stop.set()
+            await watcher
+        return results
+
+    try:
+        t0 = time.monotonic()
+        results = asyncio.run(run())
+        assert time.monotonic() - t0 < DEADLINE_S
+        assert len(results) == REQUESTS
+        assert statuses.count(429) >= 1 and all(1 <= s <= 60 for s in retry_after)
+        answered = [n for s, n in results if s == 200]
+        assert len(answered) >= 4 and all(n == 40 for n in answered)
+        assert all(s in (200, 429) for s in statuses)
+        over = [h for s, h in health if h["status"] == "overloaded"]
+        assert over and all(s == 503 for s, h in health if h["status"] == "overloaded")
+        assert all(h["waiting"] <= 2 for _, h in health)  # never more than --max-waiting outputs wait
+        final = httpx.get(url + "/health", timeout=10)
+        assert final.status_code == 200 and final.json()["status"] == "ok" and final.json()["waiting"] == 0
+        text = httpx.get(url + "/metrics", timeout=10).text
+        assert f'setdlm_requests_total{{endpoint="/v1/completions",outcome="429"}} {statuses.count(429)}.0' in text
+        never = httpx.post(url + C, json={"prompt": "x", "n": 5, "max_tokens": 2}, timeout=30)  # > 2 slots + 2 waiting
+        assert never.status_code == 400 and never.json()["error"]["param"] == "n"
+    finally:
+        srv.close()
