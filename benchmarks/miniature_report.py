@@ -10,8 +10,8 @@ import subprocess
 from pathlib import Path
 
 from benchmarks import miniature_claims as mc
-from benchmarks.paper_miniature import (ABLATION, FAMILY, INFILL, LIKELIHOOD, MODELS, NEW_TOKENS, VARIANCE_MODEL,
-                                        run_name, seeds, settings)
+from benchmarks.paper_miniature import (ABLATED, ABLATION, AR, BD3, INFILL, LIKELIHOOD, MD, MODELS, NEW_TOKENS, SW,
+                                        VARIANCE_MODEL, run_name, seeds, settings)
 from benchmarks.study_doc import machine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -80,7 +80,7 @@ def summaries(res: dict, timed: dict, size: dict) -> list[dict]:
 
 def frontier(res: dict, size: dict) -> dict:
     points = {}
-    for fam in ("setdlm", "bd3lm"):
+    for fam in (SW, BD3):
         for slug in size["models"]:
             if MODELS[slug]["family"] != fam:
                 continue
@@ -89,7 +89,7 @@ def frontier(res: dict, size: dict) -> dict:
                     (a["tokens_per_forward"], a["accuracy"]) for a in r.get("accuracy", {}).values())
     if len(points) < 2:
         return {"verdict": "not resolved", "note": "missing results"}
-    return mc.frontier_claim(points, "setdlm", "bd3lm")
+    return mc.frontier_claim(points, SW, BD3)
 
 
 def infill_claim(res: dict, timed: dict) -> dict:
@@ -148,7 +148,7 @@ def likelihood(res: dict) -> dict:
 
 def best_accuracy(rows: list[dict]) -> dict:
     best = {}
-    for fam in FAMILY:
+    for fam in (AR, SW, BD3, MD):
         cands = [r for r in rows if r["family"] == fam]
         if cands:
             r = max(cands, key=lambda r: r["accuracy"]["mean"])
@@ -193,7 +193,7 @@ def plot(data: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"ar": "black", "setdlm": "tab:blue", "bd3lm": "tab:orange", "mdlm": "tab:green", "ablation": "tab:purple"}
+    colors = {AR: "black", SW: "tab:blue", BD3: "tab:orange", MD: "tab:green", ABLATED: "tab:purple"}
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
     for ax, key, xlabel in ((axes[0], "tokens_per_forward", "tokens per forward (machine-independent)"),
                             (axes[1], "tokens_per_s", "tokens/s at batch 1 (median pass, mean over seeds; CPU)")):

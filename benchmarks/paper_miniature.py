@@ -81,20 +81,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-# The stack's family names (recipes' objective.name, samplers' family): spelled here only.
-FAMILY = {"ar": "ar", "setdlm": "setdlm", "bd3lm": "bd3lm", "mdlm": "mdlm"}
+from model import families  # noqa: E402 - the family registry: every family name below comes from it
 
-# slug -> label, family, objective section of the recipe
+AR, SW, BD3, MD = (f.name for f in (families.AR, families.SETDLM, families.BD3LM, families.MDLM))
+ABLATED = "ablation"  # the cache ablation's set-causal model, kept apart from SW-SetDLM's frontier
+
+# slug (the run directories' names) -> label, family (as the report groups it), objective section of the recipe
 MODELS = {
-    "ar": {"label": "AR", "family": "ar", "objective": {"name": FAMILY["ar"]}},
-    "setdlm-d4": {"label": "SW-SetDLM D=4", "family": "setdlm", "objective": {"name": FAMILY["setdlm"], "set_size": 4}},
-    "setdlm-d8": {"label": "SW-SetDLM D=8", "family": "setdlm", "objective": {"name": FAMILY["setdlm"], "set_size": 8}},
-    "bd3lm-b4": {"label": "BD3-LM B=4", "family": "bd3lm", "objective": {"name": FAMILY["bd3lm"], "block_size": 4}},
-    "bd3lm-b8": {"label": "BD3-LM B=8", "family": "bd3lm", "objective": {"name": FAMILY["bd3lm"], "block_size": 8}},
-    "mdlm": {"label": "MDLM", "family": "mdlm", "objective": {"name": FAMILY["mdlm"]}},
+    "ar": {"label": "AR", "family": AR, "objective": {"name": AR}},
+    "setdlm-d4": {"label": "SW-SetDLM D=4", "family": SW, "objective": {"name": SW, "set_size": 4}},
+    "setdlm-d8": {"label": "SW-SetDLM D=8", "family": SW, "objective": {"name": SW, "set_size": 8}},
+    "bd3lm-b4": {"label": "BD3-LM B=4", "family": BD3, "objective": {"name": BD3, "block_size": 4}},
+    "bd3lm-b8": {"label": "BD3-LM B=8", "family": BD3, "objective": {"name": BD3, "block_size": 8}},
+    "mdlm": {"label": "MDLM", "family": MD, "objective": {"name": MD}},
     # the cache ablation's set-causal model: uniformly random orders, its window the whole span
-    "aosetdlm": {"label": "any-order SetDLM", "family": "ablation",
-                 "objective": {"name": FAMILY["setdlm"], "order": "any_order", "set_size": 32}},
+    "aosetdlm": {"label": "any-order SetDLM", "family": ABLATED,
+                 "objective": {"name": SW, "order": "any_order", "set_size": 32}},
 }
 SEQ_LEN, NEW_TOKENS, DATA_SEED, BASE_SEED = 64, 32, 2026, 1234
 MAX_SEQ_LEN = 2 * SEQ_LEN  # rotary positions only (no weights): room for the KV cache of a whole-span window step
@@ -118,12 +120,12 @@ SIZES = {
 def settings(slug: str, size: dict) -> list[tuple[str, dict]]:
     """(label, sampling overrides) of each decoding setting a model is evaluated and timed at."""
     fam = MODELS[slug]["family"]
-    if fam == "ar":
+    if fam == AR:
         return [("greedy", {})]
-    if fam == "mdlm":
+    if fam == MD:
         rows = [(f"{n} steps", {"steps": n, "threshold": 1.0}) for n in size["mdlm_steps"]]
         return rows + [(f"{NEW_TOKENS} steps, threshold 0.9", {"steps": NEW_TOKENS, "threshold": 0.9})]
-    if fam == "ablation":
+    if fam == ABLATED:
         return [("threshold 0.9", {"threshold": 0.9})]
     return [("threshold off" if t >= 1 else f"threshold {t:g}", {"threshold": t}) for t in size["thresholds"]]
 
@@ -240,7 +242,7 @@ def work(slug: str, seed: int, size: dict, out: Path) -> None:
         write_json(res_path, res)
     if slug in LIKELIHOOD and "likelihood" not in res:
         res["likelihood"] = mm.likelihood(str(run_dir), str(out / "eval" / name / "likelihood"),
-                                          size["orders"] if MODELS[slug]["family"] != "ar" else 1, EVAL_BATCH)
+                                          size["orders"] if not families.get(MODELS[slug]["objective"]["name"]).exact_likelihood else 1, EVAL_BATCH)
         write_json(res_path, res)
     if slug == VARIANCE_MODEL and "gradient_variance" not in res:
         res["gradient_variance"] = mm.gradient_variance(str(run_dir), size["grad_draws"], size["batch"])

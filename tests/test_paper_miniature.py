@@ -182,6 +182,7 @@ def test_timed_pass_warms_up_then_reports_the_median_pass(setdlm):
     assert got["tokens_per_forward"] >= 1.0 and len(got["load_before"]) == 3 and got["prompts"] == 2
 
 
+@pytest.mark.slow
 def test_bad_command_lines_are_one_line_errors(tmp_path):
     script = str(REPO / "benchmarks" / "paper_miniature.py")
     for argv, word in ((["--jobs", "0"], "--jobs"), (["--timed-only", "--out", str(tmp_path)], "--timed-only")):
