@@ -187,6 +187,10 @@ def fmt(s: dict | None, pct: bool = False, digits: int = 2) -> str:
     return f"{s['mean'] * k:.{1 if pct else digits}f} ± {s['se'] * k:.{1 if pct else digits}f}"
 
 
+def per_seed(s: dict) -> str:
+    return " / ".join(f"{100 * v:.0f}" for v in s["values"])
+
+
 def plot(data: dict, path: Path) -> None:
     import matplotlib
 
@@ -265,10 +269,10 @@ def markdown(data: dict, png: str) -> str:
               "tokens per forward from the accuracy evaluation (new tokens / decoding steps), tokens/s from the timed "
               f"pass ({size['timed_prompts']} prompts at batch 1, {size['timed_warmup']} warm-up decodes, median of "
               f"{size['timed_repeats']} passes, per seed).", "",
-              "| model | setting | exact match (%) | tokens/forward | tokens/s |", "|---|---|---|---|---|"]
+              "| model | setting | exact match (%) | per seed (%) | tokens/forward | tokens/s |", "|---|---|---|---|---|---|"]
     for s in data["settings"]:
-        lines.append(f"| {s['label']} | {s['setting']} | {fmt(s['accuracy'], True)} | {fmt(s['tokens_per_forward'])} | "
-                     f"{fmt(s['tokens_per_s'], digits=0)} |")
+        lines.append(f"| {s['label']} | {s['setting']} | {fmt(s['accuracy'], True)} | {per_seed(s['accuracy'])} | "
+                     f"{fmt(s['tokens_per_forward'])} | {fmt(s['tokens_per_s'], digits=0)} |")
     f = claims["frontier"]
     if "scores" in f:
         lines += ["", f"Frontier score (mean over tokens-per-forward points {f['grid_used']} of the best accuracy at "
@@ -276,9 +280,11 @@ def markdown(data: dict, png: str) -> str:
                       f"{k} {fmt(v, True)}%" for k, v in f["scores"].items()) + f"; z = {f['comparison']['z']:.2f}."]
     lines += ["", "## Infilling", "", "The second solution step masked between the question with the first step and the "
               "`#### n` line; exact match of the span.", "",
-              "| model | sampling | exact match (%) | token accuracy (%) | tokens/forward | tokens/s |", "|---|---|---|---|---|---|"]
+              "| model | sampling | exact match (%) | per seed (%) | token accuracy (%) | tokens/forward | tokens/s |",
+              "|---|---|---|---|---|---|---|"]
     for m in claims["infill"].get("models", {}).values():
         lines.append(f"| {m['label']} | {m['sampling'] or 'greedy, prefix only'} | {fmt(m['exact_match'], True)} | "
+                     f"{per_seed(m['exact_match'])} | "
                      f"{fmt(m['token_accuracy'], True)} | {fmt(m['tokens_per_forward'])} | {fmt(m['tokens_per_s'], digits=0)} |")
     a = claims["cache_ablation"]
     lines += ["", "## Cache ablation", ""]
