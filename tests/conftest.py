@@ -17,6 +17,27 @@ def model_parallel():
     yield
 
 
+# The one tiny training run several modules read (tests/helpers.py TINY_RECIPE with these train keys):
+# checkpoints at steps 2 and 4, EMA on. Tests must not change it: copy it first (shutil.copytree).
+TINY_RUN_TRAIN = {"max_steps": 4, "save_every": 2, "eval_every": 0, "log_every": 2, "ema": 0.5, "sample_at_end": False,
+                  "keep_last": 3}
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """(recipe path, run directory) of the shared tiny SW-SetDLM run, trained once per session."""
+    from helpers import write_recipe
+    from pretrain.config import load_config
+    from pretrain.parallel import ensure_model_parallel
+    from pretrain.trainer import Trainer
+
+    ensure_model_parallel(1, 1)
+    tmp = tmp_path_factory.mktemp("tiny_run")
+    recipe = write_recipe(tmp / "r.yaml", train=TINY_RUN_TRAIN)
+    Trainer(load_config(recipe, [f"run.out_dir={tmp / 'runs'}"])).train()
+    return recipe, tmp / "runs" / "tiny"
+
+
 @pytest.fixture(scope="session")
 def parity_runs(tmp_path_factory):
     """Every multi-process parity run (tests/test_parallel_parity.py RUNS: the plain layouts, and the

@@ -21,10 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, cli_env, write_recipe
+from helpers import REPO, cli_env
 
-STEPS = {"max_steps": 4, "save_every": 2, "eval_every": 0, "log_every": 2, "ema": 0.5, "sample_at_end": False,
-         "keep_last": 3}
 
 
 class Planted:
@@ -46,16 +44,11 @@ def plant(path: Path, marker: Path) -> None:
     torch.save(obj, path)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, model_parallel):
-    """A tiny run (EMA, ZeRO-0) with checkpoints at steps 2 and 4, and its recipe."""
-    from pretrain.config import load_config
-    from pretrain.trainer import Trainer
-
-    tmp = tmp_path_factory.mktemp("safety")
-    recipe = write_recipe(tmp / "r.yaml", train=STEPS)
-    Trainer(load_config(recipe, [f"run.out_dir={tmp / 'runs'}"])).train()
-    return recipe, tmp / "runs" / "tiny"
+@pytest.fixture
+def trained(tiny_run, model_parallel):
+    """A tiny run (EMA, ZeRO-0) with checkpoints at steps 2 and 4, and its recipe (conftest.py, shared:
+    read it, or copy it with `run`)."""
+    return tiny_run
 
 
 @pytest.fixture
