@@ -57,13 +57,15 @@ if [ $rehearse = 1 ]; then
     touch "$stamp"
   fi
   PYV="$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
-  ABI="cp${PYV/./}"
-  if ! ls wheels/*-"$ABI"-*.whl >/dev/null 2>&1; then
-    echo "gpu_check --rehearse: wheels/ holds no $ABI wheels: building them (scripts/build_gpu_wheels.sh --python-version $PYV)"
-    rm -f wheels/*.whl
-    bash scripts/build_gpu_wheels.sh wheels --python-version "$PYV" || exit 1
+  WHEELS=wheels  # the folder that travels to the GPU machine, built for Python 3.12
+  [ -n "$PY312" ] || WHEELS="$VENV/wheels"  # emulated: wheels for this Python, beside the venv
+  if ! ls "$WHEELS"/*-"cp${PYV/./}"-*.whl >/dev/null 2>&1; then
+    echo "gpu_check --rehearse: $WHEELS holds no cp${PYV/./} wheels: building them (scripts/build_gpu_wheels.sh --python-version $PYV)"
+    rm -f "$WHEELS"/*.whl
+    bash scripts/build_gpu_wheels.sh "$WHEELS" --python-version "$PYV" || exit 1
   fi
-  echo "gpu_check --rehearse: $("$VENV/bin/python" --version) in $VENV: $("$VENV/bin/python" -m pip list --format=freeze 2>/dev/null | grep -ciE '^[a-z]') distributions; $(ls wheels/*.whl | wc -l) carried wheels"
+  echo "gpu_check --rehearse: $("$VENV/bin/python" --version) in $VENV: $("$VENV/bin/python" -m pip list --format=freeze 2>/dev/null | grep -ciE '^[a-z]') distributions; $(ls "$WHEELS"/*.whl | wc -l) carried wheels in $WHEELS"
+  set -- "$@" --wheels "$WHEELS" --site "$(mktemp -d /tmp/setdlm-rehearse-site.XXXXXX)"
   PYTHON="$VENV/bin/python"
   [ -n "$PY312" ] || set -- "$@" --emulated-python
 fi
