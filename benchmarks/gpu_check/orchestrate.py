@@ -3,7 +3,8 @@ budget), and rewrites report.json / report.md after every part (standard library
 even where the stack does not import).
 
 The limits form a schedule: part i may run until the sum of the limits of the parts up to i, so the
-time a quick part leaves goes to the ones after it, and no part runs past the budget. A deadline
+time a quick part leaves goes to the ones after it, and no part runs past the budget (a limit given
+with --limit is a hard cap on that part). A deadline
 counts from the start of the part's process (the part gets it as a wall-clock time), its imports
 included. Every part shares one inductor / Triton cache (TORCHINDUCTOR_CACHE_DIR, TRITON_CACHE_DIR
 under the temporary folder, kept between runs), so a kernel compiled once, by a test worker, a part
@@ -183,6 +184,7 @@ def orchestrate(args) -> int:
         return 2
     smoke = args.cpu_smoke or args.rehearse
     limits = parse_limits(args.limit, SMOKE_LIMITS if smoke else GPU_LIMITS)
+    caps = parse_limits(args.limit, {})  # a limit given with --limit is a hard cap: no time passed on to it
     budget = args.budget if args.budget is not None else (sum(limits[p] for p in parts) if smoke else GPU_BUDGET)
     ends = schedule(parts, limits)
     log = Log(out / "gpu_check.log")
@@ -222,7 +224,7 @@ def orchestrate(args) -> int:
 
     for name in parts:
         now = time.monotonic() - t0
-        limit = max(0.0, min(ends[name] - now, budget - now - GRACE))
+        limit = max(0.0, min(ends[name] - now, budget - now - GRACE, caps.get(name, float("inf"))))
         if name == "install":
             rep = work / "install.json"
             cmd = [py, str(REPO / "scripts" / "install_wheels.py"), "--wheels", args.wheels, "--target", args.site,
