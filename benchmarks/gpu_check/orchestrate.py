@@ -260,12 +260,25 @@ def orchestrate(args) -> int:
     print(markdown(report))
     for reason in report["verdict"]:
         log("verdict", f"FAILED: {reason}")
+    again = rerun_parts(report)
+    if again and not smoke:
+        log("verdict", f"to rerun what failed (warm kernel cache): bash scripts/gpu_check.sh --parts {','.join(again)}")
     if args.rehearse:
         for reason in report["rehearsal"]["verdict"]:
             log("rehearsal", f"FAILED: {reason}")
         log("rehearsal", "passed" if not report["rehearsal"]["verdict"] else "FAILED")
         return 1 if report["rehearsal"]["verdict"] else 0
     return 1 if report["verdict"] else 0
+
+
+def rerun_parts(report: dict) -> list[str]:
+    """The parts to run again: those that did not end ok or partial, after `install` (a fresh machine
+    needs it first; on a warm one it finds everything present and takes a second)."""
+    failed = [name for name, part in report["parts"].items() if part["status"] not in ("ok", "partial")]
+    if report.get("verdict") and "tests" in report["parts"] and "tests" not in failed and any(
+            "gpu tests" in reason for reason in report["verdict"]):
+        failed.append("tests")
+    return ["install"] + [p for p in PARTS if p in failed and p != "install"] if failed else []
 
 
 def _size_mib(folder: str) -> str:
