@@ -67,3 +67,15 @@ def test_train_compile_with_flex_is_refused_on_the_cpu():
     cfg.attention_backend = "auto"  # SDPA on the CPU: not refused (the blocks compile at their first call)
     note = apply_compile(model, torch.device("cpu"))
     assert "compiled" in note or "eager" in note, note
+
+
+@pytest.mark.slow
+def test_the_cli_refuses_compile_with_flex_on_the_cpu_in_one_line(tmp_path):
+    from helpers import setdlm, write_recipe
+
+    r = setdlm("pretrain", "--config", write_recipe(tmp_path / "r.yaml"), "--out", tmp_path / "runs",
+               "train.compile=true", "model.attention_backend=flex")
+    assert r.returncode == 2, r.stdout[-2000:] + r.stderr[-2000:]
+    errors = [line for line in r.stderr.splitlines() if line.startswith("setdlm pretrain: error:")]
+    assert len(errors) == 1 and "train.compile" in errors[0] and "model.attention_backend" in errors[0], r.stderr
+    assert "Traceback" not in r.stderr and not any((tmp_path / "runs").glob("*/checkpoints/*"))

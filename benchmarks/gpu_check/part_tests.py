@@ -31,7 +31,12 @@ def part_tests(args) -> int:
            "-o", "junit_family=xunit1"]
     if importlib.util.find_spec("pytest_timeout"):
         cmd.append(f"--timeout={int(max(30, min(150, left - 15)))}")
-    workers = args.workers if args.workers >= 0 else (0 if args.smoke else min(8, (os.cpu_count() or 1) // 2))
+    if args.workers >= 0:
+        workers = args.workers
+    elif args.rehearse:
+        workers = 2  # the GPU run's xdist + timeout plugins, exercised on a small machine
+    else:
+        workers = 0 if args.smoke else min(8, (os.cpu_count() or 1) // 2)
     if workers > 1 and importlib.util.find_spec("xdist"):
         # Compiles dominate: each worker compiles its own kernels, in parallel on the machine's cores
         # (into the one inductor cache the orchestrator set, so no kernel is compiled twice).
