@@ -7,9 +7,10 @@ import json
 import re
 import time
 
-import aiohttp
 import httpx
 import pytest
+
+aiohttp = pytest.importorskip("aiohttp", reason="setdlm serve needs aiohttp (the serve extra)")
 
 from serve_helpers import ThreadServer, train_tiny
 
