@@ -21,7 +21,7 @@ from model.transformer import Transformer
 pytestmark = pytest.mark.skipif(not flex.available(), reason="torch has no flex attention")
 
 L = 320  # two-stream kinds: T = 640, five 128-token tiles a side; the single-stream ones end in a partial tile
-KINDS = [("causal", 0), ("bidirectional", 0), ("setdlm", 0), ("bd3lm", 64)]
+KINDS = [("causal", 0), ("bidirectional", 0), ("set_causal", 0), ("block_diffusion", 64)]
 
 
 @pytest.fixture(scope="module")

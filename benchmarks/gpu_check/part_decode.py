@@ -7,13 +7,17 @@ import time
 
 from .rows import CUT, Deadline, emit
 
-SAMPLERS = {
-    "SetDLM w=4 thr=off": dict(family="setdlm", window=4),
-    "AR": dict(family="ar"),
-    "SetDLM w=4 thr=0.9": dict(family="setdlm", window=4, threshold=0.9),
-    "SetDLM w=4 thr=0": dict(family="setdlm", window=4, threshold=0.0),
-    "BD3-LM B=4": dict(family="bd3lm", block_size=4),
-}
+def samplers() -> dict:
+    """Row name -> SamplingConfig fields (imported when the part runs: after the install part)."""
+    from model.families import AR, BD3LM, SETDLM
+
+    return {
+        "SetDLM w=4 thr=off": dict(family=SETDLM.name, window=4),
+        "AR": dict(family=AR.name),
+        "SetDLM w=4 thr=0.9": dict(family=SETDLM.name, window=4, threshold=0.9),
+        "SetDLM w=4 thr=0": dict(family=SETDLM.name, window=4, threshold=0.0),
+        "BD3-LM B=4": dict(family=BD3LM.name, block_size=4),
+    }
 
 
 def _decode_plan(smoke: bool) -> list[tuple[str, bool, str]]:
@@ -79,7 +83,7 @@ def part_decode(args) -> int:
         if deadline.left() < cost[compiled]:
             emit({**row, CUT: True, "note": f"not run: {deadline.left():.0f}s left, a row takes about {cost[compiled]:.0f}s"})
             continue
-        cfg = SamplingConfig(max_new_tokens=new, stop_on_eos=False, compile=compiled, **SAMPLERS[name])
+        cfg = SamplingConfig(max_new_tokens=new, stop_on_eos=False, compile=compiled, **samplers()[name])
         t_row = time.perf_counter()
         try:
             warm, _ = timed(prompts, cfg)  # compile / first-shape costs stay out of the numbers

@@ -8,12 +8,14 @@ from .rows import CUT, Deadline, emit
 
 
 def _train_cases(smoke: bool) -> list[dict]:
+    from model.families import AR, BD3LM, MDLM, SETDLM  # when the part runs: after the install part
+
     if smoke:
-        return [dict(preset="tiny", objective="setdlm", seq_len=32, micro=[4], steps=2, warmup=1)]
+        return [dict(preset="tiny", objective=SETDLM.name, seq_len=32, micro=[4], steps=2, warmup=1)]
     # SetDLM and AR first: the part's time limit trims from the end
-    cases = [dict(preset="paper-12x768", objective=o, seq_len=1024, micro=[16], steps=4, warmup=2)
-             for o in ("setdlm", "ar", "bd3lm", "mdlm")]
-    cases.append(dict(preset="qwen3-1.7b", objective="setdlm", seq_len=1024, micro=[32, 24, 16, 12, 8, 6, 4, 2, 1],
+    cases = [dict(preset="paper-12x768", objective=s.name, seq_len=1024, micro=[16], steps=4, warmup=2)
+             for s in (SETDLM, AR, BD3LM, MDLM)]
+    cases.append(dict(preset="qwen3-1.7b", objective=SETDLM.name, seq_len=1024, micro=[32, 24, 16, 12, 8, 6, 4, 2, 1],
                       steps=3, warmup=2, largest=True))
     return cases
 
