@@ -21,18 +21,18 @@ from .errors import EvalError
 FORMATS = ("chatml", "tokenizer")
 
 
-def render_text(template: str, variables: dict, messages: list[dict], add_generation_prompt: bool = True) -> str:
+def render_text(template: str, variables: dict, messages: list[dict], add_generation_prompt: bool = True,
+                name: str = "--prompt-format: the chat template") -> str:
     """`messages` rendered with the Jinja `template` as `apply_chat_template(..., tokenize=False)` does
-    (transformers' sandboxed renderer; `variables`: the special tokens, eos_token, ...)."""
-    import jinja2
-    from transformers.utils.chat_template_utils import render_jinja_template
+    (transformers' sandboxed renderer, under `render_chat_template`'s time, memory and output limits;
+    `variables`: the special tokens, eos_token, ...)."""
+    from data_pipeline.chat_template import ChatTemplateError, render_chat_template
 
     try:
-        texts, _ = render_jinja_template([messages], chat_template=template, add_generation_prompt=add_generation_prompt,
-                                         **variables)
-    except (jinja2.TemplateError, TypeError, ValueError) as e:
-        raise EvalError(f"--prompt-format: the chat template fails: {type(e).__name__}: {e}") from None
-    return texts[0]
+        return render_chat_template(template, messages, add_generation_prompt=add_generation_prompt,
+                                    variables=variables, name=name)[0]
+    except ChatTemplateError as e:
+        raise EvalError(str(e)) from None
 
 
 class ChatPrompts:
@@ -54,7 +54,9 @@ class ChatPrompts:
         self.tok, self.fmt, self.template = tok, fmt, template
         self.source = ("built-in ChatML" if template == CHATML_JINJA and (fmt == "chatml" or not tok.chat_template)
                        else "the tokenizer's chat_template")
-        self._chat = ChatTemplate(tok, template, where=f"--prompt-format {fmt}: the chat template")
+        self.where = f"--prompt-format {fmt}: the chat template" + (
+            f" of tokenizer {tok.name!r}" if self.source == "the tokenizer's chat_template" else " (built-in ChatML)")
+        self._chat = ChatTemplate(tok, template, where=self.where)
         names = {"eos_token": tok.eos_id, "bos_token": tok.bos_id, "pad_token": tok.pad_id, "mask_token": tok.mask_id}
         self.variables = {k: tok.id_to_token(v) for k, v in names.items() if v is not None}
 
@@ -63,7 +65,7 @@ class ChatPrompts:
         return {"format": self.fmt, "source": self.source, "template": self.template, "variables": self.variables}
 
     def text(self, messages: list[dict]) -> str:
-        return render_text(self.template, self.variables, messages)
+        return render_text(self.template, self.variables, messages, name=self.where)
 
     def ids(self, prompt) -> list[int]:
         """Token ids of a prompt: messages, or a rendered text (special tokens parsed, as transformers)."""
