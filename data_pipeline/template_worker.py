@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import multiprocessing
+import os
 import threading
 
 __all__ = ["TemplateWorker", "RenderLimit", "RenderFailure", "default_worker"]
@@ -42,8 +43,6 @@ def _vm_bytes() -> int:
 
 
 def _page_size() -> int:
-    import os
-
     return os.sysconf("SC_PAGE_SIZE")
 
 
@@ -54,6 +53,9 @@ def _short(e: BaseException) -> str:
 
 def _serve(conn, memory_bytes: int) -> None:  # the child's main loop
     import resource
+    import signal
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle (it ends this child)
 
     from transformers.utils.chat_template_utils import render_jinja_template
 
@@ -70,9 +72,9 @@ def _serve(conn, memory_bytes: int) -> None:  # the child's main loop
             key, template, messages, kwargs, max_chars = conn.recv()
         except (EOFError, OSError):
             return
-        except MemoryError:
+        except MemoryError:  # the request itself is too large: the rest of it may still be in the pipe
             conn.send(("memory", None))
-            continue
+            return
         if template is not None:
             templates[key] = template
         try:
@@ -105,6 +107,7 @@ class TemplateWorker:
         self._proc = self._conn = None
         self._seen: set[str] = set()
         self._lock = threading.Lock()
+        self._pid = os.getpid()  # a forked copy of this object starts its own child, never shares the pipe
 
     def _start(self) -> None:
         ctx = multiprocessing.get_context("spawn")  # never fork a process that may hold threads and torch
@@ -138,6 +141,9 @@ class TemplateWorker:
         """(text, generation spans) of `messages`; RenderLimit or RenderFailure. The time counts from
         the request being sent (a child's start-up is not counted)."""
         with self._lock:
+            if self._pid != os.getpid():  # inherited through fork: the child and the pipe are the parent's
+                self._proc = self._conn = None
+                self._pid = os.getpid()
             if self._proc is None or not self._proc.is_alive():
                 self.close()
                 self._start()

@@ -428,10 +428,8 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
         tokens, an EOS that ended a row kept and the rest padded with `pad_token_id` (a
         GenerateDecoderOnlyOutput with `sequences` when `return_dict_in_generate`). Greedy, it gives the
         tokens of the setdlm package's `model.sampling.generate` for the same prompts."""
-        import copy
-
-        config = copy.deepcopy(generation_config if generation_config is not None else
-                               (getattr(self, "generation_config", None) or GenerationConfig()))
+        base = generation_config if generation_config is not None else getattr(self, "generation_config", None)
+        config = GenerationConfig.from_dict(base.to_dict()) if base is not None else GenerationConfig()  # a copy
         unused = config.update(**kwargs)
         if unused:
             raise ValueError(f"generate: unsupported arguments {sorted(unused)} (set decoding takes generation "
