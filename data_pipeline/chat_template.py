@@ -107,11 +107,12 @@ def render_chat_template(template: str, messages: list[dict], *, add_generation_
 
 
 def check_chat_template(template: str, variables: dict | None = None, name: str = "the chat template") -> None:
-    """Renders a short conversation with and without the generation prompt under the limits (a
-    template that loops or fails whatever it is given is refused before any work)."""
-    for prompt in (False, True):
-        render_chat_template(template, [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}],
-                             add_generation_prompt=prompt, variables=variables, name=name,
+    """Renders a short chat (a user and an assistant turn) and a prompt (a user turn with the generation
+    prompt) under the limits: a template that loops or fails whatever it is given is refused before
+    any work."""
+    user, assistant = {"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}
+    for messages, prompt in (([user, assistant], False), ([user], True)):
+        render_chat_template(template, messages, add_generation_prompt=prompt, variables=variables, name=name,
                              generation_spans=has_generation_tags(template))
 
 
