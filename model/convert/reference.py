@@ -190,13 +190,11 @@ def model_section(arch: dict, vocab_size: int, mask_id: int, seq_len: int) -> di
 
 def family_from_config(config: dict) -> str | None:
     """Best guess of the objective from a reference config.json (architectures / model_type)."""
+    from model import families
+
     names = " ".join([*(config.get("architectures") or []), str(config.get("model_type", ""))]).lower()
-    for key, fam in (("setdlm", "setdlm"), ("aoarm", "setdlm"), ("bd3lm", "bd3lm"), ("mdlm", "mdlm")):
-        if key in names:
-            return fam
-    if re.search(r"(^|[^a-z])ar($|[^a-z])", names) or "autoregress" in names:
-        return "ar"
-    return None
+    spec = families.from_reference_name(names)
+    return spec.name if spec else None
 
 
 def schedule_from_config(config: dict, length: int) -> dict:
