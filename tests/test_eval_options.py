@@ -65,6 +65,10 @@ ADDED = {t: {"--overlong": ("str", "skip", ("skip", "truncate", "error"))}
 # (None) takes min(256, max_seq_len - the longest prompt) instead of a fixed 256 that did not fit L = 256.
 ADDED["gsm8k"].update({"--protocol": ("str", None, ("paper",)), "--max-new-tokens": ("int", None),
                        "--prompt-format": ("str", "plain", ("plain", "chatml", "tokenizer"))})
+# Issue 29: --prompt-format unset (plain; tokenizer with --protocol paper or --chat-template), so an explicit
+# --prompt-format plain under --protocol paper is a contradiction; --chat-template FILE for a model without one.
+ADDED["gsm8k"].update({"--prompt-format": ("str", None, ("plain", "chatml", "tokenizer")),
+                       "--chat-template": ("str", None)})
 
 
 def _flags(cls) -> dict:
