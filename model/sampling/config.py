@@ -10,6 +10,8 @@ from typing import Literal
 from common.errors import Error
 from common.schema import ConfigError, Field, section
 
+from ..config import CACHE_ORDERS
+
 FAMILIES = ("setdlm", "bd3lm", "mdlm", "ar")
 REMASKING = ("confidence", "random")
 
@@ -69,6 +71,10 @@ class SamplingConfig:
     window_min: int = Field(1, ge=1, description="adaptive window: lower bound")
     window_max: int | None = Field(None, ge=1, description=(
         "adaptive window: upper bound (null: 2 * window, capped at s_max)"))
+    cache_order: Literal[CACHE_ORDERS] | None = Field(None, description=(
+        "SW-SetDLM: order in which one step's accepted tokens enter the KV cache (and attend among themselves): "
+        "position, or first_hitting (the reference's setdlm_fht_cache_order, the paper's GSM8K mode); null: the "
+        "model's recorded mode (objective.cache_order of its run), else position"))
     s_max: int | None = Field(None, ge=1, description=(
         "SW-SetDLM: the model's S_max (2D, the most positions one step was trained on; from_objective sets it): "
         "window and window_max may not exceed it, and the default window_max is capped at it (null: no cap)"))
@@ -125,6 +131,9 @@ class SamplingConfig:
                 if value > self.s_max:
                     raise ConfigError(f"sampling.{name}: at most the model's S_max = {self.s_max} (the most positions one "
                                       f"step was trained on), got {value}")
+        if self.cache_order == "first_hitting" and self.family != "setdlm":
+            raise ConfigError(f"sampling.cache_order: first_hitting orders SW-SetDLM commits; family {self.family} "
+                              "decodes in position order (set cache_order: position or leave it unset)")
         if self.compile and self.family == "mdlm":
             raise ConfigError("sampling.compile: the compiled step exists for setdlm, bd3lm and ar (MDLM decodes "
                               "eagerly); set compile: false")
