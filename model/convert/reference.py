@@ -179,24 +179,28 @@ def dit_to_training(sd: dict, arch: dict, sigma: float = 0.0) -> dict[str, torch
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def model_section(arch: dict, vocab_size: int, mask_id: int, seq_len: int) -> dict:
-    """The recipe's `model:` section for an imported DiT (paper shapes: pre-LayerNorm, GELU, RoPE 10000)."""
+def model_section(arch: dict, vocab_size: int, mask_id: int, seq_len: int, dropout: float = 0.1) -> dict:
+    """The recipe's `model:` section for an imported DiT (paper shapes: pre-LayerNorm, GELU, RoPE 10000;
+    dropout as the checkpoint's backbone_config records it)."""
     return {"n_layers": arch["n_layers"], "hidden": arch["hidden"], "n_heads": arch["n_heads"],
             "ffn_hidden": arch["ffn_hidden"], "norm": "layernorm", "norm_eps": 1e-5, "activation": "gelu",
-            "qk_norm": False, "bias": True, "head_bias": True, "rope_base": 10000.0, "dropout": 0.1,
+            "qk_norm": False, "bias": True, "head_bias": True, "rope_base": 10000.0, "dropout": float(dropout),
             "vocab_size": int(vocab_size), "mask_id": int(mask_id), "max_seq_len": int(seq_len),
             "tie_embeddings": False}
 
 
+FAMILIES = ("setdlm", "bd3lm", "mdlm", "ar")
+# The reference's class / model_type names -> our objective, checked in this order against its config.json's
+# `architectures` and `model_type` (a SetDLM release has architectures ["SetDLM"] and model_type "bd3lm", so
+# SetDLM's names come first). The one place the reference's names map to families.
+REFERENCE_NAMES = ((r"setdlm|aoarm", "setdlm"), (r"bd3lm", "bd3lm"), (r"mdlm", "mdlm"),
+                   (r"(^|[^a-z])ar($|[^a-z])|autoregress", "ar"))
+
+
 def family_from_config(config: dict) -> str | None:
-    """Best guess of the objective from a reference config.json (architectures / model_type)."""
+    """The objective of a reference config.json (architectures / model_type), by REFERENCE_NAMES."""
     names = " ".join([*(config.get("architectures") or []), str(config.get("model_type", ""))]).lower()
-    for key, fam in (("setdlm", "setdlm"), ("aoarm", "setdlm"), ("bd3lm", "bd3lm"), ("mdlm", "mdlm")):
-        if key in names:
-            return fam
-    if re.search(r"(^|[^a-z])ar($|[^a-z])", names) or "autoregress" in names:
-        return "ar"
-    return None
+    return next((fam for pattern, fam in REFERENCE_NAMES if re.search(pattern, names)), None)
 
 
 def schedule_from_config(config: dict, length: int) -> dict:
@@ -233,4 +237,4 @@ def schedule_from_config(config: dict, length: int) -> dict:
 
 
 __all__ = ["schedule_from_config", "strip_prefixes", "ema_state", "describe", "conditioning", "dit_to_training", "model_section",
-           "family_from_config", "BUFFERS"]
+           "family_from_config", "FAMILIES", "REFERENCE_NAMES", "BUFFERS"]
