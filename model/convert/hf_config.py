@@ -34,6 +34,7 @@ def schedule_fields(objective, seq_len: int) -> dict:
 
         sw = SlidingWindow.build(seq_len, objective.set_size, objective.s_max, objective.k)
         out.update(set_size=sw.set_size, s_max=sw.s_max, k=sw.k, b=sw.b, order=objective.order,
+                   cache_order=getattr(objective, "cache_order", "position"),
                    expected_budget=sw.expected_budget, k_explicit=objective.k is not None,
                    s_max_explicit=objective.s_max is not None)
     elif objective.name == "ar":
@@ -122,6 +123,8 @@ def configs_from_hf(config: dict) -> tuple[dict, dict, int]:
     if family == "setdlm":
         objective["set_size"] = int(sd.get("set_size", 4))
         objective["order"] = sd.get("order", "sliding_window")
+        if sd.get("cache_order", "position") != "position":
+            objective["cache_order"] = sd["cache_order"]
         if sd.get("s_max_explicit") or ("s_max" in sd and int(sd["s_max"]) != 2 * objective["set_size"]):
             objective["s_max"] = int(sd["s_max"])
         if sd.get("k_explicit"):

@@ -62,7 +62,8 @@ def _forward(model, ids, pos, mask, n_out):
 class Reference:
     def __init__(self, model, cfg: SamplingConfig, *, mask_id, eos_id, tokenizer, generator):
         self.model, self.cfg, self.mask_id = model, cfg, mask_id
-        self.fht = first_hitting.for_decode(cfg, model, generator)
+        many = cfg.threshold is not None and cfg.threshold < 1.0  # more than one commit per step: an order
+        self.fht = first_hitting.for_decode(cfg, model, generator) if many else None
         self.tokenizer, self.generator = tokenizer, generator
         ids = list(cfg.stop_token_ids) + ([eos_id] if cfg.stop_on_eos and eos_id is not None else [])
         self.stop_ids = set(ids)
