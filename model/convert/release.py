@@ -146,6 +146,10 @@ def stock_state_dict(state: dict, base_config: dict, backbone_config: dict, wher
         if not tied:
             raise ConvertError(f"{where}: no {PREFIX}{HEAD} but the base model's config.json has tie_word_embeddings="
                                "false (an untied head must be saved): tied/untied mismatch with the base model")
+    elif not tied and head.shape == emb.shape and torch.equal(head, emb):
+        raise ConvertError(f"{where}: {PREFIX}{HEAD} is the embedding (a tied head) but the base model's config.json "
+                           "has tie_word_embeddings=false: tied/untied mismatch with the base model (pass --base-model "
+                           "with the model it was trained from)")
     elif tied and (head.shape != emb.shape or not torch.equal(head, emb)):
         raise ConvertError(f"{where}: {PREFIX}{HEAD} differs from the embedding but the base model's config.json has "
                            "tie_word_embeddings=true: tied/untied mismatch with the base model (pass --base-model "

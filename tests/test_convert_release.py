@@ -1,0 +1,246 @@
+"""`setdlm convert from-reference` on the reference implementation's pretrained-backbone releases (the
+paper's GSM8K / CNN-DM format), with fixtures built here from a stock transformers Qwen3 (release_fixtures.py):
+logits against transformers' own Qwen3 forward under the two-stream mask, the recorded first-hitting cache
+order as every decoder's default (checked against the recomputing reference decoder in both modes), the
+other families, truncation, routing from from-hf / init_from, and bad input as one line with exit 2."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+import release_fixtures as rf
+from helpers import REPO, cli_env
+
+L = 48  # the releases' length (the paper's is 1024)
+
+
+@pytest.fixture(scope="module")
+def fx(tmp_path_factory, one_thread):
+    """Base models (tied, untied), release directories of each family, and their imported runs."""
+    from pretrain.convert.from_reference import import_reference
+
+    tmp = tmp_path_factory.mktemp("release")
+    out = {"tmp": tmp, "base": rf.base_model(tmp / "base"), "base_untied": rf.base_model(tmp / "base_untied", tie=False)}
+    out["bb"] = rf.trained_backbone(out["base"])
+    out["bb_untied"] = rf.trained_backbone(out["base_untied"], seed=2)
+    out["setdlm"] = rf.write_release(tmp / "setdlm-gsm8k-smax8", out["bb"], rf.release_config("setdlm", L))
+    out["run"] = import_reference(out["setdlm"], tmp / "run", base_model=str(out["base"]), log=lambda s: None)
+    return out
+
+
+def _ours(run, ids, pos, kind):
+    from model.masks import build_mask
+    from model.transformer import full_logits
+    from pretrain.checkpoint.inference import load_model
+
+    model, tok, cfg = load_model(run)
+    T = ids.shape[1]
+    mask = build_mask(kind, T // 2 if kind == "setdlm" else T)
+    with torch.no_grad():
+        return full_logits(model, model(ids, pos, mask)), mask, (model, tok, cfg)
+
+
+def _close(ours, ref, mask_id):
+    ref = ref.clone()
+    ref[..., mask_id] = float("-inf")  # the MASK logit, -inf in ours (the reference forbids it the same way)
+    V = ref.shape[-1]
+    assert torch.isinf(ours[..., V:]).all()  # vocabulary padding only
+    fin = torch.isfinite(ref)
+    assert torch.equal(torch.isfinite(ours[..., :V]), fin)
+    diff = (ours[..., :V][fin] - ref[fin]).abs().max().item()
+    assert diff < 1e-4 * ref[fin].abs().max().item(), diff
+
+
+def test_setdlm_release_logits_match_transformers_under_the_two_stream_mask(fx):
+    ids, pos = rf.two_stream_inputs(L, 50257)
+    ours, mask, (model, tok, cfg) = _ours(fx["run"], ids, pos, "setdlm")
+    _close(ours, rf.transformers_logits(fx["bb"], ids, pos, mask), 50257)
+    o, m = cfg.objective, cfg.model
+    assert (o.name, o.set_size, o.s_max, o.cache_order, cfg.data.seq_len) == ("setdlm", 4, None, "first_hitting", L)
+    assert (m.n_layers, m.hidden, m.vocab_size, m.mask_id, m.max_seq_len, m.tie_embeddings, m.dropout) == \
+        (2, 128, rf.ROWS, 50257, L, True, 0.0)  # every embedding row kept: the reference decodes over all of them
+    assert tok.mask_id == 50257 and tok.vocab_size == 50258
+    assert not (fx["setdlm"] / "RAN").exists()  # the release's .py files never ran
+
+
+def test_untied_safetensors_release_and_the_other_families(fx, tmp_path):
+    from pretrain.convert.from_reference import import_reference
+
+    bb = fx["bb_untied"]
+    ids = torch.randint(0, 50257, (2, 20), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(20).expand(2, 20)
+    for family in ("ar", "bd3lm", "mdlm"):
+        d = rf.write_release(tmp_path / f"gsm8k-{family}", bb, rf.release_config(family, L, block=8),
+                             safetensors=family == "mdlm")
+        run = import_reference(d, tmp_path / f"run-{family}", base_model=str(fx["base_untied"]), log=lambda s: None)
+        ours, mask, (_, _, cfg) = _ours(run, ids, pos, "causal")
+        _close(ours, rf.transformers_logits(bb, ids, pos, mask), 50257)
+        assert cfg.objective.name == family and not cfg.model.tie_embeddings
+        assert cfg.objective.block_size == (8 if family == "bd3lm" else 4)
+
+
+def test_truncated_release_keeps_the_layers_the_reference_keeps(fx, tmp_path):
+    """num_layers=1 of the 2-layer base: the first layer (keep_top_layers: the last one), renumbered 0."""
+    from transformers import Qwen3ForCausalLM
+
+    from pretrain.convert.from_reference import import_reference
+
+    ids, pos = rf.two_stream_inputs(L, 50257, seed=5)
+    for top, keep in ((False, 0), (True, 1)):
+        d = rf.write_release(tmp_path / f"r{keep}", fx["bb"], rf.release_config("setdlm", L, num_layers=1, keep_top=top),
+                             layers=[keep])
+        run = import_reference(d, tmp_path / f"run{keep}", base_model=str(fx["base"]), log=lambda s: None)
+        ours, mask, (_, _, cfg) = _ours(run, ids, pos, "setdlm")
+        conf = {**fx["bb"].config.to_dict(), "num_hidden_layers": 1}
+        conf["layer_types"] = conf.get("layer_types", ["full_attention"])[:1]
+        one = Qwen3ForCausalLM(fx["bb"].config.__class__(**conf))
+        sd = {k.replace(f"layers.{keep}.", "layers.0."): v for k, v in fx["bb"].state_dict().items()
+              if not k.startswith("model.layers.") or k.startswith(f"model.layers.{keep}.")}
+        one.load_state_dict(sd)
+        _close(ours, rf.transformers_logits(one.eval(), ids, pos, mask), 50257)
+        assert cfg.model.n_layers == 1
+
+
+@pytest.mark.parametrize("threshold", [0.9, 0.5, 0.0])
+def test_recorded_cache_order_is_the_default_and_matches_the_recomputing_reference(fx, threshold):
+    """generate() on load_model(RUN) with no option decodes in the release's first-hitting cache order, as the
+    recomputing reference does; position order is the other mode, also checked; they differ somewhere."""
+    from model.sampling import SamplingConfig, generate
+    from model.sampling.reference import generate_reference
+    from pretrain.checkpoint.inference import load_model
+
+    model, tok, _ = load_model(fx["run"])
+    prompts = [tok.encode(t) for t in ("The answer is", "Natalia sold clips to 48 of her friends", "x")]
+    cfg = SamplingConfig(window=4, threshold=threshold, max_new_tokens=20, stop_on_eos=False)
+    differ = 0
+    for p in prompts:
+        torch.manual_seed(11)
+        default = generate(model, [p], cfg)[0].tokens
+        torch.manual_seed(11)
+        fht = generate_reference(model, [p], cfg, cache_order="first_hitting")[0].tokens
+        assert default == fht
+        pos = generate(model, [p], cfg, cache_order="position")[0]
+        assert pos.tokens == generate_reference(model, [p], cfg, cache_order="position")[0].tokens
+        differ += pos.tokens != default
+    batch = [o.tokens for o in generate(model, prompts, SamplingConfig(window=4, threshold=threshold, max_new_tokens=20,
+                                                                       stop_on_eos=False, seed=3))]
+    assert batch == [generate(model, [p], SamplingConfig(window=4, threshold=threshold, max_new_tokens=20,
+                                                         stop_on_eos=False, seed=3))[0].tokens for p in prompts]
+    if threshold == 0.0:
+        assert differ  # the cache order changes what this model decodes
+
+
+def test_first_hitting_past_the_model_length(fx):
+    """Spans longer than L (the reference fails there): the first-hitting order goes on, equal to the
+    recomputing reference with the oldest cache entries dropped."""
+    from model.sampling import SamplingConfig, generate
+    from model.sampling.reference import generate_reference
+    from pretrain.checkpoint.inference import load_model
+
+    model, tok, _ = load_model(fx["run"])
+    cfg = SamplingConfig(window=4, threshold=0.3, max_new_tokens=L + 12, stop_on_eos=False, seed=1)
+    p = tok.encode("Long text")
+    out = generate(model, [p], cfg)[0]
+    assert len(out.tokens) == L + 12 and out.tokens == generate_reference(model, [p], cfg)[0].tokens
+
+
+def test_hf_export_decodes_in_the_recorded_order(fx, tmp_path):
+    from transformers import AutoModelForMaskedLM
+
+    from model.sampling import SamplingConfig, generate
+    from pretrain.checkpoint.inference import load_model
+    from pretrain.convert.export import export_checkpoint
+
+    export_checkpoint(str(fx["run"]), tmp_path / "hf", log=lambda s: None)
+    hf = AutoModelForMaskedLM.from_pretrained(str(tmp_path / "hf"), trust_remote_code=True).eval()
+    model, tok, _ = load_model(fx["run"])
+    p = tok.encode("The answer is")
+    for thr in (0.5, 0.0):
+        torch.manual_seed(2)
+        ours = generate(model, [p], SamplingConfig(window=4, threshold=thr, max_new_tokens=16, stop_on_eos=False))[0]
+        torch.manual_seed(2)
+        got = hf.set_diffusion_generate([p], max_new_tokens=16, window=4, threshold=thr, stop_on_eos=False)
+        assert got.sequences[0] == ours.tokens
+        pos = hf.set_diffusion_generate([p], max_new_tokens=16, window=4, threshold=thr, stop_on_eos=False,
+                                        cache_order="position")
+        assert pos.sequences[0] == generate(model, [p], SamplingConfig(window=4, threshold=thr, max_new_tokens=16,
+                                                                       stop_on_eos=False, cache_order="position"))[0].tokens
+
+
+def test_init_from_an_imported_release_keeps_rows_and_cache_order(fx, tmp_path):
+    from helpers import write_recipe
+    from pretrain import init_from
+    from pretrain.config import load_config
+
+    recipe = write_recipe(tmp_path / "ft.yaml", model={}, train={"init_from": str(fx["run"])})
+    cfg = load_config(recipe, [f"run.out_dir={tmp_path / 'runs'}", "model.n_layers=2", "model.hidden=128",
+                               "model.n_heads=4", "model.ffn_hidden=256", "model.tie_embeddings=true",
+                               "model.max_seq_len=48", "data.seq_len=48"])
+    src = init_from.prepare(cfg)
+    assert src.kind == "checkpoint" and cfg.model.vocab_size == rf.ROWS and cfg.objective.cache_order == "first_hitting"
+
+
+# -- bad input: one line, exit 2 ------------------------------------------------------------------------
+
+
+def _convert(*args, env=None):
+    e = cli_env()
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "launch.cli", "convert", *map(str, args)], cwd=REPO, env=e,
+                          capture_output=True, text=True, timeout=300)
+
+
+def _one_line(r, *needles):
+    err = r.stderr.strip().splitlines()
+    assert r.returncode == 2 and len(err) == 1 and "Traceback" not in r.stderr, r.stderr[-2000:]
+    for n in needles:
+        assert n in err[0], err[0]
+
+
+def test_bad_releases_are_one_line(fx, tmp_path):
+    import shutil
+
+    src = fx["setdlm"]
+    hub = {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}
+    # the base model named by a hub id that is not cached (no --base-model)
+    _one_line(_convert("from-reference", "--model", src, "--out", tmp_path / "o1", env=hub), "--base-model",
+              rf.HUB_BASE, "cache")
+    _one_line(_convert("from-reference", "--model", src, "--out", tmp_path / "o1", "--base-model", "org/none",
+                       env=hub), "--base-model org/none", "cache")
+    # no config.json
+    d = tmp_path / "noconfig"
+    shutil.copytree(src, d)
+    (d / "config.json").unlink()
+    _one_line(_convert("from-reference", "--model", d, "--out", tmp_path / "o2"), "config.json")
+    # no weights
+    d = tmp_path / "noweights"
+    shutil.copytree(src, d)
+    (d / "pytorch_model.bin").unlink()
+    _one_line(_convert("from-reference", "--model", d, "--out", tmp_path / "o3", "--base-model", fx["base"]),
+              "no weights")
+    # tied/untied mismatch both ways
+    _one_line(_convert("from-reference", "--model", src, "--out", tmp_path / "o4", "--base-model", fx["base_untied"]),
+              "tied/untied")
+    d = rf.write_release(tmp_path / "untied", fx["bb_untied"], rf.release_config("setdlm", L))
+    _one_line(_convert("from-reference", "--model", d, "--out", tmp_path / "o5", "--base-model", fx["base"]),
+              "tied/untied")
+    # a pickle payload in pytorch_model.bin: refused before it runs
+    d = tmp_path / "payload"
+    shutil.copytree(src, d)
+    marker = tmp_path / "PWNED"
+
+    class Payload:
+        def __reduce__(self):
+            return (open, (str(marker), "w"))
+
+    torch.save({"backbone.model.model.embed_tokens.weight": Payload()}, d / "pytorch_model.bin")
+    _one_line(_convert("from-reference", "--model", d, "--out", tmp_path / "o6", "--base-model", fx["base"]),
+              "pytorch_model.bin", "refused")
+    assert not marker.exists()
+    # from-hf on a release names the command that works
+    _one_line(_convert("from-hf", "--model", src, "--out", tmp_path / "o7"), "setdlm convert from-reference")
+    assert not any((tmp_path / f"o{i}").exists() for i in range(1, 8))
