@@ -67,6 +67,7 @@ def test_setdlm_release_logits_match_transformers_under_the_two_stream_mask(fx):
     assert not (fx["setdlm"] / "RAN").exists()  # the release's .py files never ran
 
 
+@pytest.mark.slow
 def test_untied_safetensors_release_and_the_other_families(fx, tmp_path):
     from pretrain.convert.from_reference import import_reference
 
@@ -83,6 +84,7 @@ def test_untied_safetensors_release_and_the_other_families(fx, tmp_path):
         assert cfg.objective.block_size == (8 if family == "bd3lm" else 4)
 
 
+@pytest.mark.slow
 def test_truncated_release_keeps_the_layers_the_reference_keeps(fx, tmp_path):
     """num_layers=1 of the 2-layer base: the first layer (keep_top_layers: the last one), renumbered 0."""
     from transformers import Qwen3ForCausalLM
@@ -201,34 +203,31 @@ def _one_line(r, *needles):
         assert n in err[0], err[0]
 
 
-def test_bad_releases_are_one_line(fx, tmp_path):
+class _Run:
+    def __init__(self, returncode, stderr):
+        self.returncode, self.stderr = returncode, stderr
+
+
+def _convert_here(capsys, *args):
+    """The command line in this process (the same one-line error wrapper as `setdlm convert`)."""
+    from common.cli import run_command
+    from pretrain.convert.cli import main
+
+    capsys.readouterr()
+    rc = run_command("setdlm convert", main, [str(a) for a in args])
+    return _Run(rc, capsys.readouterr().err)
+
+
+@pytest.mark.slow
+def test_uncached_hub_base_and_pickle_payload_are_one_line(fx, tmp_path):
+    """In a fresh process (the hub cache location is read at start-up): a base model named by a hub id that is
+    not cached, and a pickle payload in pytorch_model.bin, which is refused before it runs."""
     import shutil
 
     src = fx["setdlm"]
     hub = {"HF_HOME": str(tmp_path / "hf_home"), "HF_HUB_OFFLINE": "1"}
-    # the base model named by a hub id that is not cached (no --base-model)
     _one_line(_convert("from-reference", "--model", src, "--out", tmp_path / "o1", env=hub), "--base-model",
               rf.HUB_BASE, "cache")
-    _one_line(_convert("from-reference", "--model", src, "--out", tmp_path / "o1", "--base-model", "org/none",
-                       env=hub), "--base-model org/none", "cache")
-    # no config.json
-    d = tmp_path / "noconfig"
-    shutil.copytree(src, d)
-    (d / "config.json").unlink()
-    _one_line(_convert("from-reference", "--model", d, "--out", tmp_path / "o2"), "config.json")
-    # no weights
-    d = tmp_path / "noweights"
-    shutil.copytree(src, d)
-    (d / "pytorch_model.bin").unlink()
-    _one_line(_convert("from-reference", "--model", d, "--out", tmp_path / "o3", "--base-model", fx["base"]),
-              "no weights")
-    # tied/untied mismatch both ways
-    _one_line(_convert("from-reference", "--model", src, "--out", tmp_path / "o4", "--base-model", fx["base_untied"]),
-              "tied/untied")
-    d = rf.write_release(tmp_path / "untied", fx["bb_untied"], rf.release_config("setdlm", L))
-    _one_line(_convert("from-reference", "--model", d, "--out", tmp_path / "o5", "--base-model", fx["base"]),
-              "tied/untied")
-    # a pickle payload in pytorch_model.bin: refused before it runs
     d = tmp_path / "payload"
     shutil.copytree(src, d)
     marker = tmp_path / "PWNED"
@@ -238,9 +237,51 @@ def test_bad_releases_are_one_line(fx, tmp_path):
             return (open, (str(marker), "w"))
 
     torch.save({"backbone.model.model.embed_tokens.weight": Payload()}, d / "pytorch_model.bin")
-    _one_line(_convert("from-reference", "--model", d, "--out", tmp_path / "o6", "--base-model", fx["base"]),
+    _one_line(_convert("from-reference", "--model", d, "--out", tmp_path / "o2", "--base-model", fx["base"]),
               "pytorch_model.bin", "refused")
-    assert not marker.exists()
+    assert not marker.exists() and not (tmp_path / "o1").exists() and not (tmp_path / "o2").exists()
+
+
+def test_bad_releases_are_one_line(fx, tmp_path, capsys):
+    import shutil
+
+    src = fx["setdlm"]
+    _one_line(_convert_here(capsys, "from-reference", "--model", src, "--out", tmp_path / "o1", "--base-model",
+                            tmp_path / "nowhere"), "--base-model", "no such directory")
+    # no config.json
+    d = tmp_path / "noconfig"
+    shutil.copytree(src, d)
+    (d / "config.json").unlink()
+    _one_line(_convert_here(capsys, "from-reference", "--model", d, "--out", tmp_path / "o2"), "config.json")
+    # no weights
+    d = tmp_path / "noweights"
+    shutil.copytree(src, d)
+    (d / "pytorch_model.bin").unlink()
+    _one_line(_convert_here(capsys, "from-reference", "--model", d, "--out", tmp_path / "o3", "--base-model",
+                            fx["base"]), "no weights")
+    # tied/untied mismatch both ways
+    _one_line(_convert_here(capsys, "from-reference", "--model", src, "--out", tmp_path / "o4", "--base-model",
+                            fx["base_untied"]), "tied/untied")
+    d = rf.write_release(tmp_path / "untied", fx["bb_untied"], rf.release_config("setdlm", L))
+    _one_line(_convert_here(capsys, "from-reference", "--model", d, "--out", tmp_path / "o5", "--base-model",
+                            fx["base"]), "tied/untied")
+    # a base model that is not the one trained from (another layer count)
+    d = rf.write_release(tmp_path / "short", fx["bb"], rf.release_config("setdlm", L), layers=[0])
+    _one_line(_convert_here(capsys, "from-reference", "--model", d, "--out", tmp_path / "o6", "--base-model",
+                            fx["base"]), "1 layers", "num_layers=-1")
     # from-hf on a release names the command that works
-    _one_line(_convert("from-hf", "--model", src, "--out", tmp_path / "o7"), "setdlm convert from-reference")
+    _one_line(_convert_here(capsys, "from-hf", "--model", src, "--out", tmp_path / "o7"),
+              "setdlm convert from-reference")
     assert not any((tmp_path / f"o{i}").exists() for i in range(1, 8))
+
+
+def test_init_from_a_release_directory_names_the_import(fx, tmp_path):
+    from common.schema import ConfigError
+    from helpers import write_recipe
+    from pretrain import init_from
+    from pretrain.config import load_config
+
+    recipe = write_recipe(tmp_path / "ft.yaml", train={"init_from": str(fx["setdlm"])})
+    cfg = load_config(recipe, [f"run.out_dir={tmp_path / 'runs'}"])
+    with pytest.raises(ConfigError, match="setdlm convert from-reference"):
+        init_from.prepare(cfg)
