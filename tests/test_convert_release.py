@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -285,3 +286,63 @@ def test_init_from_a_release_directory_names_the_import(fx, tmp_path):
     cfg = load_config(recipe, [f"run.out_dir={tmp_path / 'runs'}"])
     with pytest.raises(ConfigError, match="setdlm convert from-reference"):
         init_from.prepare(cfg)
+
+
+def test_reinit_release_takes_its_shape_overrides(fx, tmp_path):
+    """The CNN/DM releases: reinit_model with backbone_config hidden_size / intermediate_size and num_layers
+    overriding the base model's config (AutoConfig.from_pretrained(name, **overrides))."""
+    from transformers import Qwen3ForCausalLM
+
+    from pretrain.convert.from_reference import import_reference
+
+    conf = {**fx["bb"].config.to_dict(), "hidden_size": 64, "intermediate_size": 96, "num_hidden_layers": 1}
+    conf["layer_types"] = ["full_attention"]
+    torch.manual_seed(4)
+    small = Qwen3ForCausalLM(fx["bb"].config.__class__(**conf)).eval()
+    cfg = rf.release_config("setdlm", L, num_layers=1)
+    cfg["backbone_config"].update(reinit_model=True, hidden_size=64, intermediate_size=96)
+    d = rf.write_release(tmp_path / "cnndm-setdlm-smax8", small, cfg)
+    run = import_reference(d, tmp_path / "run", base_model=str(fx["base"]), log=lambda s: None)
+    ids, pos = rf.two_stream_inputs(L, 50257, seed=6)
+    ours, mask, (_, _, rcfg) = _ours(run, ids, pos, "setdlm")
+    _close(ours, rf.transformers_logits(small, ids, pos, mask), 50257)
+    assert (rcfg.model.hidden, rcfg.model.ffn_hidden, rcfg.model.n_layers) == (64, 96, 1)
+
+
+def test_paper_matrix_imports_releases_and_summarises(fx, tmp_path, capsys):
+    """A paper matrix over a released checkpoint: a cell refuses to run before `--import`, `--import`
+    imports it once, and `--summary` puts each row's number beside the paper's."""
+    import json
+
+    from common.cli import run_command
+    from eval.matrix import load_matrix
+    from eval.matrix import main as matrix_main
+
+    m = tmp_path / "m.yaml"
+    m.write_text(f"""
+out: {tmp_path / 'results'}
+imports: {tmp_path / 'released'}
+checkpoints:
+  rel: {{release: {fx['setdlm']}, base_model: {fx['base']}}}
+rows:
+  - {{table: T1, checkpoint: rel, task: likelihood, setting: a, args: --max-batches 1,
+     paper: {{metric: ppl, value: 12.5, source: "Table 1"}}}}
+  - {{table: T1, checkpoint: rel, task: likelihood, setting: b, paper: {{metric: ppl, value: null, source: "n/a"}}}}
+""")
+
+    def run(*a):
+        capsys.readouterr()
+        rc = run_command("setdlm eval matrix", matrix_main, [str(m), *a])
+        return rc, capsys.readouterr()
+
+    rc, out = run("--index", "0")
+    assert rc == 2 and "--import" in out.err and len(out.err.strip().splitlines()) == 1
+    assert run("--import")[0] == 0 and (tmp_path / "released" / "rel" / "checkpoints").is_dir()
+    assert "already imported" in run("--import")[1].out
+    cell = load_matrix(str(m))[0]
+    Path(cell["out"]).mkdir(parents=True)
+    (Path(cell["out"]) / "metrics.json").write_text(json.dumps({"metrics": {"ppl": 13.25}}))
+    rc, out = run("--summary")
+    text = (tmp_path / "results" / "summary.md").read_text()
+    assert rc == 0 and "| T1 | rel | likelihood | a | ppl | 12.5 | 13.25 | Table 1 |" in text
+    assert "| T1 | rel | likelihood | b | ppl | - | not run | n/a |" in text

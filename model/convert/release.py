@@ -34,7 +34,7 @@ import torch
 from .errors import ConvertError
 from .hf_stock import model_section as stock_model_section
 
-__all__ = ["is_release", "base_model_name", "resolve_hub", "resolve_base", "stock_state_dict", "model_section", "objective_section",
+__all__ = ["is_release", "base_model_name", "resolve_hub", "resolve_base", "effective_base", "stock_state_dict", "model_section", "objective_section",
            "set_size_from_name", "PREFIX", "HEAD"]
 
 PREFIX = "backbone.model."  # AutoModelFromPreTrained.model (a Qwen3ForCausalLM) inside the denoiser
@@ -107,6 +107,18 @@ def set_size_from_name(name: str) -> int | None:
     return int(m.group(1)) // 2 if m else None
 
 
+# AutoModelFromPreTrained's own arguments; every other backbone_config key is passed on to the base model's
+# config (AutoConfig.from_pretrained(name, **kwargs)): the CNN/DM releases set hidden_size / intermediate_size so
+LOADER_KEYS = ("_target_", "automodel_cls", "pretrained_model_name_or_path", "trust_remote_code", "num_layers",
+               "keep_top_layers", "reinit_model", "use_causal_mask", "revision", "attn_implementation", "torch_dtype",
+               "dtype")
+
+
+def effective_base(base_config: dict, backbone_config: dict) -> dict:
+    """The base config as the reference builds the backbone from it: backbone_config's extra keys override it."""
+    return {**base_config, **{k: v for k, v in backbone_config.items() if k not in LOADER_KEYS}}
+
+
 def _layer_count(keys) -> int:
     idx = sorted({int(m.group(1)) for k in keys for m in [re.match(r"model\.layers\.(\d+)\.", k)] if m})
     if idx != list(range(len(idx))):
@@ -115,9 +127,10 @@ def _layer_count(keys) -> int:
 
 
 def stock_state_dict(state: dict, base_config: dict, backbone_config: dict, where) -> tuple[dict, dict]:
-    """(Qwen3 tensors named as in a stock directory, the base config.json truncated to the release's
-    layers) from a release's state dict. Checks the layer count against `num_layers` and the head
-    against the base model's `tie_word_embeddings`."""
+    """(Qwen3 tensors named as in a stock directory, the base config.json as the release's backbone has it:
+    backbone_config's overrides applied, truncated to its layers) from a release's state dict. Checks the
+    layer count against `num_layers` and the head against the base model's `tie_word_embeddings`."""
+    base_config = effective_base(base_config, backbone_config)
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
         if not torch.is_tensor(value) or not key.startswith(PREFIX):
