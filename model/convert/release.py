@@ -133,8 +133,8 @@ def stock_state_dict(state: dict, base_config: dict, backbone_config: dict, wher
     base_config = effective_base(base_config, backbone_config)
     out: dict[str, torch.Tensor] = {}
     for key, value in state.items():
-        if not torch.is_tensor(value) or not key.startswith(PREFIX):
-            continue  # static_attention_mask and other denoiser buffers
+        if not torch.is_tensor(value) or not key.startswith(PREFIX) or key.endswith("rotary_emb.inv_freq"):
+            continue  # static_attention_mask and other denoiser buffers; rotary tables are recomputed
         out[key[len(PREFIX):]] = value
     if "model.embed_tokens.weight" not in out:
         raise ConvertError(f"{where}: no {PREFIX}model.embed_tokens.weight: not a release of the reference's "
