@@ -119,7 +119,8 @@ def _rows(p: Path, m: dict, ckpts: dict, out: str, common: list[str]) -> list[di
             raise EvalError(f"matrix: {p}: {where}.task: unknown task {tname!r}; valid: {', '.join(TASKS)}")
         paper = row.get("paper") or {}
         if not isinstance(paper, dict) or "metric" not in paper or "source" not in paper:
-            raise EvalError(f"matrix: {p}: {where}.paper: expected {{metric: NAME, value: NUMBER or null, source: TEXT}}")
+            raise EvalError(f"matrix: {p}: {where}.paper: expected {{metric: NAME, value: NUMBER or null, "
+                            "source: TEXT}")
         sname = str(row.get("setting", "default"))
         cells.append({"index": len(cells), "checkpoint_name": cname, "checkpoint": ckpts[cname]["path"],
                       "release": ckpts[cname].get("release"), "task": tname, "setting": sname,
@@ -226,8 +227,8 @@ def write_summary(path: str) -> Path:
              "|---|---|---|---|---|---|---|---|"]
     for c in cells:
         ours = _metric(c)
-        lines.append(f"| {c['table']} | {c['checkpoint_name']} | {c['task']} | {c['setting']} | {c['paper']['metric']} | "
-                     f"{_fmt(c['paper'].get('value'))} | {_fmt(ours) if ours is not None else 'not run'} | "
+        lines.append(f"| {c['table']} | {c['checkpoint_name']} | {c['task']} | {c['setting']} | "
+                     f"{c['paper']['metric']} | {_fmt(c['paper'].get('value'))} | {_fmt(ours) if ours is not None else 'not run'} | "
                      f"{c['paper']['source']} |")
     lines += ["", "`-` in the paper column: the number is not transcribed (see the source); `not run`: the cell has no "
               "metrics.json yet (`setdlm eval matrix M --index I`)."]
@@ -252,7 +253,8 @@ def main(argv: list[str]) -> int:
     g.add_argument("--index", type=int, help="cell to run (default: $SLURM_ARRAY_TASK_ID)")
     g.add_argument("--import", dest="do_import", action="store_true",
                    help="import the matrix's released checkpoints (once, before the array job)")
-    g.add_argument("--summary", action="store_true", help="a paper matrix: write OUT/summary.md (ours beside the paper's)")
+    g.add_argument("--summary", action="store_true",
+                   help="a paper matrix: write OUT/summary.md (ours beside the paper's)")
     p.add_argument("--dry-run", action="store_true", help="print the cell's command instead of running it")
     args = p.parse_args(argv)
     if args.do_import:

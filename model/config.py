@@ -167,4 +167,5 @@ def model_config_from_dict(section: dict) -> ModelConfig:
     return ModelConfig(**section)
 
 
-__all__ = ["ModelConfig", "ObjectiveConfig", "PRESETS", "PRESET_VOCAB", "OBJECTIVES", "ORDERS", "CACHE_ORDERS", "apply_preset", "model_config_from_dict"]
+__all__ = ["ModelConfig", "ObjectiveConfig", "PRESETS", "PRESET_VOCAB", "OBJECTIVES", "ORDERS", "CACHE_ORDERS",
+           "apply_preset", "model_config_from_dict"]

@@ -26,7 +26,7 @@ import time
 import torch
 
 from ..transformer import full_logits
-from . import first_hitting
+from .first_hitting import for_decode as first_hitting_times
 from .config import SampleOutput, SamplingConfig
 from .engine import Request, to_requests
 from .processors import accept_top1, accept_top_k, choose, presence
@@ -63,7 +63,7 @@ class Reference:
     def __init__(self, model, cfg: SamplingConfig, *, mask_id, eos_id, tokenizer, generator):
         self.model, self.cfg, self.mask_id = model, cfg, mask_id
         many = cfg.threshold is not None and cfg.threshold < 1.0  # more than one commit per step: an order
-        self.fht = first_hitting.for_decode(cfg, model, generator) if many else None
+        self.fht = first_hitting_times(cfg, model, generator) if many else None
         self.tokenizer, self.generator = tokenizer, generator
         ids = list(cfg.stop_token_ids) + ([eos_id] if cfg.stop_on_eos and eos_id is not None else [])
         self.stop_ids = set(ids)

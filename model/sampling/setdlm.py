@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..masks import build_mask, with_key_padding
-from . import first_hitting
+from .first_hitting import for_decode as first_hitting_times
 from .engine import Decoder
 from .processors import accept_top1
 
@@ -41,7 +41,7 @@ class SetDLMDecoder(Decoder):
         self.no_commit = torch.zeros(S, w, dtype=torch.bool, device=dev)
         self.cache = self.new_slot_cache(p + w)
         # first-hitting cache order: each slot's times over the canvas (None: position order)
-        self.fht_draw = first_hitting.for_decode(self.cfg, self.model, self.generator) if self.p > 1 else None
+        self.fht_draw = first_hitting_times(self.cfg, self.model, self.generator) if self.p > 1 else None
         self.fht = torch.zeros(S, self.L + 1, dtype=torch.float64, device=dev) if self.fht_draw else None
 
     # -- policy hooks (BD3-LM overrides them) ----------------------------------------------------
