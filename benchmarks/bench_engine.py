@@ -84,6 +84,7 @@ def random_prompt(n=240):
     return [torch.randint(0, VOCAB - 1, (n,), generator=torch.Generator().manual_seed(1)).tolist()]
 
 
+# family names as strings: the workers import older code versions too, from before model/families
 TINY = {"SetDLM w=4": dict(family="setdlm", window=4), "SetDLM w=4 thr=0": dict(family="setdlm", window=4, threshold=0.0),
         "SetDLM adaptive w=4..8 thr=0.5": dict(family="setdlm", window=4, adaptive_window=True, window_max=8, threshold=0.5),
         "BD3-LM B=4": dict(family="bd3lm", block_size=4), "AR": dict(family="ar")}

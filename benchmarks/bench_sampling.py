@@ -44,6 +44,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from model import families  # noqa: E402
+
 SHAPES = {"tiny": dict(n_layers=4, hidden=256, n_heads=4, ffn_hidden=1024),
           "paper": dict(n_layers=12, hidden=768, n_heads=12, ffn_hidden=3072)}
 VOCAB = 50258  # GPT-2 + MASK
@@ -100,10 +102,10 @@ def samplers(compile_: bool):
     from model.sampling import SamplingConfig
 
     base = dict(stop_on_eos=False, compile=compile_)
-    return [("SetDLM w=4 thr=off", SamplingConfig(family="setdlm", window=4, **base)),
-            ("SetDLM w=4 thr=0 (full window)", SamplingConfig(family="setdlm", window=4, threshold=0.0, **base)),
-            ("BD3-LM B=4", SamplingConfig(family="bd3lm", block_size=4, **base)),
-            ("AR", SamplingConfig(family="ar", **base))]
+    return [("SetDLM w=4 thr=off", SamplingConfig(family=families.SETDLM.name, window=4, **base)),
+            ("SetDLM w=4 thr=0 (full window)", SamplingConfig(family=families.SETDLM.name, window=4, threshold=0.0, **base)),
+            ("BD3-LM B=4", SamplingConfig(family=families.BD3LM.name, block_size=4, **base)),
+            ("AR", SamplingConfig(family=families.AR.name, **base))]
 
 
 def timed(fn):

@@ -20,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import torch  # noqa: E402
 
+from model import families  # noqa: E402
 from model.config import ModelConfig, ObjectiveConfig, apply_preset  # noqa: E402
 from model.objectives import build_objective  # noqa: E402
 from model.shapes import parameter_count  # noqa: E402
@@ -71,15 +72,15 @@ def main() -> None:
     print(f"# model {args.preset}: {parameter_count(cfg) / 1e6:.1f}M params, vocab {cfg.vocab_size}, L={args.seq_len}, batch {args.batch}, fp32")
     print("| objective | tokens forwarded | step (ms) | tokens/s | cost vs AR |")
     print("|---|---|---|---|---|")
-    names = ("ar", "setdlm", "bd3lm", "mdlm")
+    names = tuple(s.name for s in (families.AR, families.SETDLM, families.BD3LM, families.MDLM))
     best = {n: float("inf") for n in names}
     for _ in range(args.rounds):  # interleaved, so load changes on a shared machine hit every objective alike
         for name in names:
             best[name] = min(best[name], time_objective(name, model, args.seq_len, args.batch, args.steps, args.warmup, device))
-    base = best["ar"]
+    base = best[families.AR.name]
     for name in names:
         t = best[name]
-        fwd = 2 * args.seq_len if name in ("setdlm", "bd3lm") else args.seq_len
+        fwd = families.get(name).layout(args.seq_len).tokens_in
         print(f"| {name} | {fwd} | {1000 * t:.1f} | {args.batch * args.seq_len / t:,.0f} | {t / base:.2f}x |")
 
 

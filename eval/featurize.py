@@ -117,7 +117,7 @@ class Featurizer:
         dev = next(model.parameters()).device
         x = torch.tensor([ids], device=dev)
         pos = torch.arange(len(ids), device=dev)[None]
-        kind = "bidirectional" if self.ckpt.objective == "mdlm" else "causal"
+        kind = self.ckpt.cfg.objective.family.clean_text_mask
         captured = {}
         handle = model.final_norm.register_forward_hook(lambda m, i, o: captured.__setitem__("h", o))
         try:

@@ -15,6 +15,8 @@ import time
 
 import torch
 
+from model import families
+
 from .errors import EvalError
 
 
@@ -122,7 +124,7 @@ def prompt_limit(max_seq_len: int, max_new_tokens: int, family: str, overflow: b
     decode past max_seq_len by dropping the oldest cache entries (model/sampling/engine.py), so the
     prompt needs only to fit its prefill; otherwise (and always for MDLM, which re-reads the whole
     sequence) it must fit beside the new tokens (EvalError naming the budget when nothing fits)."""
-    if overflow and family != "mdlm":
+    if overflow and not families.get(family, "sampling.family").rereads_sequence:
         return int(max_seq_len)
     return prompt_budget(max_seq_len, max_new_tokens, min_prompt=0)
 
@@ -155,7 +157,7 @@ class ModelPredictor:
         """Continue each prompt (text or token ids); stops per the SamplingConfig (EOS, stop strings)
         and the `overrides` (e.g. stop=[...]). `examples` is unused here (oracles in tests use it)."""
         ids = [self.tokenizer.encode(p) if isinstance(p, str) else list(p) for p in prompts]
-        ar_start = int(self.sampling.family == "ar" and any(not p for p in ids))  # AR starts an empty prompt at EOS
+        ar_start = int(self.sampling.spec.next_token and any(not p for p in ids))  # AR starts an empty prompt at EOS
         budget = prompt_limit(self.ckpt.cfg.model.max_seq_len, overrides.get("max_new_tokens", self.sampling.max_new_tokens),
                               overrides.get("family", self.sampling.family), self.overflow) - ar_start
         cut = [max(0, len(p) - budget) for p in ids]

@@ -90,10 +90,10 @@ def decoding_fields() -> tuple[str, ...]:
     return tuple(f.name for f in dataclasses.fields(DecodingOptions))
 
 
-def infill_window(objective) -> int:
-    """The paper's SW-SetDLM window for infilling: S_max (2D unless the objective sets s_max)."""
-    s_max = getattr(objective, "s_max", None)
-    return int(s_max) if s_max else 2 * int(objective.set_size)
+def infill_window(objective) -> int | None:
+    """The decoding window for infilling of the objective's family (SW-SetDLM: S_max, as in the paper;
+    None: the sampling default)."""
+    return objective.family.infill_window(objective)
 
 
 def sampling_config(objective, opts, *, window: int | None = None, **fixed) -> SamplingConfig:

@@ -148,7 +148,7 @@ def load_checkpoint(opts: SampleOptions):
 
 def decoding(opts: SampleOptions, objective, infill: bool):
     """The SamplingConfig: the options that are set, else the recipe's (w = D; S_max when infilling)."""
-    window = infill_window(objective) if infill and objective.name == "setdlm" else None
+    window = infill_window(objective) if infill else None
     return sampling_config(objective, opts, window=window, seed=opts.seed, stop=list(opts.stop),
                            stop_regex=opts.stop_regex, stop_on_eos=not opts.ignore_eos)
 

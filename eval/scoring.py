@@ -18,7 +18,8 @@ from .models import Checkpoint
 
 
 def autocast(precision: str, device: torch.device):
-    """The trainer's autocast rule (pretrain.trainer.autocast_context)."""
+    """Evaluation's precision: bf16 autocast when `precision` is bf16, or auto on a CUDA device with bf16
+    (the trainer casts its weights to bf16 through DeepSpeed instead and uses no autocast)."""
     p = precision
     if p == "auto":
         p = "bf16" if device.type == "cuda" and torch.cuda.is_bf16_supported() else "fp32"
@@ -27,10 +28,6 @@ def autocast(precision: str, device: torch.device):
     return nullcontext()
 
 
-# what each family's number estimates (the records of an older estimator are not resumed into a new one)
-ESTIMATORS = {"ar": "exact NLL", "setdlm": "order-sampled upper bound (one order per sequence and draw)",
-              "mdlm": "NELBO, exact discrete form (k ~ U{1..n} masked, weight n/k)",
-              "bd3lm": "NELBO per block, exact discrete form (k ~ U{1..B} masked, weight B/k)"}
 
 
 def text_rows(docs_ids, tok, packing: str, seq_len: int) -> dict:
@@ -95,7 +92,7 @@ class Scorer:
             return {"scorer": self.spec, "estimator": "next-token NLL (exact)"}
         c = Checkpoint(self.spec)
         return {"scorer": str(c.path), "scorer_step": c.meta.get("step"), "scorer_objective": c.objective,
-                "exact": c.objective == "ar", "estimator": ESTIMATORS.get(c.objective, ""),
+                "exact": c.cfg.objective.family.exact_likelihood, "estimator": c.cfg.objective.family.estimator,
                 "framing": c.cfg.data.packing, "rows_of": c.cfg.data.seq_len, "ema": c.uses_ema}
 
     def _load(self):

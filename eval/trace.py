@@ -45,11 +45,7 @@ def sample_rows(rows: list[dict], outputs, events, tokenizer) -> list[dict]:
 
 def settings_line(cfg) -> str:
     """The decoding settings a trace page names."""
-    text = f"{cfg.family} sampler"
-    if cfg.family == "setdlm":
-        text += f", window {cfg.window_size}" + (" (adaptive)" if cfg.adaptive_window else "")
-    elif cfg.family == "bd3lm":
-        text += f", block size {cfg.block_size}"
+    text = cfg.spec.settings_line(cfg)
     text += f", threshold {cfg.threshold}" if cfg.threshold is not None else ", no threshold"
     return text + (f", temperature {cfg.temperature:g}" if cfg.temperature > 0 else ", greedy")
 

@@ -6,6 +6,8 @@ from typing import Literal
 
 from common.schema import ConfigError, Field, check_keys, section
 
+from . import families
+
 # Named shapes. A recipe may name a preset and override any field of it.
 PRESETS: dict[str, dict] = {
     # Tests and the CPU quickstart.
@@ -36,7 +38,7 @@ PRESETS: dict[str, dict] = {
 # 151,669 tokens, MASK appended as id 151669). The dry run plans with it when the directory is absent.
 PRESET_VOCAB: dict[str, tuple[int, int]] = {"qwen3-1.7b": (151670, 151669), "qwen3-8b": (151670, 151669)}
 
-OBJECTIVES = ("ar", "mdlm", "bd3lm", "setdlm")
+OBJECTIVES = families.names()
 ORDERS = ("sliding_window", "any_order", "left_to_right")
 CACHE_ORDERS = ("position", "first_hitting")  # how one SetDLM decoding step's accepted tokens enter the cache
 
@@ -119,7 +121,9 @@ class ModelConfig:
 
 @section("objective")
 class ObjectiveConfig:
-    name: Literal[OBJECTIVES] = Field("setdlm", description="training objective: ar, mdlm, bd3lm or setdlm (SW-SetDLM)")
+    name: Literal[OBJECTIVES] = Field(families.SETDLM.name, description=(
+        "training objective, a registered family (model/families): " + ", ".join(
+            f"{s.name} ({s.title})" for s in families.REGISTERED)))
     # SW-SetDLM schedule (SETDLM.md section 2)
     set_size: int = Field(4, ge=1, description="setdlm: D, the equivalent block size (expected prediction budget D/2)")
     s_max: int | None = Field(None, ge=1, description="setdlm: window of overlapping intervals, >= set_size (null: 2 * D)")
@@ -135,19 +139,13 @@ class ObjectiveConfig:
     antithetic: bool = Field(True, description="mdlm/bd3lm: antithetic (stratified) sampling of t across the batch")
 
     def validate(self, seq_len: int) -> None:
-        def bad(name, msg):
-            raise ConfigError(f"objective.{name}: {msg}")
+        """The checks of this family's keys (model/families)."""
+        self.family.validate(self, seq_len)
 
-        if self.name == "setdlm":
-            if not 1 <= self.set_size <= seq_len:
-                bad("set_size", f"D={self.set_size} must be in [1, seq_len={seq_len}]")
-            s_max = self.s_max if self.s_max is not None else 2 * self.set_size
-            if s_max < self.set_size:
-                bad("s_max", f"S_max={s_max} must be >= D={self.set_size}")
-        if self.name == "bd3lm" and (self.block_size < 1 or seq_len % self.block_size):
-            bad("block_size", f"block size {self.block_size} must divide seq_len={seq_len}")
-        if self.name in ("mdlm", "bd3lm") and not 0.0 < self.eps < 1.0:
-            bad("eps", f"must be in (0, 1), got {self.eps}")
+    @property
+    def family(self):
+        """The FamilySpec of `name`."""
+        return families.get(self.name)
 
 
 def apply_preset(section: dict) -> dict:

@@ -29,26 +29,26 @@ def mask_mod(kind: str, length: int, block_size: int = 0):
         return lambda b, h, q, kv: kv <= q
     if kind == "bidirectional":
         return lambda b, h, q, kv: kv >= 0
-    if kind == "setdlm":
-        def setdlm(b, h, q, kv):
+    if kind == "set_causal":
+        def set_causal(b, h, q, kv):
             q_query, kv_query = q >= L, kv >= L
             q_rank = torch.where(q_query, q - L, q)
             kv_rank = torch.where(kv_query, kv - L, kv)
             clean_row = ~q_query & ~kv_query & (kv_rank <= q_rank)
             query_row = q_query & ((~kv_query & (kv_rank < q_rank)) | (kv == q))
             return clean_row | query_row
-        return setdlm
-    if kind == "bd3lm":
+        return set_causal
+    if kind == "block_diffusion":
         B = block_size
 
-        def bd3lm(b, h, q, kv):
+        def block_diffusion(b, h, q, kv):
             q_clean, kv_clean = q >= L, kv >= L
             qb = torch.where(q_clean, q - L, q) // B
             kb = torch.where(kv_clean, kv - L, kv) // B
             noisy_row = ~q_clean & ((~kv_clean & (qb == kb)) | (kv_clean & (kb < qb)))
             clean_row = q_clean & kv_clean & (kb <= qb)
             return noisy_row | clean_row
-        return bd3lm
+        return block_diffusion
     raise ValueError(f"flex attention: unknown mask kind {kind!r}")
 
 

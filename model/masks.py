@@ -6,9 +6,9 @@ generation order: training permutes the data, not the mask (SETDLM.md section 3)
 Kinds:
   causal         L x L   token i attends j <= i
   bidirectional  L x L   everything
-  setdlm         2L x 2L clean stream [0, L) then query stream [L, 2L), both in generation order:
+  set_causal     2L x 2L clean stream [0, L) then query stream [L, 2L), both in generation order:
                          clean r -> clean s <= r; query r -> clean s < r and itself
-  bd3lm          2L x 2L noisy stream x_t [0, L) then clean x_0 [L, 2L), blocks of B:
+  block_diffusion 2L x 2L noisy stream x_t [0, L) then clean x_0 [L, 2L), blocks of B:
                          x_t in block b -> x_t in block b, x_0 in blocks < b;
                          x_0 in block b -> x_0 in blocks <= b
 """
@@ -22,7 +22,7 @@ import torch
 
 from common.schema import ConfigError
 
-MASK_KINDS = ("causal", "bidirectional", "setdlm", "bd3lm")
+MASK_KINDS = ("causal", "bidirectional", "set_causal", "block_diffusion")  # SW-SetDLM's and BD3-LM's are the last two
 
 
 class MaskSpec(NamedTuple):
@@ -42,15 +42,15 @@ def _build(kind: str, length: int, block_size: int, device: str) -> torch.Tensor
     if kind == "bidirectional":
         return torch.ones(L, L, dtype=torch.bool, device=device)
     mask = torch.zeros(2 * L, 2 * L, dtype=torch.bool, device=device)
-    if kind == "setdlm":
+    if kind == "set_causal":
         causal = idx[:, None] >= idx[None, :]
         mask[:L, :L] = causal  # clean -> clean (inclusive)
         mask[L:, :L] = idx[:, None] > idx[None, :]  # query -> strictly earlier clean
         mask[L:, L:] = torch.eye(L, dtype=torch.bool, device=device)  # query -> itself
         return mask
-    if kind == "bd3lm":
+    if kind == "block_diffusion":
         if block_size < 1 or L % block_size:
-            raise ConfigError(f"bd3lm mask: block size {block_size} must divide length {L}")
+            raise ConfigError(f"block-diffusion mask: block size {block_size} must divide length {L}")
         blk = idx // block_size
         mask[:L, :L] = blk[:, None] == blk[None, :]  # x_t -> own block
         mask[:L, L:] = blk[:, None] > blk[None, :]  # x_t -> clean earlier blocks

@@ -208,7 +208,7 @@ class RecipeConfig:
         if p.pp > self.model.n_layers:
             raise ConfigError(f"parallel.pp: {p.pp} stages for {self.model.n_layers} layers")
         if p.sequence_parallel:
-            tokens = self.data.seq_len * (2 if self.objective.name in ("setdlm", "bd3lm") else 1)
+            tokens = self.objective.family.layout(self.data.seq_len).tokens_in
             if tokens % p.tp:
                 raise ConfigError(f"parallel.sequence_parallel: {tokens} tokens per sequence through the model are not "
                                   f"divisible by parallel.tp={p.tp}; choose data.seq_len so that they are")

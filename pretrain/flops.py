@@ -11,8 +11,8 @@ Matmul FLOPs only (2 per multiply-add), forward + backward = 3x forward:
 
       causal (AR)           L (L + 1) / 2
       bidirectional (MDLM)  L^2
-      setdlm (2L tokens)    L^2 + L     (clean: L (L+1)/2 causal; queries: L (L-1)/2 earlier clean + themselves)
-      bd3lm (2L tokens)     L^2 + L B   (noisy: own block + earlier clean blocks; clean: block-causal)
+      set_causal (SW-SetDLM, 2L tokens)      L^2 + L     (clean: L (L+1)/2 causal; queries: L (L-1)/2 earlier clean + themselves)
+      block_diffusion (BD3-LM, 2L tokens)    L^2 + L B   (noisy: own block + earlier clean blocks; clean: block-causal)
 
   so a SetDLM step's attention costs about two causal attentions, not a dense (2L)^2 one, and MFU
   compares objectives fairly. A dense kernel (SDPA on CPU) computes every pair and does more work than
@@ -36,6 +36,8 @@ from dataclasses import dataclass
 import torch
 
 from common.schema import ConfigError
+from model import families
+from model.masks import MASK_KINDS
 from model.shapes import matmul_params_per_layer
 
 # Datasheet dense (no sparsity) bf16 tensor-core peak TFLOP/s per device, matched as a substring of
@@ -51,27 +53,13 @@ def attention_pairs(kind: str, length: int, block_size: int = 0) -> int:
         return L * (L + 1) // 2
     if kind == "bidirectional":
         return L * L
-    if kind == "setdlm":
+    if kind == "set_causal":
         return L * L + L
-    if kind == "bd3lm":
+    if kind == "block_diffusion":
         if block_size < 1 or L % block_size:
-            raise ConfigError(f"objective.block_size: bd3lm block size {block_size} must divide length {L}")
+            raise ConfigError(f"objective.block_size: block size {block_size} must divide length {L}")
         return L * L + L * block_size
-    raise ValueError(f"unknown mask kind {kind!r}; valid: causal, bidirectional, setdlm, bd3lm")
-
-
-def objective_layout(objective_name: str, seq_len: int, block_size: int = 0) -> tuple[str, int, int]:
-    """(mask kind, tokens forwarded, tokens through the head) per sequence of `seq_len` tokens."""
-    L = seq_len
-    if objective_name == "ar":
-        return "causal", L, L - 1
-    if objective_name == "mdlm":
-        return "bidirectional", L, L
-    if objective_name == "bd3lm":
-        return "bd3lm", 2 * L, L
-    if objective_name == "setdlm":
-        return "setdlm", 2 * L, L
-    raise ConfigError(f"objective.name: unknown objective {objective_name!r}")
+    raise ValueError(f"unknown mask kind {kind!r}; valid: {', '.join(MASK_KINDS)}")
 
 
 def linear_flops_per_token(model_cfg) -> float:
@@ -124,8 +112,9 @@ def train_step_flops(model_cfg, objective_name: str, seq_len: int, sequences: in
     """Model FLOPs of one optimizer step over `sequences` sequences (hardware FLOPs with `recompute`);
     `adapters_per_layer` (LoRA adapter weights of one block): the other weights are frozen."""
     c = model_cfg
-    kind, t_in, t_out = objective_layout(objective_name, seq_len, block_size)
-    pairs = attention_pairs(kind, seq_len, block_size)
+    lay = families.get(objective_name).layout(seq_len, block_size)
+    t_in, t_out = lay.tokens_in, lay.tokens_out
+    pairs = attention_pairs(lay.mask_kind, seq_len, lay.block_size)
     per_seq = 3.0 * forward_flops(c, t_in, t_out, pairs) + recompute_flops(c, recompute, t_in, pairs)
     if adapters_per_layer is not None:  # no weight gradients of the frozen matmuls; the adapters' own work
         per_seq -= c.n_layers * linear_flops_per_token(c) * t_in + 2 * c.hidden * c.padded_vocab_size * t_out

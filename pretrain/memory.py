@@ -171,13 +171,8 @@ class StageMemory:
 
 def tokens_in(cfg) -> tuple[int, int]:
     """(tokens per sequence through the model, predicted tokens per sequence) of the objective."""
-    L = cfg.data.seq_len
-    name = cfg.objective.name
-    if name in ("setdlm", "bd3lm"):
-        return 2 * L, L
-    if name == "ar":
-        return L, L - 1
-    return L, L
+    lay = cfg.objective.family.layout(cfg.data.seq_len)
+    return lay.tokens_in, lay.tokens_out
 
 
 def estimate_memory(cfg, world_size: int, *, precision: str | None = None, device: str = "cuda",

@@ -418,10 +418,9 @@ class Trainer:
                               f"sample the checkpoint instead (setdlm sample --checkpoint {self.run_dir})")
             return
         t, o = self.cfg.train, self.cfg.objective
-        sc = SamplingConfig(family=o.name, max_new_tokens=t.sample_tokens, block_size=o.block_size,
-                            window=o.set_size if o.name == "setdlm" else None, temperature=t.sample_temperature,
-                            top_p=t.sample_top_p, threshold=t.sample_threshold or None, seed=self.cfg.run.seed,
-                            repetition_penalty=t.sample_repetition_penalty)
+        sc = SamplingConfig.from_objective(o, max_new_tokens=t.sample_tokens, temperature=t.sample_temperature,
+                                           top_p=t.sample_top_p, threshold=t.sample_threshold or None,
+                                           seed=self.cfg.run.seed, repetition_penalty=t.sample_repetition_penalty)
         self.logger.write(speed_report(self.model, self.tokenizer, t.sample_prompt or "", sc, mask_id=self.cfg.model.mask_id))
 
 

@@ -36,9 +36,7 @@ def load_served(checkpoint: str | Path, *, name: str | None = None, device: str 
     model, tokenizer, recipe = load_model(path, ema=ema, device=device)
     model = model.to(dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]).eval()
     obj = recipe.objective
-    s_max = None
-    if obj.name == "setdlm":
-        s_max = int(obj.s_max) if getattr(obj, "s_max", None) else 2 * int(obj.set_size)
+    s_max = obj.family.served_s_max(obj)
     run = path.resolve()
     if run.parent.name == "checkpoints":  # a checkpoint directory: name the run it belongs to
         run = run.parent.parent

@@ -48,12 +48,13 @@ class Plan:
     texts: list[tuple[str, str]]  # per choice: the prompt text and the infill suffix (for traces)
 
 
-def sampling_config(req, recipe, s_max: int | None, *, infill: bool, stop_token_ids=()) -> SamplingConfig:
+def sampling_config(req, recipe, *, infill: bool, stop_token_ids=()) -> SamplingConfig:
     """Request fields over the recipe's defaults (those of `setdlm sample`); stop strings are per choice."""
     ext, obj = req.setdlm, recipe.objective
     cfg = SamplingConfig.from_objective(obj)
-    if infill and ext.window is None and cfg.family == "setdlm" and s_max:  # the paper uses w = S_max to infill
-        cfg = dataclasses.replace(cfg, window=s_max)
+    window = cfg.spec.infill_window(obj) if infill and ext.window is None else None
+    if window:  # SW-SetDLM: the paper infills with w = S_max
+        cfg = dataclasses.replace(cfg, window=window)
     fields = {k: getattr(ext, k) for k in ("family", "window", "threshold", "adaptive_window", "window_min",
                                            "window_max", "block_size", "steps_per_block", "steps", "remasking",
                                            "top_k", "repetition_penalty")}
@@ -71,12 +72,12 @@ def sampling_config(req, recipe, s_max: int | None, *, infill: bool, stop_token_
     return cfg
 
 
-def total_budget(served, family: str) -> int:
+def total_budget(served, spec) -> int:
     """Prompt + new tokens one output may have: the model's positions for MDLM (it re-reads the whole
     sequence every step); the server's `max_total` for the cached families, which decode past the
     positions by dropping the oldest cached tokens (the prompt alone must fit: it is prefilled)."""
     total = served.max_total or served.max_len
-    return min(total, served.max_len) if family == "mdlm" else total
+    return min(total, served.max_len) if spec.rereads_sequence else total
 
 
 @functools.lru_cache(maxsize=4)
@@ -154,9 +155,9 @@ def plan(req: CompletionRequest | ChatRequest, served) -> Plan:
     if infill is not None and max_tokens is not None and max_tokens != infill.length:
         raise RequestError("max_tokens", f"with setdlm.infill the span is setdlm.infill.length={infill.length}; "
                                          f"leave max_tokens out or set it equal")
-    cfg = sampling_config(req, served.recipe, served.s_max, infill=infill is not None, stop_token_ids=stop_ids)
-    budget = total_budget(served, cfg.family)
-    where = (f"the model's {L} positions (MDLM re-reads the whole sequence)" if budget == L and cfg.family == "mdlm"
+    cfg = sampling_config(req, served.recipe, infill=infill is not None, stop_token_ids=stop_ids)
+    budget = total_budget(served, cfg.spec)
+    where = (f"the model's {L} positions ({cfg.spec.title} re-reads the whole sequence)" if budget == L and cfg.spec.rereads_sequence
              else f"this server's {budget} tokens per output")
     choices, per = [], []
     for i, ids in enumerate(prompts):

@@ -148,7 +148,7 @@ class Scheduler:
                 if lane is None:
                     # sized for the family's budget: past the model's positions where the cache drops its oldest
                     lane = self.lanes[key] = Lane(Session(s.model, job.cfg, slots=self.max_batch,
-                                                          max_len=total_budget(s, job.cfg.family), mask_id=s.mask_id,
+                                                          max_len=total_budget(s, job.cfg.spec), mask_id=s.mask_id,
                                                           eos_id=s.eos_id, tokenizer=s.tokenizer))
                 elif not lane.session.busy:
                     lane.session.reseed()  # a seeded request alone samples the same each time

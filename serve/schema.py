@@ -14,6 +14,9 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from common.errors import Error
+from model import families
+
+FAMILY_NAMES = families.names()
 
 
 class RequestError(Error):
@@ -39,7 +42,7 @@ class Infill(_Strict):
 class Extension(_Strict):
     """The `setdlm` key: the decoder's own options (defaults: the checkpoint's recipe)."""
 
-    family: Literal["setdlm", "bd3lm", "mdlm", "ar"] | None = None
+    family: Literal[FAMILY_NAMES] | None = None
     window: int | None = Field(None, ge=1)
     threshold: float | None = Field(None, ge=0)
     adaptive_window: bool | None = None

@@ -82,7 +82,7 @@ def test_bd3lm_bound_matches_enumeration(bs):
     model = tiny(2)
     obj = build_objective(ObjectiveConfig(name="bd3lm", block_size=bs), model.cfg, L)
     x = torch.randint(0, V - 1, (1, L), generator=torch.Generator().manual_seed(4))
-    mask = build_mask("bd3lm", L, bs)
+    mask = build_mask("block_diffusion", L, bs)
     exact = 0.0
     for b0 in range(0, L, bs):  # each block's bound given clean earlier blocks; other blocks' noise is invisible
         block = list(range(b0, b0 + bs))
@@ -137,7 +137,7 @@ def test_setdlm_bound_matches_enumeration(set_size, s_max):
     perms = torch.tensor(list(probs))
     clean = x[0][perms]
     ids = torch.cat((clean, torch.full_like(clean, MASK)), 1)
-    c = masked_ce(model, ids, torch.cat((perms, perms), 1), build_mask("setdlm", L), slice(L, 2 * L), clean)
+    c = masked_ce(model, ids, torch.cat((perms, perms), 1), build_mask("set_causal", L), slice(L, 2 * L), clean)
     exact = sum(p * float(c[r].sum()) for r, p in enumerate(probs.values()))
     draws = 20000
     mean, se = mc_bound(model, obj, {"input_ids": x}, draws)

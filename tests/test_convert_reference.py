@@ -100,7 +100,7 @@ def _setdlm_inputs(mask_id):
     clean = torch.gather(x, 1, perm)
     ids = torch.cat((clean, torch.full_like(clean, mask_id)), 1)
     pos = torch.cat((perm, perm), 1)
-    return ids, pos, build_mask("setdlm", L)
+    return ids, pos, build_mask("set_causal", L)
 
 
 def _compare(run_dir, sd, sigma=0.0):

@@ -12,7 +12,7 @@ from model.transformer import Transformer
 pytestmark = pytest.mark.skipif(not flex.available(), reason="torch has no flex attention")
 
 
-@pytest.mark.parametrize("kind,L,bs", [("causal", 24, 0), ("bidirectional", 24, 0), ("setdlm", 24, 0), ("bd3lm", 24, 4)])
+@pytest.mark.parametrize("kind,L,bs", [("causal", 24, 0), ("bidirectional", 24, 0), ("set_causal", 24, 0), ("block_diffusion", 24, 4)])
 def test_mask_mod_equals_dense_mask(kind, L, bs):
     T = L if kind in ("causal", "bidirectional") else 2 * L
     q = torch.arange(T)[:, None].expand(T, T)

@@ -7,14 +7,15 @@ import torch
 
 from model.config import ModelConfig
 from model.masks import build_mask
-from pretrain.flops import StepFlops, attention_pairs, objective_layout, train_step_flops
+from model import families
+from pretrain.flops import StepFlops, attention_pairs, train_step_flops
 
 # 1 layer, hidden 8, 2 heads of 4, GELU MLP 16, vocabulary 100 padded to 128.
 TINY = ModelConfig(n_layers=1, hidden=8, n_heads=2, ffn_hidden=16, vocab_size=100, mask_id=99, dropout=0.0)
 
 
-@pytest.mark.parametrize("kind,L,B", [("causal", 5, 0), ("bidirectional", 6, 0), ("setdlm", 7, 0), ("setdlm", 1, 0),
-                                      ("bd3lm", 8, 2), ("bd3lm", 6, 3), ("bd3lm", 4, 4)])
+@pytest.mark.parametrize("kind,L,B", [("causal", 5, 0), ("bidirectional", 6, 0), ("set_causal", 7, 0), ("set_causal", 1, 0),
+                                      ("block_diffusion", 8, 2), ("block_diffusion", 6, 3), ("block_diffusion", 4, 4)])
 def test_pair_counts_are_the_masks(kind, L, B):
     assert attention_pairs(kind, L, B) == int(build_mask(kind, L, B).sum())
 
@@ -39,8 +40,8 @@ def test_hand_counts_per_objective():
 
 def test_setdlm_attention_is_about_two_causal_attentions_not_a_dense_2L():
     L = 1024
-    assert attention_pairs("setdlm", L) < 1.01 * 2 * attention_pairs("causal", L)
-    assert attention_pairs("setdlm", L) < 0.26 * (2 * L) ** 2
+    assert attention_pairs("set_causal", L) < 1.01 * 2 * attention_pairs("causal", L)
+    assert attention_pairs("set_causal", L) < 0.26 * (2 * L) ** 2
 
 
 def test_linear_flops_match_torch_flop_counter():
@@ -65,8 +66,7 @@ def test_linear_flops_match_torch_flop_counter():
         counts = counter.get_flop_counts()["Global"]
         attention = sum(v for k, v in counts.items() if "attention" in str(k))
         counted = sum(counts.values()) - attention
-        kind, t_in, t_out = objective_layout(name, L)
-        pairs = attention_pairs(kind, L)
+        pairs = attention_pairs(families.get(name).layout(L).mask_kind, L)
         ours = train_step_flops(cfg, name, L, 1)
         ours_attention = 3 * cfg.n_layers * 4 * cfg.n_heads * cfg.dim_head * pairs
         assert counted == ours - ours_attention, name  # (the CPU SDPA kernel is not in the counter's table)

@@ -22,7 +22,7 @@ CUDA = torch.cuda.is_available()
 ON_GPU = [pytest.mark.gpu, pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (none is visible)")]
 pytestmark = pytest.mark.skipif(not flex.available(), reason="torch has no flex attention")
 
-KINDS = [("causal", 0), ("bidirectional", 0), ("setdlm", 0), ("bd3lm", 8)]
+KINDS = [("causal", 0), ("bidirectional", 0), ("set_causal", 0), ("block_diffusion", 8)]
 # (device, dtype): CPU runs fp32 forward only.
 SETUPS = [pytest.param("cpu", torch.float32, id="cpu-fp32"),
           pytest.param("cuda", torch.float32, id="cuda-fp32", marks=ON_GPU),
@@ -113,7 +113,7 @@ def test_flex_grouped_query_attention(device, dtype):
     L, B, D = (64, 2, 128) if device == "cuda" else (16, 1, 32)
     q, k, v = _qkv(B, 8, 2, 2 * L, D, device, dtype, seed=3)
     backward = device == "cuda"
-    (fo, fg), (so, sg), (ro, rg) = _attend_all(q, k, v, "setdlm", L, 0, True, backward)
+    (fo, fg), (so, sg), (ro, rg) = _attend_all(q, k, v, "set_causal", L, 0, True, backward)
     check("gqa output", fo, so, ro, dtype)
     for name, f, s, r in zip(("dq", "dk", "dv"), fg, sg, rg):
         check(f"gqa {name}", f, s, r, dtype)

@@ -31,7 +31,7 @@ def run(shape: dict, mode: str = "none", compile: bool = False, dropout: float =
     x = torch.randint(0, 249, (2, 2 * L), generator=torch.Generator().manual_seed(1))
     pos = torch.cat([torch.randperm(L, generator=torch.Generator().manual_seed(2))] * 2).expand(2, -1)
     torch.manual_seed(5)  # dropout masks
-    logits = model(x, pos, build_mask("setdlm", L), logits_slice=slice(L, 2 * L))
+    logits = model(x, pos, build_mask("set_causal", L), logits_slice=slice(L, 2 * L))
     loss = torch.nn.functional.cross_entropy(logits.flatten(0, 1)[:, :250], x[:, :L].flatten())
     loss.backward()
     return loss.item(), {n: p.grad.clone() for n, p in model.named_parameters()}

@@ -98,8 +98,8 @@ class GenerationTask(Task):
         if self.sampling is None or self.ckpt is None:
             return
         need = self.prompt_room()
-        if need == 0 and self.sampling.family == "ar":
-            need = 1  # AR starts an empty prompt from EOS
+        if need == 0 and self.sampling.spec.next_token:
+            need = 1  # next-token decoding (AR) starts an empty prompt from EOS
         prompt_budget(self.ckpt.cfg.model.max_seq_len, self.sampling.max_new_tokens, min_prompt=need)
 
     def fit(self, examples: list, sizes: list[int], *, what: str, option: str = "--data", floors=None,

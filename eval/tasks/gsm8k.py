@@ -139,7 +139,7 @@ class GSM8KTask(GenerationTask):
     @property
     def holds_span(self) -> bool:
         """Whether the context must hold the new tokens too (MDLM re-reads the whole sequence)."""
-        return self.sampling is not None and self.sampling.family == "mdlm"
+        return self.sampling is not None and self.sampling.spec.rereads_sequence
 
     @property
     def limit(self) -> int:

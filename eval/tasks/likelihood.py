@@ -24,10 +24,11 @@ from typing import Literal
 import torch
 
 from common.schema import Field, PathText
+from model import families
 
 from ..errors import EvalError, OptionError
 from ..options import RunOptions, eval_options
-from ..scoring import ESTIMATORS, autocast, text_rows
+from ..scoring import autocast, text_rows
 from ..units import Unit, seed_for
 from .base import Task
 
@@ -159,7 +160,7 @@ class LikelihoodTask(Task):
         s.update(objective=self.cfg.objective.name, data=self.args.text or d.source, data_kind="text" if self.args.text else "val split",
                  seq_len=d.seq_len, packing=d.packing, batch_size=self.batch_size, max_batches=self.max_batches,
                  orders=self.args.orders, dp=self.dp, precision=self.precision,
-                 objective_config=dataclasses.asdict(self.cfg.objective), estimator=ESTIMATORS[self.cfg.objective.name])
+                 objective_config=dataclasses.asdict(self.cfg.objective), estimator=self.cfg.objective.family.estimator)
         return s
 
     def units(self) -> list[Unit]:
@@ -221,7 +222,7 @@ class LikelihoodTask(Task):
             if o == 0:
                 batch_tokens = float(m["nll_tokens"])
             if o == 0:
-                if obj.name in ("mdlm", "bd3lm"):
+                if obj.family.bound_masks_subset:
                     row_tokens = (valid & ~context).sum(-1)
                 else:
                     row_tokens = (inputs.nll_weight > 0).sum(-1)
@@ -256,14 +257,13 @@ class LikelihoodTask(Task):
         s = summarize({"nll_sum": sum(totals) / K, "nll_tokens": tokens})
         m = {"nll": s.get("nll"), "bpt": s.get("bpt"), "ppl": s.get("ppl"), "tokens": int(tokens),
              "sequences": len(records), "batches": len(firsts), "orders": K, "objective": spec.get("objective"),
-             "bound": {"ar": "exact NLL", "setdlm": "order-sampled upper bound", "mdlm": "NELBO",
-                       "bd3lm": "NELBO"}.get(spec.get("objective"), "")}
+             "bound": families.get(spec["objective"]).bound if spec.get("objective") in families.names() else ""}
         if K > 1:
             per = [t / tokens for t in totals]
             m["nll_per_order"] = per
             mu = sum(per) / K
             m["nll_std_over_orders"] = math.sqrt(sum((p - mu) ** 2 for p in per) / (K - 1))
-            if spec.get("objective") == "setdlm":
+            if spec.get("objective") in families.names() and families.get(spec["objective"]).order_mixture:
                 iw = 0.0
                 for r in records:  # -log mean_k exp(-nll_k), per sequence
                     a = [-v for v in r["nll"]]

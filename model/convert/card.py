@@ -4,12 +4,7 @@ from __future__ import annotations
 
 from data_pipeline.config import MixtureEntry
 
-_FAMILY = {
-    "setdlm": "sliding-window set diffusion (SW-SetDLM)",
-    "bd3lm": "block diffusion (BD3-LM)",
-    "mdlm": "masked diffusion (MDLM)",
-    "ar": "autoregressive",
-}
+from .. import families
 
 
 def _fmt(v) -> str:
@@ -32,42 +27,37 @@ def render_card(config: dict, *, name: str, recipe: dict | None = None, training
     """Markdown model card from the export's config.json, the training recipe (RecipeConfig.to_dict),
     training facts (step, tokens seen, weights) and evaluation results [(metric, value)]."""
     sd = config.get("set_diffusion", {})
-    family = sd.get("family", "setdlm")
+    spec = families.get(sd.get("family") or families.SETDLM.name, "set_diffusion.family")
+    family = spec.name
     tags = ["setdlm", "set-diffusion", family, "custom_code"]
-    if family != "ar":
+    if not spec.next_token:
         tags.append("diffusion-language-model")
     tags = list(dict.fromkeys(tags))
     out = ["---", "library_name: transformers", "pipeline_tag: fill-mask", "tags:"]
     out += [f"- {t}" for t in tags]
     out += ["---", "", f"# {name}", ""]
-    out.append(f"A {_FAMILY.get(family, family)} language model trained with "
+    out.append(f"A {spec.description} language model trained with "
                f"setdlm and exported by `setdlm convert to-hf`. The modeling code ships with "
                "the weights (`trust_remote_code=True`); it needs only `torch` and `transformers`.")
     if source:
         out += ["", f"Converted from `{source}`."]
-    window = sd.get("set_size", 4) if family == "setdlm" else 1
+    window = spec.export_window(sd)
     out += ["", "## Usage", "", "```python", "import torch",
             "from transformers import AutoModelForMaskedLM, AutoTokenizer", "",
             'path = "PATH_OR_REPO"',
             "tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)",
             "model = AutoModelForMaskedLM.from_pretrained(path, trust_remote_code=True).eval()", ""]
     out.append('prompt = tok("The meaning of life is", add_special_tokens=False).input_ids')
-    if family in ("setdlm", "ar"):
+    if spec.card_usage:
         out += [f"out = model.set_diffusion_generate([prompt], max_new_tokens=64, window={window}, threshold=None)",
                 "print(tok.decode(out.sequences[0]), out.tokens_per_step[0])"]
     out += ["", "# logits at given positions under a given attention pattern or mask (True = may attend):",
             "ids = torch.tensor([prompt])",
             'logits = model(ids, position_ids=torch.arange(ids.shape[1])[None], attention_type="causal").logits',
             "```", ""]
-    if family == "setdlm":
-        out.append("`set_diffusion_generate` predicts the masked positions of a window of `window` positions "
-                   "(default D) per step, accepts the most confident one plus every one whose probability reaches "
-                   "`threshold`, and caches accepted tokens; `suffix_ids=` fills a span between a prefix and a suffix.")
-    elif family == "ar":
-        out.append("For this AR model `set_diffusion_generate` decodes left to right (greedy or sampled).")
-    else:
-        out.append("Decoding for this family is provided by the setdlm package (`model.sampling.generate`); the "
-                   "export gives logits for any layout through `forward`.")
+    out.append(spec.card_usage or ("Decoding for this family is provided by the setdlm package "
+                                   "(`model.sampling.generate`); the export gives logits for any layout through "
+                                   "`forward`."))
     arch = [("parameters", f"{params / 1e6:.1f}M" if params else None),
             ("layers", config.get("num_hidden_layers")), ("hidden size", config.get("hidden_size")),
             ("attention heads (KV heads)", f"{config.get('num_attention_heads')} ({config.get('num_key_value_heads')})"),
@@ -78,14 +68,7 @@ def render_card(config: dict, *, name: str, recipe: dict | None = None, training
             ("weights dtype", config.get("dtype"))]
     out += ["", "## Model", "", _table(arch, ("field", "value"))]
     sched = [("family", family), ("sequence length L", sd.get("length"))]
-    if family == "setdlm":
-        sched += [("set size D", sd.get("set_size")), ("window S_max", sd.get("s_max")), ("k", sd.get("k")),
-                  ("interval width b", sd.get("b")), ("expected tokens per step", sd.get("expected_budget")),
-                  ("order", sd.get("order"))]
-    if family == "bd3lm":
-        sched += [("block size", sd.get("block_size"))]
-    if family in ("mdlm", "bd3lm"):
-        sched += [("noise eps", sd.get("eps"))]
+    sched += spec.card_rows(sd)
     sched += [("MASK token id", sd.get("mask_token_id"))]
     out += ["", "## Set schedule", "", _table(sched, ("field", "value"))]
     out += _recipe_and_results(recipe, training, results, back=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .. import families
 from .errors import ConvertError
 
 __all__ = ["HF_CODE_DIR", "CODE_FILES", "AUTO_MAP", "ARCHITECTURE", "RECIPE_FILE", "FORMAT_VERSION",
@@ -29,18 +30,7 @@ def schedule_fields(objective, seq_len: int) -> dict:
     """The objective's schedule, as recorded in config.json's `set_diffusion` section."""
     out = {"family": objective.name, "length": int(seq_len), "block_size": int(objective.block_size),
            "eps": float(objective.eps)}
-    if objective.name == "setdlm":
-        from ..schedule import SlidingWindow
-
-        sw = SlidingWindow.build(seq_len, objective.set_size, objective.s_max, objective.k)
-        out.update(set_size=sw.set_size, s_max=sw.s_max, k=sw.k, b=sw.b, order=objective.order,
-                   cache_order=getattr(objective, "cache_order", "position"),
-                   expected_budget=sw.expected_budget, k_explicit=objective.k is not None,
-                   s_max_explicit=objective.s_max is not None)
-    elif objective.name == "ar":
-        out.update(set_size=1)
-    elif objective.name == "bd3lm":
-        out.update(set_size=int(objective.block_size))
+    out.update(families.get(objective.name).schedule_fields(objective, seq_len))
     return out
 
 
@@ -118,16 +108,8 @@ def configs_from_hf(config: dict) -> tuple[dict, dict, int]:
         model["head_dim"] = int(model["head_dim"])
         if model["head_dim"] * heads == model["hidden"]:
             model["head_dim"] = None
-    family = sd.get("family", "setdlm")
-    objective = {"name": family, "block_size": int(sd.get("block_size", 4)), "eps": float(sd.get("eps", 1e-3))}
-    if family == "setdlm":
-        objective["set_size"] = int(sd.get("set_size", 4))
-        objective["order"] = sd.get("order", "sliding_window")
-        if sd.get("cache_order", "position") != "position":
-            objective["cache_order"] = sd["cache_order"]
-        if sd.get("s_max_explicit") or ("s_max" in sd and int(sd["s_max"]) != 2 * objective["set_size"]):
-            objective["s_max"] = int(sd["s_max"])
-        if sd.get("k_explicit"):
-            objective["k"] = float(sd["k"])
+    spec = families.get(sd.get("family") or families.SETDLM.name, "set_diffusion.family")
+    objective = {"name": spec.name, "block_size": int(sd.get("block_size", 4)), "eps": float(sd.get("eps", 1e-3))}
+    objective.update(spec.objective_from_schedule(sd))
     seq_len = int(sd.get("length", model["max_seq_len"]))
     return model, objective, seq_len

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .. import families
 from .errors import ConvertError
 from .hf_stock import SUPPORTED
 
@@ -31,7 +32,7 @@ STOCK_CLASSES = {"qwen3": ("Qwen3Config", "Qwen3ForCausalLM"), "llama": ("LlamaC
 def why_not_stock(model_cfg, objective_name: str, model_type: str) -> str | None:
     """Why `model_cfg` trained with `objective_name` cannot be exported as `model_type` (None: it can)."""
     m = model_cfg
-    if objective_name != "ar":
+    if not families.get(objective_name).stock_export:
         return f"a {objective_name} model needs setdlm's decoding (only AR models export as stock architectures)"
     if model_type not in STOCK_CLASSES:
         return f"model_type {model_type!r} is not one of {', '.join(STOCK_CLASSES)}"

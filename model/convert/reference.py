@@ -189,18 +189,13 @@ def model_section(arch: dict, vocab_size: int, mask_id: int, seq_len: int, dropo
             "tie_embeddings": False}
 
 
-FAMILIES = ("setdlm", "bd3lm", "mdlm", "ar")
-# The reference's class / model_type names -> our objective, checked in this order against its config.json's
-# `architectures` and `model_type` (a SetDLM release has architectures ["SetDLM"] and model_type "bd3lm", so
-# SetDLM's names come first). The one place the reference's names map to families.
-REFERENCE_NAMES = ((r"setdlm|aoarm", "setdlm"), (r"bd3lm", "bd3lm"), (r"mdlm", "mdlm"),
-                   (r"(^|[^a-z])ar($|[^a-z])|autoregress", "ar"))
-
-
 def family_from_config(config: dict) -> str | None:
-    """The objective of a reference config.json (architectures / model_type), by REFERENCE_NAMES."""
+    """Best guess of the objective from a reference config.json (architectures / model_type)."""
+    from model import families
+
     names = " ".join([*(config.get("architectures") or []), str(config.get("model_type", ""))]).lower()
-    return next((fam for pattern, fam in REFERENCE_NAMES if re.search(pattern, names)), None)
+    spec = families.from_reference_name(names)
+    return spec.name if spec else None
 
 
 def schedule_from_config(config: dict, length: int) -> dict:
@@ -237,4 +232,4 @@ def schedule_from_config(config: dict, length: int) -> dict:
 
 
 __all__ = ["schedule_from_config", "strip_prefixes", "ema_state", "describe", "conditioning", "dit_to_training", "model_section",
-           "family_from_config", "FAMILIES", "REFERENCE_NAMES", "BUFFERS"]
+           "family_from_config", "BUFFERS"]

@@ -196,11 +196,12 @@ def _pos_int(v, name, where):
 def objective_section(family: str, config: dict, name: str, where) -> dict:
     """The recipe's `objective:` section of a release: SetDLM's D (noise_config.desired_block_size, else
     the release's name), S_max when it is not 2D, its decoding cache order; BD3-LM's block size."""
+    from .. import families
     from .reference import schedule_from_config
 
     obj: dict = {"name": family}
     length = int(config.get("length") or 0)
-    if family == "setdlm":
+    if family == families.SETDLM.name:
         rec = schedule_from_config(config, length)
         if "set_size" not in rec:
             d = set_size_from_name(name)
@@ -210,7 +211,7 @@ def objective_section(family: str, config: dict, name: str, where) -> dict:
             rec["set_size"] = d
         obj.update(rec)
         obj["cache_order"] = "first_hitting" if config.get("setdlm_fht_cache_order") else "position"
-    elif family == "bd3lm":
+    elif family == families.BD3LM.name:
         obj["block_size"] = _pos_int(config.get("block_size") or config.get("eval_block_size") or 4,
                                      "block_size", where)
     return obj

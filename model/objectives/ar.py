@@ -9,8 +9,6 @@ from .base import ModelInputs, Objective
 
 
 class AutoregressiveObjective(Objective):
-    name = "ar"
-    mask_kind = "causal"
 
     def prepare(self, batch, generator=None, bound: bool = False) -> ModelInputs:  # exact NLL either way
         x, valid, context = self._batch_masks(batch)

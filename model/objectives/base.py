@@ -6,6 +6,8 @@ import math
 from dataclasses import dataclass, field
 
 import torch
+
+from .. import families
 from ..layers import vocab_cross_entropy
 from ..masks import MaskSpec, build_mask, with_key_padding
 
@@ -32,12 +34,13 @@ class ModelInputs:
 
 
 class Objective:
-    """Turns clean sequences into model inputs, and logits into a loss and metrics."""
-
-    name = "base"
+    """Turns clean sequences into model inputs, and logits into a loss and metrics. `name` and
+    `mask_kind` are those of the objective config's family (model/families)."""
 
     def __init__(self, cfg, model_cfg, seq_len: int, cross_entropy=None):
         self.cfg, self.model_cfg, self.seq_len = cfg, model_cfg, seq_len
+        self.family = families.get(cfg.name)
+        self.name, self.mask_kind = self.family.name, self.family.mask_kind
         self.mask_id = model_cfg.mask_id
         # per-token CE of the logits the model returns: over the full vocabulary by default; a
         # tensor-parallel model's own (`model.tp.cross_entropy`) for its vocabulary slices

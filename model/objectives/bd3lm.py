@@ -24,8 +24,6 @@ from .mdlm import bound_masking, sample_t
 
 
 class BlockDiffusionObjective(Objective):
-    name = "bd3lm"
-    mask_kind = "bd3lm"
 
     def prepare(self, batch, generator=None, bound: bool = False) -> ModelInputs:
         x, valid, context = self._batch_masks(batch)
@@ -53,6 +51,6 @@ class BlockDiffusionObjective(Objective):
         key_valid = torch.cat((valid, valid), 1) if batch.get("valid_mask") is not None else None
         return ModelInputs(
             input_ids=torch.cat((xt, x), 1), position_ids=torch.cat((pos, pos), 1),
-            attn_mask=self.mask("bd3lm", L, x.device, key_valid, block_size=bs), logits_slice=slice(0, L),
+            attn_mask=self.mask(self.mask_kind, L, x.device, key_valid, block_size=bs), logits_slice=slice(0, L),
             targets=x, loss_weight=masked.float(), nll_weight=nll_w, num_tokens=predictable.float().sum(),
-            extra=extra, mask_spec=MaskSpec("bd3lm", L, bs) if key_valid is None else None)
+            extra=extra, mask_spec=MaskSpec(self.mask_kind, L, bs) if key_valid is None else None)

@@ -45,8 +45,6 @@ def bound_masking(predictable: torch.Tensor, generator) -> tuple[torch.Tensor, t
 
 
 class MaskedDiffusionObjective(Objective):
-    name = "mdlm"
-    mask_kind = "bidirectional"
 
     def prepare(self, batch, generator=None, bound: bool = False) -> ModelInputs:
         x, valid, context = self._batch_masks(batch)

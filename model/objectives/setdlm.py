@@ -15,8 +15,6 @@ from .base import ModelInputs, Objective
 
 
 class SetDiffusionObjective(Objective):
-    name = "setdlm"
-    mask_kind = "setdlm"
 
     def __init__(self, cfg, model_cfg, seq_len, cross_entropy=None):
         super().__init__(cfg, model_cfg, seq_len, cross_entropy)
@@ -35,5 +33,5 @@ class SetDiffusionObjective(Objective):
         w = predicted.float()
         return ModelInputs(
             input_ids=torch.cat((clean, query), 1), position_ids=torch.cat((perm, perm), 1),
-            attn_mask=self.mask("setdlm", L, x.device), logits_slice=slice(L, 2 * L), targets=clean,
-            loss_weight=w, nll_weight=w, num_tokens=w.sum(), mask_spec=MaskSpec("setdlm", L), extra={"perm": perm})
+            attn_mask=self.mask(self.mask_kind, L, x.device), logits_slice=slice(L, 2 * L), targets=clean,
+            loss_weight=w, nll_weight=w, num_tokens=w.sum(), mask_spec=MaskSpec(self.mask_kind, L), extra={"perm": perm})

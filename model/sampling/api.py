@@ -4,25 +4,17 @@ from __future__ import annotations
 
 import torch
 
+from .. import families
 from .config import SampleOutput, SamplingConfig, SamplingError
 from .engine import to_requests
 
 
 def decoder_class(family: str):
-    if family == "setdlm":
-        from .setdlm import SetDLMDecoder as cls
-    elif family == "bd3lm":
-        from .bd3lm import BD3LMDecoder as cls
-    elif family == "mdlm":
-        from .mdlm import MDLMDecoder as cls
-    elif family == "ar":
-        from .ar import ARDecoder as cls
-    else:
-        raise SamplingError(f"sampling.family: unknown family {family!r}; valid: setdlm, bd3lm, mdlm, ar")
-    return cls
+    """The Decoder class of a family (its FamilySpec's)."""
+    return families.get(family, "sampling.family").decoder_class()
 
 
-def check_context(reqs, family: str, limit: int | None) -> None:
+def check_context(reqs, spec, limit: int | None) -> None:
     """What must fit in the model's context `limit` (max_seq_len). The cached families decode past it as
     the reference implementation does (each step drops the oldest cache entries, by position, so that
     cache + step fit), but the prompt is prefilled in one forward and must fit; MDLM re-runs the whole
@@ -30,7 +22,7 @@ def check_context(reqs, family: str, limit: int | None) -> None:
     if not limit:
         return
     for i, r in enumerate(reqs):
-        if family == "mdlm" and r.length > limit:
+        if spec.rereads_sequence and r.length > limit:
             raise SamplingError(f"generate: prompts[{i}]: {len(r.visible)} prompt tokens + {r.span} new tokens exceed the "
                                 f"model's max_seq_len {limit} (MDLM re-reads the whole sequence every step); shorten the "
                                 f"prompt or lower max_new_tokens")
@@ -76,8 +68,8 @@ def generate(model, prompts, config: SamplingConfig | None = None, *, max_batch:
     if generator is None and cfg.seed is not None:
         generator = torch.Generator(device=device).manual_seed(int(cfg.seed))
     reqs = to_requests(prompts, cfg, mask_id, model.cfg.vocab_size, eos_id)
-    check_context(reqs, cfg.family, getattr(model.cfg, "max_seq_len", None))
-    cls = decoder_class(cfg.family)
+    check_context(reqs, cfg.spec, getattr(model.cfg, "max_seq_len", None))
+    cls = cfg.spec.decoder_class()  # the family's Decoder
     was_training = model.training
     model.eval()
     try:

@@ -10,9 +10,10 @@ from typing import Literal
 from common.errors import Error
 from common.schema import ConfigError, Field, section
 
+from .. import families
 from ..config import CACHE_ORDERS
 
-FAMILIES = ("setdlm", "bd3lm", "mdlm", "ar")
+FAMILIES = families.names()
 REMASKING = ("confidence", "random")
 
 
@@ -39,7 +40,7 @@ class SamplingConfig:
     """How `generate` decodes: a typed section (common/schema.py), so a bad value fails on construction
     (or assignment) with one line naming it (`sampling.window: must be an integer >= 1, got 2.5`)."""
 
-    family: Literal[FAMILIES] = Field("setdlm", description="sampler family")
+    family: Literal[FAMILIES] = Field(families.SETDLM.name, description="sampler family (model/families)")
     max_new_tokens: int = Field(128, ge=0, description="plain prompts: positions generated after the prompt")
     window: int | None = Field(None, ge=1, description=(
         "SW-SetDLM window of masked positions from the leftmost one (null: 4; use the model's D, as "
@@ -88,15 +89,16 @@ class SamplingConfig:
 
     @classmethod
     def from_objective(cls, objective, **overrides) -> "SamplingConfig":
-        """Defaults matching a trained objective (ObjectiveConfig or its dict): family, w = D, block size."""
-        get = (lambda k, d=None: objective.get(k, d)) if isinstance(objective, dict) else (
-            lambda k, d=None: getattr(objective, k, d))
-        D = int(get("set_size", 4) or 4)
-        kw = dict(family=get("name", "setdlm"), window=D, block_size=int(get("block_size", 4) or 4))
-        if kw["family"] == "setdlm":
-            kw["s_max"] = int(get("s_max", None) or 2 * D)
-        kw.update(overrides)
-        return cls(**kw)
+        """Defaults matching a trained objective (ObjectiveConfig or its dict): its family's
+        (FamilySpec.sampling_defaults: family, w = D, block size, S_max), then `overrides`."""
+        name = objective.get("name") if isinstance(objective, dict) else getattr(objective, "name", None)
+        spec = families.get(name or families.SETDLM.name)
+        return cls(**{**spec.sampling_defaults(objective), **overrides})
+
+    @property
+    def spec(self):
+        """The FamilySpec of `family`."""
+        return families.get(self.family, "sampling.family")
 
     @property
     def greedy(self) -> bool:
@@ -126,17 +128,10 @@ class SamplingConfig:
         assignment); runs on construction, and again in `generate` after assignments."""
         if self.adaptive_window and self.max_window < self.window_min:
             raise ConfigError(f"sampling.window_max: must be >= window_min={self.window_min}, got {self.max_window}")
-        if self.s_max is not None and self.family == "setdlm":
-            for name, value in (("window", self.window_size), ("window_max", self.max_window if self.adaptive_window else 0)):
-                if value > self.s_max:
-                    raise ConfigError(f"sampling.{name}: at most the model's S_max = {self.s_max} (the most positions one "
-                                      f"step was trained on), got {value}")
-        if self.cache_order == "first_hitting" and self.family != "setdlm":
+        self.spec.validate_sampling(self)
+        if self.cache_order == "first_hitting" and self.spec is not families.SETDLM:
             raise ConfigError(f"sampling.cache_order: first_hitting orders SW-SetDLM commits; family {self.family} "
                               "decodes in position order (set cache_order: position or leave it unset)")
-        if self.compile and self.family == "mdlm":
-            raise ConfigError("sampling.compile: the compiled step exists for setdlm, bd3lm and ar (MDLM decodes "
-                              "eagerly); set compile: false")
         if any(not s for s in self.stop):
             raise ConfigError("sampling.stop: stop strings must be non-empty")
         if self.stop_regex is not None:

@@ -59,7 +59,7 @@ def to_requests(prompts, cfg: SamplingConfig, mask_id: int, vocab: int, eos_id: 
             if p.length < 0:
                 raise SamplingError(f"prompts[{i}]: Infill.length must be >= 0, got {p.length}")
             r = Request(list(map(int, p.prefix)), int(p.length), list(map(int, p.suffix)), True)
-            if cfg.family == "ar":
+            if cfg.spec.next_token:
                 r = Request(r.prefix, r.span, [], True)  # AR conditions on the prefix only
         else:
             if isinstance(p, str):
@@ -71,9 +71,9 @@ def to_requests(prompts, cfg: SamplingConfig, mask_id: int, vocab: int, eos_id: 
             if not 0 <= t < vocab or t == mask_id:
                 raise SamplingError(f"prompts[{i}]: token id {t} is not a visible token id (vocabulary {vocab}, "
                                  f"MASK {mask_id})")
-        if cfg.family == "ar" and not r.prefix and eos_id is not None:
+        if cfg.spec.next_token and not r.prefix and eos_id is not None:
             r = Request([int(eos_id)], r.span, r.suffix, r.infill)  # GPT-2 convention: start from EOS
-        if cfg.family == "ar" and not r.prefix:
+        if cfg.spec.next_token and not r.prefix:
             raise SamplingError(f"prompts[{i}]: AR decoding needs at least one prompt token (start with BOS, or pass eos_id)")
         reqs.append(r)
     return reqs

@@ -101,7 +101,9 @@ def cache_order(cfg, model) -> str:
 
 def for_decode(cfg, model, generator) -> FirstHitting | None:
     """The first-hitting times of a SetDLM decode of `model` under `cfg` (None: position order)."""
-    if cfg.family != "setdlm" or cache_order(cfg, model) != "first_hitting":
+    from .. import families
+
+    if cfg.spec is not families.SETDLM or cache_order(cfg, model) != "first_hitting":
         return None
     rec = getattr(model, ATTR, None) or {}
     length = rec.get("length") or int(getattr(model.cfg, "max_seq_len", 0) or 0) or 1024

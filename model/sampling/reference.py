@@ -141,24 +141,20 @@ class Reference:
     def run(self, r: Request) -> SampleOutput:
         t0 = time.perf_counter()
         row = _Row(r, self.mask_id)
-        fam = self.cfg.family
+        spec = self.cfg.spec
+        if not spec.reference_step:
+            raise ValueError(f"no recomputing reference for family {spec.name!r}")
+        family_step = getattr(self, spec.reference_step)
         if self.fht is not None and not r.infill and r.span:
             t = self.fht.times(r.span).tolist()
             row.fht = {len(r.prefix) + j: t[j] for j in range(r.span)}
         self.commit(row, [(t, p, 0) for t, p in zip(r.visible, r.visible_positions)], 0)
-        if fam == "ar":  # the engine forwards the prompt's last token at the first step
+        if spec.next_token:  # the engine forwards the prompt's last token at the first step
             row.fwd[-1] = 1
         step = 0
         while not self.done(row):
             step += 1
-            if fam == "setdlm":
-                self.setdlm_step(row, step)
-            elif fam == "bd3lm":
-                self.bd3lm_step(row, step)
-            elif fam == "ar":
-                self.ar_step(row, step)
-            else:
-                raise ValueError(f"no recomputing reference for family {fam!r}")
+            family_step(row, step)
         return self.output(row, time.perf_counter() - t0)
 
     def setdlm_step(self, row: _Row, step: int) -> None:

@@ -19,6 +19,7 @@ import sys
 from common.cli import ArgumentParser as CLIParser
 from common.storage import check_output_dir
 
+from model import families
 from model.convert.hf_stock_export import FORMATS
 
 __all__ = ["build_parser", "main"]
@@ -59,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", required=True, help="HF-style directory (config.json + weights), a hub id in the local "
                                                   "Hugging Face cache, or a .ckpt/.pt/.bin file")
     p.add_argument("--out", required=True, help="run directory to create")
-    p.add_argument("--family", choices=("setdlm", "bd3lm", "mdlm", "ar"), help="objective (default: from config.json)")
+    p.add_argument("--family", choices=families.names(), help="objective (default: from config.json)")
     p.add_argument("--set-size", type=int, help="SetDLM D (S_max = 2D), or the BD3-LM block size")
     p.add_argument("--seq-len", type=int, help="training sequence length L (default: config.json, else 1024)")
     p.add_argument("--n-heads", type=int, help="attention heads (default: config.json or the rotary buffer)")

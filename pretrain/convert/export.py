@@ -16,6 +16,7 @@ from pathlib import Path
 from common.errors import StorageError
 from common.jsonl import read_jsonl
 
+from model import families
 from model.convert.card import render_card, render_stock_card
 from model.convert.errors import ConvertError
 from model.convert.hf_config import CODE_FILES, HF_CODE_DIR, RECIPE_FILE, hf_config
@@ -124,7 +125,7 @@ def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32",
     generation = {"bos_token_id": config["bos_token_id"], "eos_token_id": config["eos_token_id"],
                   "pad_token_id": config["pad_token_id"], "mask_token_id": config["mask_token_id"],
                   "do_sample": False, "max_new_tokens": 128,
-                  "set_diffusion": {"family": sd["family"], "window": sd.get("set_size") if sd["family"] == "setdlm" else 1,
+                  "set_diffusion": {"family": sd["family"], "window": families.get(sd["family"]).export_window(sd),
                                     "confidence_threshold": None, "block_size": sd.get("block_size")},
                   "transformers_version": transformers.__version__}
     training = {"steps trained": step, "tokens seen": meta.get("tokens_seen"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from model import families
 from model.convert.errors import ConvertError
 from model.convert.hf_files import read_json, read_weights
 from model.convert.hf_map import pad_rows
@@ -65,9 +66,9 @@ def import_release(d: Path, out, config: dict, *, family: str | None = None, set
 
     where = str(d / "config.json")
     family = family or ref.family_from_config(config)
-    if family not in ref.FAMILIES:
+    if family not in families.names():
         raise ConvertError(f"{where}: cannot tell the objective from architectures {config.get('architectures')} / "
-                           f"model_type {config.get('model_type')!r}; pass --family {'|'.join(ref.FAMILIES)}")
+                           f"model_type {config.get('model_type')!r}; pass --family {'|'.join(families.names())}")
     base_dir, base_config = release.resolve_base(config, base_model, where)  # before the weights are read
     state = _release_weights(d)
     hf, base_config = release.stock_state_dict(state, base_config, config.get("backbone_config") or {},
@@ -90,7 +91,7 @@ def import_release(d: Path, out, config: dict, *, family: str | None = None, set
     L = int(seq_len or config.get("length") or (config.get("noise_config") or {}).get("length") or 1024)
     obj = release.objective_section(family, config, d.name, where)
     if set_size:
-        obj["set_size" if family == "setdlm" else "block_size"] = int(set_size)
+        obj["set_size" if family == families.SETDLM.name else "block_size"] = int(set_size)
     raw = {"model": release.model_section(base_config, rows=rows, mask_id=tok.mask_id, length=L), "objective": obj,
            "data": {"tokenizer": str(rundir.tokenizer_dir(Path(out).resolve())), "seq_len": L}, "train": {"ema": 0.0}}
     cfg = run_config(raw, overrides)
@@ -181,9 +182,9 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
     bc = config.get("backbone_config") or {}
     arch = ref.describe(sd, n_heads or bc.get("n_heads"))
     family = family or ref.family_from_config(config) or ref.family_from_config({"model_type": p.name})
-    if family not in ref.FAMILIES:
+    if family not in families.names():
         raise ConvertError(f"--family: cannot tell the model's objective from the checkpoint; pass --family "
-                           f"{'|'.join(ref.FAMILIES)}")
+                           f"{'|'.join(families.names())}")
     tok = load_tokenizer(tokenizer)
     if arch["vocab"] < tok.vocab_size:
         raise ConvertError(f"--tokenizer {tokenizer}: its vocabulary ({tok.vocab_size} with MASK) is larger than the "

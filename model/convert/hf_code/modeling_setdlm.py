@@ -1,5 +1,11 @@
 """A set diffusion language model for Hugging Face transformers, exported by `setdlm convert to-hf`.
 
+MAINTAINERS: this file is a second, stand-alone copy of setdlm's model (model/transformer.py) and of its
+SW-SetDLM / AR decoding (model/sampling/). It ships inside every export and imports nothing of the
+setdlm package, on purpose (docs/architecture.md, "The exported modeling code"). A change to the block
+(norm, MLP, attention, rotary) or to decoding must be made here too; tests/test_convert_hf.py checks
+this copy's logits and greedy tokens against the package's.
+
 Self-contained: depends only on torch and transformers, so
 
     model = AutoModelForMaskedLM.from_pretrained(DIR, trust_remote_code=True)
