@@ -40,7 +40,7 @@ def _ours(run, ids, pos, kind):
 
     model, tok, cfg = load_model(run)
     T = ids.shape[1]
-    mask = build_mask(kind, T // 2 if kind == "setdlm" else T)
+    mask = build_mask(kind, T // 2 if kind == "set_causal" else T)
     with torch.no_grad():
         return full_logits(model, model(ids, pos, mask)), mask, (model, tok, cfg)
 
@@ -58,7 +58,7 @@ def _close(ours, ref, mask_id):
 
 def test_setdlm_release_logits_match_transformers_under_the_two_stream_mask(fx):
     ids, pos = rf.two_stream_inputs(L, 50257)
-    ours, mask, (model, tok, cfg) = _ours(fx["run"], ids, pos, "setdlm")
+    ours, mask, (model, tok, cfg) = _ours(fx["run"], ids, pos, "set_causal")
     _close(ours, rf.transformers_logits(fx["bb"], ids, pos, mask), 50257)
     o, m = cfg.objective, cfg.model
     assert (o.name, o.set_size, o.s_max, o.cache_order, cfg.data.seq_len) == ("setdlm", 4, None, "first_hitting", L)
@@ -97,7 +97,7 @@ def test_truncated_release_keeps_the_layers_the_reference_keeps(fx, tmp_path):
         d = rf.write_release(tmp_path / f"r{keep}", fx["bb"], rf.release_config("setdlm", L, num_layers=1, keep_top=top),
                              layers=[keep])
         run = import_reference(d, tmp_path / f"run{keep}", base_model=str(fx["base"]), log=lambda s: None)
-        ours, mask, (_, _, cfg) = _ours(run, ids, pos, "setdlm")
+        ours, mask, (_, _, cfg) = _ours(run, ids, pos, "set_causal")
         conf = {**fx["bb"].config.to_dict(), "num_hidden_layers": 1}
         conf["layer_types"] = conf.get("layer_types", ["full_attention"])[:1]
         one = Qwen3ForCausalLM(fx["bb"].config.__class__(**conf))
@@ -304,7 +304,7 @@ def test_reinit_release_takes_its_shape_overrides(fx, tmp_path):
     d = rf.write_release(tmp_path / "cnndm-setdlm-smax8", small, cfg)
     run = import_reference(d, tmp_path / "run", base_model=str(fx["base"]), log=lambda s: None)
     ids, pos = rf.two_stream_inputs(L, 50257, seed=6)
-    ours, mask, (_, _, rcfg) = _ours(run, ids, pos, "setdlm")
+    ours, mask, (_, _, rcfg) = _ours(run, ids, pos, "set_causal")
     _close(ours, rf.transformers_logits(small, ids, pos, mask), 50257)
     assert (rcfg.model.hidden, rcfg.model.ffn_hidden, rcfg.model.n_layers) == (64, 96, 1)
 
