@@ -97,7 +97,8 @@ def write_release(d: Path, backbone, config: dict, *, layers: list[int] | None =
     d.mkdir(parents=True)
     state = {}
     keep = layers if layers is not None else list(range(backbone.config.num_hidden_layers))
-    for k, v in backbone.state_dict().items():  # tied: lm_head.weight is the embedding's storage, as torch.save keeps it
+    # tied: lm_head.weight is the embedding's storage, which torch.save keeps shared
+    for k, v in backbone.state_dict().items():
         if k.startswith("model.layers."):
             i = int(k.split(".")[2])
             if i not in keep:

@@ -25,7 +25,8 @@ def fx(tmp_path_factory, one_thread):
     from pretrain.convert.from_reference import import_reference
 
     tmp = tmp_path_factory.mktemp("release")
-    out = {"tmp": tmp, "base": rf.base_model(tmp / "base"), "base_untied": rf.base_model(tmp / "base_untied", tie=False)}
+    out = {"tmp": tmp, "base": rf.base_model(tmp / "base"),
+           "base_untied": rf.base_model(tmp / "base_untied", tie=False)}
     out["bb"] = rf.trained_backbone(out["base"])
     out["bb_untied"] = rf.trained_backbone(out["base_untied"], seed=2)
     out["setdlm"] = rf.write_release(tmp / "setdlm-gsm8k-smax8", out["bb"], rf.release_config("setdlm", L))
@@ -94,8 +95,8 @@ def test_truncated_release_keeps_the_layers_the_reference_keeps(fx, tmp_path):
 
     ids, pos = rf.two_stream_inputs(L, 50257, seed=5)
     for top, keep in ((False, 0), (True, 1)):
-        d = rf.write_release(tmp_path / f"r{keep}", fx["bb"], rf.release_config("setdlm", L, num_layers=1, keep_top=top),
-                             layers=[keep])
+        d = rf.write_release(tmp_path / f"r{keep}", fx["bb"],
+                             rf.release_config("setdlm", L, num_layers=1, keep_top=top), layers=[keep])
         run = import_reference(d, tmp_path / f"run{keep}", base_model=str(fx["base"]), log=lambda s: None)
         ours, mask, (_, _, cfg) = _ours(run, ids, pos, "set_causal")
         conf = {**fx["bb"].config.to_dict(), "num_hidden_layers": 1}
@@ -170,8 +171,9 @@ def test_hf_export_decodes_in_the_recorded_order(fx, tmp_path):
         assert got.sequences[0] == ours.tokens
         pos = hf.set_diffusion_generate([p], max_new_tokens=16, window=4, threshold=thr, stop_on_eos=False,
                                         cache_order="position")
-        assert pos.sequences[0] == generate(model, [p], SamplingConfig(window=4, threshold=thr, max_new_tokens=16,
-                                                                       stop_on_eos=False, cache_order="position"))[0].tokens
+        want = generate(model, [p], SamplingConfig(window=4, threshold=thr, max_new_tokens=16, stop_on_eos=False,
+                                                   cache_order="position"))[0].tokens
+        assert pos.sequences[0] == want
 
 
 def test_init_from_an_imported_release_keeps_rows_and_cache_order(fx, tmp_path):
@@ -346,3 +348,38 @@ rows:
     text = (tmp_path / "results" / "summary.md").read_text()
     assert rc == 0 and "| T1 | rel | likelihood | a | ppl | 12.5 | 13.25 | Table 1 |" in text
     assert "| T1 | rel | likelihood | b | ppl | - | not run | n/a |" in text
+
+
+def test_hub_ids_resolve_through_the_local_cache(fx, tmp_path, monkeypatch):
+    """The base model named by a hub id (no --base-model), and the release itself as --model HUB_ID, read from
+    the local Hugging Face cache (nothing downloaded); D from the hub id's name when noise_config lacks it."""
+    import json
+    import shutil
+
+    import huggingface_hub.constants as hub_constants
+
+    from pretrain.checkpoint.inference import load_model
+    from pretrain.convert.from_reference import import_reference
+
+    cache = tmp_path / "hub"
+
+    def cached(repo: str, src: Path, files) -> None:
+        d = cache / ("models--" + repo.replace("/", "--"))
+        snap = d / "snapshots" / ("0" * 40)
+        snap.mkdir(parents=True)
+        (d / "refs").mkdir()
+        (d / "refs" / "main").write_text("0" * 40)
+        for f in files:
+            shutil.copy(src / f, snap / f)
+
+    cached(rf.HUB_BASE, fx["base"], ["config.json"])
+    cfg = rf.release_config("setdlm", L)
+    del cfg["noise_config"]["desired_block_size"]
+    rel = rf.write_release(tmp_path / "src", fx["bb"], cfg)
+    cached("org/setdlm-gsm8k-smax16", rel, [p.name for p in rel.iterdir() if p.is_file()])
+    monkeypatch.setattr(hub_constants, "HF_HUB_CACHE", str(cache))
+    run = import_reference("org/setdlm-gsm8k-smax16", tmp_path / "run", log=lambda s: None)
+    _, _, rcfg = load_model(run)
+    assert rcfg.objective.set_size == 8  # smax16: D = 8, as the reference's loader reads the name
+    assert json.loads((run / "checkpoints" / "step_00000000" / "meta.json").read_text())["imported"]["base_model"] \
+        == rf.HUB_BASE

@@ -18,7 +18,8 @@ def test_every_cell_of_the_paper_matrix_is_a_valid_command():
 
     cells = load_matrix(str(TEMPLATE))
     tables = {c["table"] for c in cells}
-    assert {"GSM8K", "ROCStories infilling", "CNN/DailyMail", "OWT MAUVE", "OWT likelihood", "LM1B likelihood"} <= tables
+    want = {"GSM8K", "ROCStories infilling", "CNN/DailyMail", "OWT MAUVE", "OWT likelihood", "LM1B likelihood"}
+    assert want <= tables
     for c in cells:
         argv = cell_argv(c)
         api.from_argv(argv[0], argv[1:])  # raises on an invalid option

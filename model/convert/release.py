@@ -34,8 +34,8 @@ import torch
 from .errors import ConvertError
 from .hf_stock import model_section as stock_model_section
 
-__all__ = ["is_release", "base_model_name", "resolve_hub", "resolve_base", "effective_base", "stock_state_dict", "model_section", "objective_section",
-           "set_size_from_name", "PREFIX", "HEAD"]
+__all__ = ["is_release", "base_model_name", "resolve_hub", "resolve_base", "effective_base", "stock_state_dict",
+           "model_section", "objective_section", "set_size_from_name", "describe_source", "PREFIX", "HEAD"]
 
 PREFIX = "backbone.model."  # AutoModelFromPreTrained.model (a Qwen3ForCausalLM) inside the denoiser
 HEAD = "lm_head.weight"
@@ -108,7 +108,7 @@ def set_size_from_name(name: str) -> int | None:
 
 
 # AutoModelFromPreTrained's own arguments; every other backbone_config key is passed on to the base model's
-# config (AutoConfig.from_pretrained(name, **kwargs)): the CNN/DM releases set hidden_size / intermediate_size so
+# config (AutoConfig.from_pretrained(name, **kwargs)); the CNN/DM releases set hidden_size and intermediate_size
 LOADER_KEYS = ("_target_", "automodel_cls", "pretrained_model_name_or_path", "trust_remote_code", "num_layers",
                "keep_top_layers", "reinit_model", "use_causal_mask", "revision", "attn_implementation", "torch_dtype",
                "dtype")
@@ -150,8 +150,8 @@ def stock_state_dict(state: dict, base_config: dict, backbone_config: dict, wher
         expect = min(want, full)
     if n != expect:
         raise ConvertError(f"{where}: the weights hold {n} layers, but backbone_config.num_layers={want} of the base "
-                           f"model's {full} gives {expect}: the base model is not the one this release was trained from "
-                           "(pass --base-model)")
+                           f"model's {full} gives {expect}: the base model is not the one this release was trained "
+                           "from (pass --base-model)")
     tied = bool(base_config.get("tie_word_embeddings", False))
     emb = out["model.embed_tokens.weight"]
     head = out.get(HEAD)
@@ -225,6 +225,3 @@ def describe_source(config: dict) -> dict:
             bool(config.get("setdlm_fht_cache_order", False)),
             "eos_last_in_target_order": bool(config.get("setdlm_eos_last_in_target_order", False))}
 
-
-def release_name(path: Path) -> str:
-    return Path(path).resolve().name

@@ -57,8 +57,9 @@ def _release_weights(d: Path) -> dict:
 
 def import_release(d: Path, out, config: dict, *, family: str | None = None, set_size: int | None = None,
                    seq_len: int | None = None, tokenizer: str | None = None, base_model: str | None = None,
-                   overrides=(), overwrite: bool = False, log=print) -> Path:
-    """A release with a pretrained Qwen3 backbone (model/convert/release.py) into a run directory."""
+                   overrides=(), overwrite: bool = False, name: str | None = None, log=print) -> Path:
+    """A release with a pretrained Qwen3 backbone (model/convert/release.py) into a run directory; `name`: what
+    --model said (a hub id's name carries D: smax8), default the directory's name."""
     from data_pipeline.tokenizers import TokenizerError, load_tokenizer
     from model.convert import reference as ref
     from model.convert import release
@@ -89,7 +90,7 @@ def import_release(d: Path, out, config: dict, *, family: str | None = None, set
         raise ConvertError(f"--tokenizer {tok.name}: {tok.vocab_size} tokens, more than the release's {rows} "
                            "embedding rows (tokenizer/model mismatch)")
     L = int(seq_len or config.get("length") or (config.get("noise_config") or {}).get("length") or 1024)
-    obj = release.objective_section(family, config, d.name, where)
+    obj = release.objective_section(family, config, name or d.name, where)
     if set_size:
         obj["set_size" if family == families.SETDLM.name else "block_size"] = int(set_size)
     raw = {"model": release.model_section(base_config, rows=rows, mask_id=tok.mask_id, length=L), "objective": obj,
@@ -149,7 +150,7 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
     if is_release(config):
         return import_release(p, out, config, family=family, set_size=set_size, seq_len=seq_len,
                               tokenizer=tokenizer, base_model=base_model, overrides=overrides, overwrite=overwrite,
-                              log=log)
+                              name=Path(str(path)).name, log=log)
     if base_model:
         raise ConvertError("--base-model: only a release with a pretrained backbone (backbone_config "
                            "AutoModelFromPreTrained) names a base model; this is a DiT checkpoint")

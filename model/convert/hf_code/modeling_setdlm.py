@@ -478,9 +478,11 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel):
         w = int(window or self.config.set_diffusion.get("set_size") or 4)
         cache_order = cache_order or self.config.set_diffusion.get("cache_order") or "position"
         if cache_order not in ("position", "first_hitting"):
-            raise ValueError(f"set_diffusion_generate: cache_order must be 'position' or 'first_hitting', got {cache_order!r}")
+            raise ValueError("set_diffusion_generate: cache_order must be 'position' or 'first_hitting', got "
+                             f"{cache_order!r}")
+        ordered = cache_order == "first_hitting" and family == "setdlm" and threshold is not None and threshold < 1.0
         fht = _FirstHitting(self.config.set_diffusion, w, self.model.embed_tokens.weight.device, generator) \
-            if cache_order == "first_hitting" and family == "setdlm" and threshold is not None and threshold < 1.0 else None
+            if ordered else None
         if hasattr(input_ids, "tolist"):
             input_ids = input_ids.tolist()
         if input_ids and isinstance(input_ids[0], int):
