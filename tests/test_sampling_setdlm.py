@@ -146,3 +146,12 @@ def test_cache_order_only_for_setdlm():
 
     with pytest.raises(ConfigError, match="sampling.cache_order"):
         SamplingConfig(family="bd3lm", cache_order="first_hitting")
+
+
+def test_from_objective_carries_the_recorded_cache_order():
+    from model.config import ObjectiveConfig
+
+    obj = ObjectiveConfig(name="setdlm", set_size=4, cache_order="first_hitting")
+    assert SamplingConfig.from_objective(obj).cache_order == "first_hitting"
+    assert SamplingConfig.from_objective(obj, family="bd3lm").cache_order is None  # another sampler: not its mode
+    assert SamplingConfig.from_objective(ObjectiveConfig(name="setdlm")).cache_order is None

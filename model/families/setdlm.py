@@ -40,7 +40,11 @@ class SetDiffusionFamily(FamilySpec):
             raise ConfigError(f"objective.s_max: S_max={_s_max(objective)} must be >= D={objective.set_size}")
 
     def sampling_defaults(self, objective) -> dict:
-        return {**super().sampling_defaults(objective), "s_max": _s_max(objective)}
+        out = {**super().sampling_defaults(objective), "s_max": _s_max(objective)}
+        order = _getter(objective)("cache_order", None)
+        if order and order != "position":  # the decoding mode the model was released with
+            out["cache_order"] = order
+        return out
 
     def infill_window(self, objective) -> int:
         return _s_max(objective)  # the paper infills with w = S_max

@@ -93,7 +93,10 @@ class SamplingConfig:
         (FamilySpec.sampling_defaults: family, w = D, block size, S_max), then `overrides`."""
         name = objective.get("name") if isinstance(objective, dict) else getattr(objective, "name", None)
         spec = families.get(name or families.SETDLM.name)
-        return cls(**{**spec.sampling_defaults(objective), **overrides})
+        kw = {**spec.sampling_defaults(objective), **overrides}
+        if kw.get("family") != spec.name and "cache_order" not in overrides:
+            kw.pop("cache_order", None)  # another family's sampler: the objective's cache order does not apply
+        return cls(**kw)
 
     @property
     def spec(self):
