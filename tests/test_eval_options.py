@@ -69,6 +69,10 @@ ADDED["gsm8k"].update({"--protocol": ("str", None, ("paper",)), "--max-new-token
 # --prompt-format plain under --protocol paper is a contradiction; --chat-template FILE for a model without one.
 ADDED["gsm8k"].update({"--prompt-format": ("str", None, ("plain", "chatml", "tokenizer")),
                        "--chat-template": ("str", None)})
+# Issue 28 (the released checkpoints' decoding mode): --cache-order on every command that decodes.
+ADDED["sample"] = {}
+for _t in ("gsm8k", "infill", "summarize", "uncond", "throughput", "sample"):
+    ADDED[_t]["--cache-order"] = ("str", None, ("position", "first_hitting"))
 
 
 def _flags(cls) -> dict:

@@ -179,11 +179,12 @@ def dit_to_training(sd: dict, arch: dict, sigma: float = 0.0) -> dict[str, torch
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def model_section(arch: dict, vocab_size: int, mask_id: int, seq_len: int) -> dict:
-    """The recipe's `model:` section for an imported DiT (paper shapes: pre-LayerNorm, GELU, RoPE 10000)."""
+def model_section(arch: dict, vocab_size: int, mask_id: int, seq_len: int, dropout: float = 0.1) -> dict:
+    """The recipe's `model:` section for an imported DiT (paper shapes: pre-LayerNorm, GELU, RoPE 10000;
+    dropout as the checkpoint's backbone_config records it)."""
     return {"n_layers": arch["n_layers"], "hidden": arch["hidden"], "n_heads": arch["n_heads"],
             "ffn_hidden": arch["ffn_hidden"], "norm": "layernorm", "norm_eps": 1e-5, "activation": "gelu",
-            "qk_norm": False, "bias": True, "head_bias": True, "rope_base": 10000.0, "dropout": 0.1,
+            "qk_norm": False, "bias": True, "head_bias": True, "rope_base": 10000.0, "dropout": float(dropout),
             "vocab_size": int(vocab_size), "mask_id": int(mask_id), "max_seq_len": int(seq_len),
             "tie_embeddings": False}
 

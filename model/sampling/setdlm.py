@@ -1,7 +1,8 @@
 """SW-SetDLM decoding with a KV cache (SETDLM.md section 5), batched with ragged progress.
 
 One forward per step over p + w tokens per row: p `pending` slots (tokens accepted last step, packed
-left in ascending position order, causal among themselves, committed to the cache by this forward)
+left in ascending position order, or in descending first-hitting time under `cache_order:
+first_hitting` (first_hitting.py), causal among themselves, committed to the cache by this forward)
 followed by w query slots (MASK at the masked positions of [start, start + w), each seeing the cache,
 the valid pending tokens and itself; dropped from the cache). p = w with a threshold below 1, p = 1
 without one (then exactly one token is accepted per step). Everything is computed on the device; the
@@ -18,6 +19,7 @@ from __future__ import annotations
 import torch
 
 from ..masks import build_mask, with_key_padding
+from .first_hitting import for_decode as first_hitting_times
 from .engine import Decoder
 from .processors import accept_top1
 
@@ -38,6 +40,9 @@ class SetDLMDecoder(Decoder):
         self.query_mask_ids = torch.full((S, w), self.mask_id, dtype=torch.long, device=dev)
         self.no_commit = torch.zeros(S, w, dtype=torch.bool, device=dev)
         self.cache = self.new_slot_cache(p + w)
+        # first-hitting cache order: each slot's times over the canvas (None: position order)
+        self.fht_draw = first_hitting_times(self.cfg, self.model, self.generator) if self.p > 1 else None
+        self.fht = torch.zeros(S, self.L + 1, dtype=torch.float64, device=dev) if self.fht_draw else None
 
     # -- policy hooks (BD3-LM overrides them) ----------------------------------------------------
     def slot_count(self) -> int:
@@ -83,9 +88,13 @@ class SetDLMDecoder(Decoder):
         return active
 
     def next_pending(self, tok, pos, accept):
-        """Tokens to commit next step: the accepted ones, packed left in ascending position order."""
+        """Tokens to commit next step: the accepted ones, packed left in ascending position order (or in
+        descending first-hitting time)."""
         if self.p == 1:  # at most one accepted: the first accepted slot (or an invalid one)
             order = accept.to(torch.int8).argmax(1, keepdim=True)
+        elif self.fht is not None:
+            key = torch.where(accept, self.fht.gather(1, pos.clamp(max=self.L)), float("-inf"))
+            order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, : self.p]
         else:
             order = torch.sort((~accept).to(torch.int8), dim=1, stable=True).indices[:, : self.p]
         return tok.gather(1, order), pos.gather(1, order), accept.gather(1, order)
@@ -94,6 +103,20 @@ class SetDLMDecoder(Decoder):
     def reset_slots(self, st, reqs) -> None:
         self.pend_valid[st] = False
         self.win[st] = self.cfg.initial_window
+        if self.fht is not None:
+            self.fht[st] = self.first_hitting_rows(reqs)
+
+    def first_hitting_rows(self, reqs) -> torch.Tensor:
+        """[n, L + 1] each request's first-hitting times at its span positions (infilling, which the
+        reference caches in position order: times falling with position)."""
+        rows = torch.zeros(len(reqs), self.L + 1, dtype=torch.float64)
+        for b, r in enumerate(reqs):
+            k = len(r.prefix)
+            if r.infill:
+                rows[b] = -torch.arange(self.L + 1, dtype=torch.float64)
+            elif r.span:
+                rows[b, k : k + r.span] = self.fht_draw.times(r.span).cpu()
+        return rows.to(self.device)
 
     def prefill(self, st, slots, reqs) -> None:
         ids, pos, valid = self.visible_batch(reqs, left_pad=True)
@@ -140,3 +163,5 @@ class SetDLMDecoder(Decoder):
         self.pend_ids, self.pend_pos, self.pend_valid = self.pend_ids[keep], self.pend_pos[keep], self.pend_valid[keep]
         self.query_mask_ids, self.no_commit, self.win = self.query_mask_ids[keep], self.no_commit[keep], self.win[keep]
         self.cache.reorder(keep)
+        if self.fht is not None:
+            self.fht = self.fht[keep]

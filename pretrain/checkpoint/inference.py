@@ -123,4 +123,7 @@ def load_model(path: str | os.PathLike, *, ema: bool = True, device: str | torch
     weights, _ = checkpoint_weights(ckpt, meta, ema=ema)
     tokenizer = rundir.checkpoint_tokenizer(ckpt, meta, cfg.data.tokenizer)
     model = model_with_weights(cfg.model, weights, f"checkpoint {ckpt}")
+    from model.sampling.first_hitting import record
+
+    record(model, cfg.objective, cfg.data.seq_len)  # the run's decoding defaults (cache order), for generate()
     return model.to(device).eval(), tokenizer, cfg

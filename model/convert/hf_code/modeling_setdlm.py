@@ -312,6 +312,47 @@ def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch
     return logits
 
 
+class _FirstHitting:
+    """First-hitting times of a plain row's n generated positions under the staggered schedule of the
+    model's length L (b, k as the paper's evaluation sets them: S_max = 2 w, D the model's set size);
+    every row draws from the same starting state of the generator, which then moves on by one draw."""
+
+    def __init__(self, sd: dict, w: int, device, generator):
+        L = int(sd.get("length") or 1024)
+        D, S = min(int(sd.get("set_size") or w), L), min(2 * int(w), L)
+        area = D / (2 * L)
+        k = sd.get("k") if sd.get("k_explicit") else None
+        if k is not None:
+            self.k = float(k)
+            self.b = area * (self.k + 1) / self.k
+        elif D not in (1, S):
+            self.b = S / (L + S - 1)
+            self.k = area / (self.b - area)
+        else:
+            self.b, self.k = 2 * area, 1.0
+        self.L, self.device = L, torch.device(device)
+        if generator is None:
+            generator = torch.default_generator if self.device.type == "cpu" else torch.cuda.default_generators[
+                self.device.index if self.device.index is not None else torch.cuda.current_device()]
+        self.src, self.state, self.moved = generator, generator.get_state(), False
+
+    def times(self, n: int) -> list:
+        g = torch.Generator(device=self.device)
+        g.set_state(self.state)
+        e = torch.empty(1, n, dtype=torch.float64, device=self.device).exponential_(generator=g)[0]
+        if not self.moved:
+            self.moved = True
+            if torch.equal(self.src.get_state(), self.state):
+                self.src.set_state(g.get_state())
+        loc = torch.linspace(0.0, 1.0 - self.b, self.L, dtype=torch.float64, device=self.device).flip(0)
+        if n <= self.L:
+            loc = loc[self.L - n:]
+        else:  # past the model's length: the same spacing continues
+            step = (1.0 - self.b) / max(self.L - 1, 1)
+            loc = torch.cat((step * torch.arange(n - 1, self.L - 1, -1, dtype=torch.float64, device=self.device), loc))
+        return (loc + self.b * -torch.expm1(-e / self.k)).tolist()
+
+
 class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
     """Logits over the vocabulary for every input token (MASK logit -inf), plus the set sampler
     (`set_diffusion_generate`) and transformers' `generate()` over it."""
@@ -493,7 +534,8 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
     def set_diffusion_generate(self, input_ids, max_new_tokens: int = 128, window: int | None = None,
                                threshold: float | None = None, eos_token_id: int | None = None,
                                stop_on_eos: bool = True, suffix_ids=None, temperature: float = 0.0,
-                               generator: torch.Generator | None = None) -> SetDiffusionOutput:
+                               generator: torch.Generator | None = None,
+                               cache_order: str | None = None) -> SetDiffusionOutput:
         """Decode after each prompt (a list of token-id lists, or a [B, P] tensor without padding).
 
         SW-SetDLM (family "setdlm"): `window` w (default: the model's D) masked positions from the
@@ -502,6 +544,13 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
         (`temperature` 0) or sampled. `suffix_ids` (one list per row) turns a row into infilling:
         prefix + `max_new_tokens` MASK + suffix, with prefix and suffix visible (cached) and no EOS
         stop. AR models ("ar") decode left to right. A generated EOS ends a plain row (`stop_on_eos`).
+
+        `cache_order` ("position" or "first_hitting"; default: config.set_diffusion["cache_order"], the
+        mode the model was trained or released with): the order in which one step's accepted tokens
+        are cached and attend among themselves. "first_hitting" (the paper's GSM8K mode) orders them by
+        descending first-hitting time T_j = loc_{L-n+j} + b (1 - exp(-E_j / k)) of the span's n
+        positions, E ~ Exp(1) drawn once per row from `generator` (else torch's global generator),
+        every row from the same starting state; infilling rows keep position order.
 
         The prompt (prefix and suffix) must fit in max_position_embeddings; decoding goes on past it
         as the setdlm package's sampler does: before each forward, the cached tokens with the lowest
@@ -517,6 +566,13 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
         if eos_token_id is None:
             eos_token_id = self.config.eos_token_id if isinstance(self.config.eos_token_id, int) else None
         w = int(window or self.config.set_diffusion.get("set_size") or 4)
+        cache_order = cache_order or self.config.set_diffusion.get("cache_order") or "position"
+        if cache_order not in ("position", "first_hitting"):
+            raise ValueError("set_diffusion_generate: cache_order must be 'position' or 'first_hitting', got "
+                             f"{cache_order!r}")
+        ordered = cache_order == "first_hitting" and family == "setdlm" and threshold is not None and threshold < 1.0
+        fht = _FirstHitting(self.config.set_diffusion, w, self.model.embed_tokens.weight.device, generator) \
+            if ordered else None
         if hasattr(input_ids, "tolist"):
             input_ids = input_ids.tolist()
         if input_ids and isinstance(input_ids[0], int):
@@ -535,8 +591,10 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
                                      f"{self.config.max_position_embeddings} (decoding past it drops the oldest cached "
                                      "tokens, but the prompt must fit)")
                 run = self._decode_ar if family == "ar" else self._decode_set
+                times = fht.times(int(max_new_tokens)) if fht is not None and suffix is None else None
                 toks, steps = run(prefix, suffix, int(max_new_tokens), w, threshold, mask_id,
-                                  eos_token_id if stop_on_eos and suffix is None else None, temperature, generator)
+                                  eos_token_id if stop_on_eos and suffix is None else None, temperature, generator,
+                                  times)
                 out.sequences.append(toks)
                 out.steps.append(steps)
                 out.tokens_per_step.append(len(toks) / steps if steps else 0.0)
@@ -544,7 +602,7 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
             self.train(was_training)
         return out
 
-    def _decode_set(self, prefix, suffix, n, w, threshold, mask_id, eos, temperature, generator):
+    def _decode_set(self, prefix, suffix, n, w, threshold, mask_id, eos, temperature, generator, times=None):
         P = len(prefix)
         canvas = prefix + [mask_id] * n + (suffix or [])
         todo = [False] * P + [True] * n + [False] * len(suffix or [])
@@ -584,9 +642,12 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
                 if accept[i] and p < end:
                     pend_tok.append(canvas[p])
                     pend_pos.append(p)
+            if times is not None:  # first-hitting cache order: the latest first-hitting time first
+                order = sorted(range(len(pend_pos)), key=lambda i: -times[pend_pos[i] - P])
+                pend_tok, pend_pos = [pend_tok[i] for i in order], [pend_pos[i] for i in order]
         return canvas[P:end], steps
 
-    def _decode_ar(self, prefix, suffix, n, w, threshold, mask_id, eos, temperature, generator):
+    def _decode_ar(self, prefix, suffix, n, w, threshold, mask_id, eos, temperature, generator, times=None):
         if not prefix:
             raise ValueError("set_diffusion_generate: AR decoding needs at least one prompt token")
         cache = SetDLMKVCache()
