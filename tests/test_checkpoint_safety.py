@@ -259,7 +259,7 @@ def test_missing_model_file(run, capsys):
                                             ("model.rope_base=5000.0", "model.rope_base"),
                                             ("model.norm_eps=0.001", "model.norm_eps"),
                                             ("data.tokenizer=bert-base-uncased", "data.tokenizer"),
-                                            ("train.lora={rank: 2}", "train.lora")])
+                                            ("train.lora={rank: 2, random_base: true}", "train.lora")])
 def test_resume_refuses_another_model_objective_or_tokenizer(run, capsys, override, field):
     """The identity a resume checks is derived from every model key that changes what the weights
     compute (model/config.py: all but RUNTIME_KEYS), so rope_base and norm_eps are in it."""

@@ -6,7 +6,7 @@ What such a release holds, as the reference's `save_pretrained_or_push_to_hub` w
 its source, kuleshov-group/setdlms `src/utils.py`, `src/denoiser/*.py`, `src/backbone/automodel.py`):
 
 - `config.json` of its denoiser: `architectures` ["SetDLM"] / ["BD3LM"] / ["MDLM"] / ["AR"],
-  `model_type` "bd3lm" / "mdlm" / "ar" (a SetDLM config is a BD3LMConfig), `length` L, `block_size`,
+  `model_type` bd3lm / mdlm / ar (a SetDLM config is a BD3LMConfig), `length` L, `block_size`,
   `backbone_config` (`_target_` ...AutoModelFromPreTrained, `pretrained_model_name_or_path` of the base
   model, `num_layers` (-1: all), `keep_top_layers`, `reinit_model`: no shapes), `noise_config`
   (SetDLM: StaggeredNoise `desired_block_size` D, `max_block_size`, `block_size`, `length`),

@@ -195,7 +195,7 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
         raise ConvertError(f"--tokenizer {tokenizer}: MASK id {tok.mask_id} differs from the checkpoint's {want_mask}")
     L = int(seq_len or bc.get("length") or config.get("max_length") or 1024)
     objective: dict = {"name": family}
-    if family == "setdlm":
+    if family == families.SETDLM.name:
         recorded = ref.schedule_from_config(config, L)  # noise_config.desired_block_size / max_block_size / k
         if set_size and recorded.get("set_size") not in (None, int(set_size)):
             log(f"setdlm convert: --set-size {set_size} overrides the checkpoint's desired_block_size "
@@ -207,7 +207,7 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
                                "noise_config.desired_block_size in its config.json); pass it (the reference's "
                                "model names carry it: owt-setdlm-d4 is D=4; smax8 is D=4)")
         objective.update(recorded)  # S_max = 2 D and k from the budget unless recorded (SETDLM.md section 2)
-    elif family == "bd3lm":
+    elif family == families.BD3LM.name:
         nc = config.get("noise_config") if isinstance(config.get("noise_config"), dict) else {}
         objective["block_size"] = int(set_size or nc.get("block_size") or bc.get("block_size") or config.get("block_size") or 4)
     train_sd = ref.dit_to_training(sd, arch, sigma)
