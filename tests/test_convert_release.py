@@ -181,7 +181,12 @@ def test_init_from_an_imported_release_keeps_rows_and_cache_order(fx, tmp_path):
     from pretrain import init_from
     from pretrain.config import load_config
 
+    import yaml
+
     recipe = write_recipe(tmp_path / "ft.yaml", model={}, train={"init_from": str(fx["run"])})
+    raw = yaml.safe_load(recipe.read_text())
+    del raw["data"]["tokenizer"]  # left unset: init_from takes the imported run's own (a given one is kept)
+    recipe.write_text(yaml.safe_dump(raw))
     cfg = load_config(recipe, [f"run.out_dir={tmp_path / 'runs'}", "model.n_layers=2", "model.hidden=128",
                                "model.n_heads=4", "model.ffn_hidden=256", "model.tie_embeddings=true",
                                "model.max_seq_len=48", "data.seq_len=48"])
