@@ -10,9 +10,8 @@ import json
 import re
 
 import pytest
-import torch
 
-from helpers import REPO, eval_result, write_recipe
+from helpers import REPO, eval_result
 
 from eval.cli import main as eval_main
 from eval.cli import run_task
@@ -27,32 +26,16 @@ ROW = {"key": str, "question": str, "gold": str, "prediction": (str, type(None))
        "unit": int}
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory):
-    """A tiny SW-SetDLM (max_seq_len 64) with the GPT-2 tokenizer (random weights: reports, not skill)."""
-    from data_pipeline.tokenizers import load_tokenizer
-    from model.transformer import Transformer
-    from pretrain.config import load_config
-    from pretrain.convert.from_hf import write_run
-
-    tmp = tmp_path_factory.mktemp("reports")
-    tok = load_tokenizer("gpt2")
-    cfg = load_config(write_recipe(tmp / "r.yaml"), [f"run.out_dir={tmp}", "model.hidden=16", "model.ffn_hidden=32",
-                                                     "model.n_heads=1"])
-    cfg.resolve_vocab(tok)
-    torch.manual_seed(0)
-    write_run(tmp / "run", cfg, Transformer(cfg.model).state_dict(), tok, info={}, log=lambda s: None)
-    return tmp / "run"
 
 
-def test_the_decoding_budget_is_printed_recorded_and_warned_about(run_dir, tmp_path, capsys):
+def test_the_decoding_budget_is_printed_recorded_and_warned_about(random_gpt2_run, tmp_path, capsys):
     from data_pipeline.tokenizers import load_tokenizer
 
     tok = load_tokenizer("gpt2")
     lengths = sorted(len(tok.encode(json.loads(line)["answer"])) for line in DATA.read_text().splitlines()[:3])
     median = lengths[1]
     out = tmp_path / "o"
-    assert eval_main(["gsm8k", "--checkpoint", str(run_dir), "--data", str(DATA), "--out", str(out), "--limit", "3",
+    assert eval_main(["gsm8k", "--checkpoint", str(random_gpt2_run), "--data", str(DATA), "--out", str(out), "--limit", "3",
                       "--backend", "direct", "--max-new-tokens", "2"]) == 0
     cap = capsys.readouterr()
     assert f"decoding budget: 2 new tokens per problem (--max-new-tokens); the reference solutions take {median} " \
@@ -69,7 +52,7 @@ def test_the_decoding_budget_is_printed_recorded_and_warned_about(run_dir, tmp_p
     assert f"**WARNING** (max_new_tokens_warning): {warn}" in summary and "| max_new_tokens | 2 |" in summary
     # a budget above the median: no warning
     out2 = tmp_path / "o2"
-    assert eval_main(["gsm8k", "--checkpoint", str(run_dir), "--data", str(DATA), "--out", str(out2), "--limit", "3",
+    assert eval_main(["gsm8k", "--checkpoint", str(random_gpt2_run), "--data", str(DATA), "--out", str(out2), "--limit", "3",
                       "--backend", "direct", "--max-new-tokens", str(median)]) == 0
     assert "warning" not in capsys.readouterr().err and "max_new_tokens_warning" not in eval_result(out2)[0]
 
@@ -79,7 +62,7 @@ def _rows(out) -> list[dict]:
 
 
 @pytest.mark.slow
-def test_examples_jsonl_has_one_schema_for_every_backend_and_prompt_format(run_dir, tmp_path):
+def test_examples_jsonl_has_one_schema_for_every_backend_and_prompt_format(random_gpt2_run, tmp_path):
     pytest.importorskip("lm_eval")
     tpl = tmp_path / "chat.jinja"
     tpl.write_text(TEMPLATE)
@@ -89,7 +72,7 @@ def test_examples_jsonl_has_one_schema_for_every_backend_and_prompt_format(run_d
         for fmt in ("plain", "tokenizer"):
             out = tmp_path / f"{backend}-{fmt}"
             extra = ["--chat-template", str(tpl)] if fmt == "tokenizer" else []
-            run_task("gsm8k", ["--checkpoint", str(run_dir), "--data", str(DATA), "--out", str(out), "--limit", "2",
+            run_task("gsm8k", ["--checkpoint", str(random_gpt2_run), "--data", str(DATA), "--out", str(out), "--limit", "2",
                                "--backend", backend, "--max-new-tokens", "2", "--prompt-format", fmt, *extra])
             runs[(backend, fmt)] = _rows(out)
     for (backend, fmt), rows in runs.items():
@@ -111,7 +94,7 @@ def _table(summary: str) -> dict[str, str]:
     return dict(re.findall(r"^\| ([^|]+?)(?: \(%\))? \| ([^|]*) \|$", summary, re.M))
 
 
-def test_summary_md_says_what_metrics_json_holds_when_the_harness_skips(run_dir, tmp_path):
+def test_summary_md_says_what_metrics_json_holds_when_the_harness_skips(random_gpt2_run, tmp_path):
     """Problems skipped at run time (lm-eval builds the prompts): the SKIPPED line names the count and
     max_seq_len of metrics.json, the settings carry no count of their own, skipped problems are not rows."""
     pytest.importorskip("lm_eval")
@@ -124,7 +107,7 @@ def test_summary_md_says_what_metrics_json_holds_when_the_harness_skips(run_dir,
                   if len(tok.encode(QA.format(question=json.loads(line)["question"]))) + 33 > 64)
     assert 0 < len(long) < 6
     out = tmp_path / "lm"
-    m = run_task("gsm8k", ["--checkpoint", str(run_dir), "--out", str(out), "--data", str(DATA), "--backend", "lm-eval",
+    m = run_task("gsm8k", ["--checkpoint", str(random_gpt2_run), "--out", str(out), "--data", str(DATA), "--backend", "lm-eval",
                            "--max-new-tokens", "33", "--family", "mdlm", "--steps", "4", "--limit", "6"])["metrics"]
     doc = json.loads((out / "metrics.json").read_text())
     assert doc["metrics"]["skipped_overlong"] == len(long) and sorted(doc["metrics"]["skipped_keys"]) == long

@@ -27,22 +27,6 @@ def _one_line(err: str, *needles: str) -> None:
         assert n in lines[0], (n, lines[0])
 
 
-@pytest.fixture(scope="module")
-def gpt2_run(tmp_path_factory):
-    """A tiny SW-SetDLM run directory with the GPT-2 tokenizer (no chat template, no ChatML tokens)."""
-    from data_pipeline.tokenizers import load_tokenizer
-    from model.transformer import Transformer
-    from pretrain.config import load_config
-    from pretrain.convert.from_hf import write_run
-
-    tmp = tmp_path_factory.mktemp("gpt2run")
-    tok = load_tokenizer("gpt2")
-    cfg = load_config(write_recipe(tmp / "r.yaml"), [f"run.out_dir={tmp}", "model.hidden=16", "model.ffn_hidden=32",
-                                                     "model.n_heads=1"])
-    cfg.resolve_vocab(tok)
-    torch.manual_seed(0)
-    write_run(tmp / "run", cfg, Transformer(cfg.model).state_dict(), tok, info={}, log=lambda s: None)
-    return tmp / "run"
 
 
 # -- tokenizer files -------------------------------------------------------------------------------------
@@ -106,10 +90,10 @@ def test_lora_rank_above_the_layer_width_and_a_random_base_are_refused(tmp_path,
 
 
 # -- gsm8k's protocol and chat templates -----------------------------------------------------------------
-def test_paper_protocol_against_plain_prompts_and_a_model_without_a_chat_template(gpt2_run, tmp_path, capsys):
+def test_paper_protocol_against_plain_prompts_and_a_model_without_a_chat_template(random_gpt2_run, tmp_path, capsys):
     from eval.cli import main as eval_main
 
-    base = ["gsm8k", "--checkpoint", str(gpt2_run), "--data", str(DATA), "--out", str(tmp_path / "o")]
+    base = ["gsm8k", "--checkpoint", str(random_gpt2_run), "--data", str(DATA), "--out", str(tmp_path / "o")]
     assert eval_main([*base, "--protocol", "paper", "--prompt-format", "plain"]) == 2
     _one_line(capsys.readouterr().err, "--protocol paper: --prompt-format plain contradicts it", "drop --protocol paper")
     assert eval_main([*base, "--protocol", "paper"]) == 2  # no template: the way out is named, not plain again
@@ -126,7 +110,7 @@ def test_paper_protocol_against_plain_prompts_and_a_model_without_a_chat_templat
     assert not (tmp_path / "o").exists()
 
 
-def test_chat_template_option_renders_the_prompts(gpt2_run, tmp_path):
+def test_chat_template_option_renders_the_prompts(random_gpt2_run, tmp_path):
     from helpers import eval_result
 
     from eval.cli import run_task
@@ -136,7 +120,7 @@ def test_chat_template_option_renders_the_prompts(gpt2_run, tmp_path):
     tpl.write_text("{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}"
                    "{% if add_generation_prompt %}assistant:{% endif %}")
     out = tmp_path / "o"
-    run_task("gsm8k", ["--checkpoint", str(gpt2_run), "--data", str(DATA), "--out", str(out), "--limit", "1",
+    run_task("gsm8k", ["--checkpoint", str(random_gpt2_run), "--data", str(DATA), "--out", str(out), "--limit", "1",
                        "--chat-template", str(tpl), "--max-new-tokens", "2", "--backend", "direct"])
     _, spec, recs = eval_result(out)
     assert spec["chat"]["source"] == f"--chat-template {tpl}" and spec["template"] == "tokenizer"
@@ -168,22 +152,22 @@ def test_a_model_file_of_another_shape_behind_an_intact_ema_file_is_named(tmp_pa
 
 # -- output paths and shards -----------------------------------------------------------------------------
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs /proc")
-def test_an_output_under_proc_names_the_option(gpt2_run, tmp_path, capsys):
+def test_an_output_under_proc_names_the_option(random_gpt2_run, tmp_path, capsys):
     from eval.cli import main as eval_main
     from launch.cli import main
 
-    assert eval_main(["gsm8k", "--checkpoint", str(gpt2_run), "--data", str(DATA), "--out", "/proc/setdlm-x"]) == 2
+    assert eval_main(["gsm8k", "--checkpoint", str(random_gpt2_run), "--data", str(DATA), "--out", "/proc/setdlm-x"]) == 2
     _one_line(capsys.readouterr().err, "--out /proc/setdlm-x:")
-    assert main(["sample", "--checkpoint", str(gpt2_run), "--prompt", "hi", "--out", "/proc/setdlm-x.jsonl"]) == 2
+    assert main(["sample", "--checkpoint", str(random_gpt2_run), "--prompt", "hi", "--out", "/proc/setdlm-x.jsonl"]) == 2
     _one_line(capsys.readouterr().err, "--out /proc/setdlm-x.jsonl:")
     assert not os.path.exists("/proc/setdlm-x")
 
 
 @pytest.mark.parametrize("shard", ["-1/2", "2/2", "1/0", "a/b"])
-def test_a_bad_shard_is_named(gpt2_run, tmp_path, capsys, shard):
+def test_a_bad_shard_is_named(random_gpt2_run, tmp_path, capsys, shard):
     from eval.cli import main as eval_main
 
-    assert eval_main(["gsm8k", "--checkpoint", str(gpt2_run), "--data", str(DATA), "--out", str(tmp_path / "o"),
+    assert eval_main(["gsm8k", "--checkpoint", str(random_gpt2_run), "--data", str(DATA), "--out", str(tmp_path / "o"),
                       "--shard", shard]) == 2
     _one_line(capsys.readouterr().err, f"--shard {shard}" if "/" in shard and shard != "a/b" else "--shard: expected I/N")
     assert not (tmp_path / "o").exists()

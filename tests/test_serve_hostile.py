@@ -10,23 +10,13 @@ import aiohttp
 import httpx
 import pytest
 
-from serve_helpers import ThreadServer, train_tiny
+from serve_helpers import ThreadServer
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory, model_parallel):
-    from serve.loading import load_served
-
-    return load_served(train_tiny(tmp_path_factory.mktemp("serve_hostile")), device="cpu")
 
 
-@pytest.fixture(scope="module")
-def server(served):
-    srv = ThreadServer(served, max_batch=4)
-    yield srv
-    srv.close()
 
 
 def raw(srv, path, body: bytes) -> httpx.Response:

@@ -43,16 +43,13 @@ def allowed(case: dict) -> bool:
 
 def verdict(report: dict) -> list[str]:
     """Why the check failed; [] when it passed."""
-    why = [f"part {name}: {part['status']}" + (f" ({part['reason']})" if part.get("reason") else "")
-           for name, part in report["parts"].items() if part["status"] not in OK]
+    why = _part_failures(report)
     cuda = report.get("cuda") or {}
     if not cuda.get("visible"):
         why.append(f"CUDA is not visible ({cuda.get('detail') or 'torch.cuda.is_available() is False'})")
-    if "tests" not in report["parts"]:
+    t = _junit(report, why)
+    if t is None:
         return why
-    t = report.get("tests") or {}
-    if not t.get("found"):
-        return why + ["the tests part wrote no JUnit file"]
     if t["failed"] or t["errors"]:
         why.append(f"gpu tests: {t['failed']} failed, {t['errors']} errors")
     expected = expected_tests(t.get("selection", []))
@@ -66,18 +63,31 @@ def verdict(report: dict) -> list[str]:
     return why
 
 
+def _junit(report: dict, why: list[str]) -> dict | None:
+    """The tests part's JUnit summary; None when there is none to judge (`why` says so if it is missing)."""
+    if "tests" not in report["parts"]:
+        return None
+    t = report.get("tests") or {}
+    if not t.get("found"):
+        why.append("the tests part wrote no JUnit file")
+        return None
+    return t
+
+
+def _part_failures(report: dict) -> list[str]:
+    return [f"part {name}: {part['status']}" + (f" ({part['reason']})" if part.get("reason") else "")
+            for name, part in report["parts"].items() if part["status"] not in OK]
+
+
 def rehearsal_verdict(report: dict) -> list[str]:
     """Why the rehearsal failed; [] when the check would get through on the image (CUDA aside)."""
-    why = [f"part {name}: {part['status']}" + (f" ({part['reason']})" if part.get("reason") else "")
-           for name, part in report["parts"].items() if part["status"] not in OK]
+    why = _part_failures(report)
     inst = report.get("install") or {}
     if inst.get("skipped"):
         why.append(f"install: {len(inst['skipped'])} carried wheels do not fit this Python: {inst['skipped'][0]}")
-    if "tests" not in report["parts"]:
+    t = _junit(report, why)
+    if t is None:
         return why
-    t = report.get("tests") or {}
-    if not t.get("found"):
-        return why + ["the tests part wrote no JUnit file"]
     if t["failed"] or t["errors"]:
         why.append(f"gpu tests: {t['failed']} failed, {t['errors']} errors: "
                    + "; ".join(f"{f['test']}: {f['message']}" for f in t["failures"][:3]))

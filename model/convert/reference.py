@@ -189,6 +189,17 @@ def model_section(arch: dict, vocab_size: int, mask_id: int, seq_len: int, dropo
             "tie_embeddings": False}
 
 
+def positive(v, name: str, where, cast=int):
+    """`v` as a positive number of type `cast`; a ConvertError naming `where` and `name` otherwise."""
+    try:
+        x = cast(v)
+    except (TypeError, ValueError):
+        raise ConvertError(f"{where}: {name}={v!r} is not {'an integer' if cast is int else 'a number'}") from None
+    if x <= 0:
+        raise ConvertError(f"{where}: {name}={v!r} must be positive")
+    return x
+
+
 def family_from_config(config: dict) -> str | None:
     """Best guess of the objective from a reference config.json (architectures / model_type)."""
     from model import families
@@ -207,15 +218,7 @@ def schedule_from_config(config: dict, length: int) -> dict:
     nc = config.get("noise_config") if isinstance(config.get("noise_config"), dict) else {}
 
     def num(v, name, cast=int):
-        if v is None:
-            return None
-        try:
-            x = cast(v)
-        except (TypeError, ValueError):
-            raise ConvertError(f"reference config.json: {name}={v!r} is not a number") from None
-        if x <= 0:
-            raise ConvertError(f"reference config.json: {name}={v!r} must be positive")
-        return x
+        return None if v is None else positive(v, name, "reference config.json", cast)
 
     out: dict = {}
     d = num(nc.get("desired_block_size", config.get("desired_block_size")), "noise_config.desired_block_size")

@@ -184,13 +184,9 @@ def model_section(base_config: dict, *, rows: int, mask_id: int, length: int) ->
 
 
 def _pos_int(v, name, where):
-    try:
-        x = int(v)
-    except (TypeError, ValueError):
-        raise ConvertError(f"{where}: {name}={v!r} is not an integer") from None
-    if x <= 0:
-        raise ConvertError(f"{where}: {name}={v!r} must be positive")
-    return x
+    from .reference import positive
+
+    return positive(v, name, where)
 
 
 def objective_section(family: str, config: dict, name: str, where) -> dict:
