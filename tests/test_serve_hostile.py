@@ -6,17 +6,14 @@ import asyncio
 import threading
 import time
 
-import aiohttp
-import httpx
 import pytest
 
-from serve_helpers import ThreadServer
+aiohttp = pytest.importorskip("aiohttp", reason="setdlm serve needs aiohttp (the serve extra)")
+httpx = pytest.importorskip("httpx", reason="the serving tests need httpx")
+
+from serve_helpers import ThreadServer  # noqa: E402
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
-
-
-
-
 
 
 def raw(srv, path, body: bytes) -> httpx.Response:
