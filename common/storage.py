@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import errno
 import os
+import tempfile
 from pathlib import Path
 
 from .errors import StorageError
@@ -88,6 +89,13 @@ def _check_writable(option: str, target: Path, d: Path) -> None:
         raise StorageError(f"{option} {target}: {d} is on a read-only file system; choose a writable location")
     if not os.access(d, os.W_OK | os.X_OK):
         raise StorageError(f"{option} {target}: no permission to write in {d}")
+    try:  # what a pseudo file system (/proc, /sys) or a root-only mount refuses only when asked
+        os.rmdir(tempfile.mkdtemp(prefix=".setdlm-probe-", dir=d))
+    except OSError as e:
+        if e.errno in FULL_ERRNOS:  # a full disk: the space checks say so, with the sizes
+            return
+        raise StorageError(f"{option} {target}: nothing can be created in {d} ({e.strerror or type(e).__name__}); "
+                           f"choose another location") from None
 
 
 def _check_link(option: str, p: Path) -> None:

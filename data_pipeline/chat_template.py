@@ -2,7 +2,9 @@
 token ids with a context mask (`data prepare --template tokenizer`), and prompts to decode from.
 
 The template is rendered by transformers (`render_jinja_template`, what `apply_chat_template` runs:
-its sandboxed Jinja environment, so a template cannot execute code) and the text is tokenized with
+its sandboxed Jinja environment, so a template cannot execute code), in a separate process with a
+time, memory and output-size limit (`render_chat_template`, data_pipeline/template_worker.py), so a
+template cannot hang or exhaust the process either, and the text is tokenized with
 the template's special tokens parsed, as `apply_chat_template` tokenizes it. Which tokens the loss
 sees:
 
@@ -28,14 +30,20 @@ the ChatML tokens but no template of its own.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 
 from tokenizers import Tokenizer as _HFTokenizer
 
 from .long_text import encode_prefix, encode_prefix_offsets
+from .template_worker import RenderFailure, RenderLimit, TemplateWorker, default_worker
 from .tokenizer import TokenizerError
 
-__all__ = ["CHATML_JINJA", "ChatTemplate", "default_chat_template", "has_generation_tags", "hf_tokenizer"]
+__all__ = ["CHATML_JINJA", "ChatTemplate", "ChatTemplateError", "default_chat_template", "has_generation_tags",
+           "hf_tokenizer", "render_chat_template", "check_chat_template", "RENDER_TIME_LIMIT_S", "RENDER_MAX_CHARS"]
+
+RENDER_TIME_LIMIT_S = 10.0  # the most one rendering may take
+RENDER_MAX_CHARS = 16_000_000  # the longest rendering (characters) that is kept
 
 CHATML_JINJA = (
     "{%- for message in messages %}"
@@ -63,14 +71,49 @@ def default_chat_template(tok) -> str | None:
     return None
 
 
-def _render():
+class ChatTemplateError(TokenizerError):
+    """A chat template that fails or passes a limit when rendered (the message names the template)."""
+
+
+def render_chat_template(template: str, messages: list[dict], *, add_generation_prompt: bool = False,
+                         generation_spans: bool = False, variables: dict | None = None,
+                         name: str = "the chat template", time_limit_s: float | None = None,
+                         max_chars: int | None = None, worker: TemplateWorker | None = None) -> tuple[str, list]:
+    """(text, generation spans) of `messages` rendered with the Jinja chat `template`, exactly as
+    transformers' `apply_chat_template(..., tokenize=False)` renders it (`variables`: eos_token,
+    bos_token, ...; `generation_spans`: the (start, end) characters of each ``{% generation %}`` block,
+    [] otherwise). The render runs in a separate process (`worker`, default: this process's shared
+    one) and is stopped past `time_limit_s` seconds (default RENDER_TIME_LIMIT_S, 10), past the
+    worker's memory allowance (1 GiB), or when its text is longer than `max_chars` characters (default
+    RENDER_MAX_CHARS, 16 million). Any failure is a one-line ChatTemplateError starting with
+    `name` (what the user knows the template as: ``--chat-template FILE``, ``the chat template of
+    tokenizer X``) that never holds the rendered text. Thread-safe: a worker renders one at a time."""
+    if importlib.util.find_spec("transformers") is None:
+        raise ChatTemplateError(f"{name}: rendering a chat template needs transformers (pip install transformers)")
+    if not isinstance(template, str) or not template.strip():
+        raise ChatTemplateError(f"{name}: empty or not a string")
+    worker = worker or default_worker()
+    time_limit_s = RENDER_TIME_LIMIT_S if time_limit_s is None else time_limit_s
+    max_chars = RENDER_MAX_CHARS if max_chars is None else max_chars
     try:
-        from transformers.utils.chat_template_utils import render_jinja_template
-    except ImportError:  # pragma: no cover - transformers before render_jinja_template
-        raise TokenizerError("--template tokenizer: needs a transformers with "
-                             "transformers.utils.chat_template_utils.render_jinja_template (pip install -U transformers)"
-                             ) from None
-    return render_jinja_template
+        return worker.render(template, messages, {"add_generation_prompt": bool(add_generation_prompt),
+                                                  **(variables or {})},
+                             bool(generation_spans), time_limit_s=time_limit_s, max_chars=max_chars)
+    except RenderLimit as e:
+        raise ChatTemplateError(f"{name}: {e}; a template that loops or builds a huge text is refused (chat "
+                                f"templates render under a time, memory and output limit)") from None
+    except RenderFailure as e:
+        raise ChatTemplateError(f"{name}: {e}") from None
+
+
+def check_chat_template(template: str, variables: dict | None = None, name: str = "the chat template") -> None:
+    """Renders a short chat (a user and an assistant turn) and a prompt (a user turn with the generation
+    prompt) under the limits: a template that loops or fails whatever it is given is refused before
+    any work."""
+    user, assistant = {"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}
+    for messages, prompt in (([user, assistant], False), ([user], True)):
+        render_chat_template(template, messages, add_generation_prompt=prompt, variables=variables, name=name,
+                             generation_spans=has_generation_tags(template))
 
 
 class ChatTemplate:
@@ -88,18 +131,13 @@ class ChatTemplate:
                                 key=len, reverse=True)
         ids = {"eos_token": tok.eos_id, "bos_token": tok.bos_id, "pad_token": tok.pad_id, "mask_token": tok.mask_id}
         self._vars = {k: tok.id_to_token(v) for k, v in ids.items() if v is not None}
-        self.render([{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}])  # compiles it
+        check_chat_template(template, self._vars, where)  # before any work
 
     def render(self, messages: list[dict], add_generation_prompt: bool = False) -> tuple[str, list]:
-        """(text, generation spans as (start, end) characters; [] without generation tags)."""
-        import jinja2
-
-        try:
-            texts, spans = _render()([messages], chat_template=self.template, return_assistant_tokens_mask=self.tags,
-                                     add_generation_prompt=add_generation_prompt, **self._vars)
-        except (jinja2.TemplateError, TypeError, ValueError) as e:
-            raise TokenizerError(f"{self.where}: {type(e).__name__}: {e}") from None
-        return texts[0], (spans[0] if self.tags else [])
+        """(text, generation spans as (start, end) characters; [] without generation tags), under the
+        limits of `render_chat_template`."""
+        return render_chat_template(self.template, messages, add_generation_prompt=add_generation_prompt,
+                                    generation_spans=self.tags, variables=self._vars, name=self.where)
 
     def tokens(self, text: str, limit: int | None = None) -> list[int]:
         """Ids of rendered `text` (special tokens parsed), the first `limit` of them when given."""

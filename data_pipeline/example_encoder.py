@@ -34,7 +34,7 @@ class Encoder:
     def __init__(self, tok, fmt: str, template: str = "auto", *, prompt_field: str = "prompt",
                  answer_field: str = "answer", messages_field: str = "messages", prompt_template: str = PLAIN_PROMPT,
                  marker: str = IM_START, marker_offset: int = 2, chat_template: str | None = None,
-                 max_tokens: int | None = None):
+                 chat_template_name: str | None = None, max_tokens: int | None = None):
         if fmt not in FORMATS:
             raise ExampleError(f"--format: {fmt!r}; valid: text, {', '.join(FORMATS)}")
         if template not in TEMPLATES:
@@ -67,7 +67,9 @@ class Encoder:
                 raise ExampleError(f"--template tokenizer: tokenizer {tok.name!r} has no chat template (tokenizer_config"
                                    ".json's chat_template or chat_template.jinja); give one with --chat-template FILE "
                                    "or use --template chatml|plain")
-            self.chat = ChatTemplate(tok, jinja, "--chat-template" if chat_template else "the tokenizer's chat template")
+            where = (chat_template_name or "--chat-template") if chat_template else \
+                f"the chat template of tokenizer {tok.name!r}"
+            self.chat = ChatTemplate(tok, jinja, where)
         self.template, self.prompt_template = template, prompt_template
         self.fields = (prompt_field, answer_field, messages_field)
         if fmt == "marker":

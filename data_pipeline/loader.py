@@ -13,10 +13,10 @@ mixture_state.py): the state then also holds the schedule and the samples consum
 from __future__ import annotations
 
 import dataclasses
-import logging
 
 import torch
 
+from common.log import get_logger
 from common.errors import Error
 from common.schema import ConfigError
 
@@ -32,7 +32,7 @@ class LoaderStateError(Error):
     """A saved data-loader state (from a checkpoint) that this loader cannot continue from."""
 
 
-log = logging.getLogger("setdlm.data")
+log = get_logger("data")
 STATE_VERSION = 2
 
 

@@ -83,7 +83,8 @@ def prepare_examples(input: str, output: str, *, fmt: str, tokenizer: str, seq_l
     except ValueError as e:
         raise ExampleError(f"--tokenizer: {e}") from None
     jinja = _read_template(chat_template) if chat_template else None
-    enc = Encoder(tok, fmt, template, chat_template=jinja, max_tokens=seq_len + 1, **encoder_kw)
+    enc = Encoder(tok, fmt, template, chat_template=jinja, chat_template_name=f"--chat-template {chat_template}",
+                  max_tokens=seq_len + 1, **encoder_kw)
     if fmt != "marker":  # on stderr whatever `log` is: which template, and why
         print(f"[data prepare] {enc.choice}", file=sys.stderr, flush=True)
     pad_id = tok.pad_id if tok.pad_id is not None else tok.eos_id

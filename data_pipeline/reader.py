@@ -9,17 +9,18 @@ units of the latest windows in memory; bad units are skipped and counted under `
 """
 from __future__ import annotations
 
-import logging
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
+from common.log import get_logger
+
 from . import order
 from .sources import ShardError
 
-log = logging.getLogger("setdlm.data")
+log = get_logger("data")
 
 
 @dataclass

@@ -99,11 +99,24 @@ def _finish(backend: _HFTokenizer, name: str, specials: dict, add_mask: bool, wh
                      chat_template=chat_template)
 
 
+def _backend(path: Path) -> _HFTokenizer:
+    """tokenizers' reading of a tokenizer.json; a file it cannot read (it raises a bare Exception) as one line."""
+    try:
+        return _HFTokenizer.from_file(str(path))
+    except Exception as e:  # noqa: BLE001 - tokenizers raises Exception for every malformed file
+        why = " ".join(str(e).split())[:200]
+        raise TokenizerError(f"{path}: not a tokenizer.json the tokenizers library can read ({why})") from None
+
+
 def _load_directory(d: Path, add_mask: bool) -> Tokenizer:
     meta_path = d / META_FILE
     if meta_path.is_file() and (d / "tokenizer.json").is_file():
-        meta = json.loads(meta_path.read_text())
-        tok = Tokenizer(_HFTokenizer.from_file(str(d / "tokenizer.json")), name=str(d),
+        try:
+            meta = json.loads(meta_path.read_text())
+            meta["mask_id"]
+        except (ValueError, TypeError, KeyError, UnicodeDecodeError) as e:
+            raise TokenizerError(f"{meta_path}: not a setdlm tokenizer record ({type(e).__name__}: {e})") from None
+        tok = Tokenizer(_backend(d / "tokenizer.json"), name=str(d),
                         mask_id=meta["mask_id"], eos_id=meta.get("eos_id"), bos_id=meta.get("bos_id"),
                         pad_id=meta.get("pad_id"), chat_template=read_chat_template(d))
         if meta.get("sha256") and meta["sha256"] != tok.sha256:
@@ -111,7 +124,7 @@ def _load_directory(d: Path, add_mask: bool) -> Tokenizer:
         return tok
     specials = _special_token_map(d)
     if (d / "tokenizer.json").is_file():
-        return _finish(_HFTokenizer.from_file(str(d / "tokenizer.json")), str(d), specials, add_mask, str(d),
+        return _finish(_backend(d / "tokenizer.json"), str(d), specials, add_mask, str(d),
                        read_chat_template(d))
     return _from_transformers(str(d), add_mask)
 

@@ -21,24 +21,40 @@ from .errors import EvalError
 FORMATS = ("chatml", "tokenizer")
 
 
-def render_text(template: str, variables: dict, messages: list[dict], add_generation_prompt: bool = True) -> str:
+def render_text(template: str, variables: dict, messages: list[dict], add_generation_prompt: bool = True,
+                name: str = "--prompt-format: the chat template") -> str:
     """`messages` rendered with the Jinja `template` as `apply_chat_template(..., tokenize=False)` does
-    (transformers' sandboxed renderer; `variables`: the special tokens, eos_token, ...)."""
-    import jinja2
-    from transformers.utils.chat_template_utils import render_jinja_template
+    (transformers' sandboxed renderer, under `render_chat_template`'s time, memory and output limits;
+    `variables`: the special tokens, eos_token, ...)."""
+    from data_pipeline.chat_template import ChatTemplateError, render_chat_template
 
     try:
-        texts, _ = render_jinja_template([messages], chat_template=template, add_generation_prompt=add_generation_prompt,
-                                         **variables)
-    except (jinja2.TemplateError, TypeError, ValueError) as e:
-        raise EvalError(f"--prompt-format: the chat template fails: {type(e).__name__}: {e}") from None
-    return texts[0]
+        return render_chat_template(template, messages, add_generation_prompt=add_generation_prompt,
+                                    variables=variables, name=name)[0]
+    except ChatTemplateError as e:
+        raise EvalError(str(e)) from None
+
+
+def read_template(path: str) -> str:
+    """The text of a --chat-template file (EvalError naming it)."""
+    from pathlib import Path
+
+    p = Path(path).expanduser()
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise EvalError(f"--chat-template: {path} cannot be read ({type(e).__name__}: {e.strerror or e})") from None
+    if not text.strip():
+        raise EvalError(f"--chat-template: {path} is empty (a Jinja chat template)")
+    return text
 
 
 class ChatPrompts:
-    """Prompts of `fmt` ("chatml" or "tokenizer") for the stack's tokenizer `tok`."""
+    """Prompts of `fmt` ("chatml" or "tokenizer") for the stack's tokenizer `tok`; `template` (the text
+    of --chat-template `template_name`) replaces the tokenizer's own; `paper`: under --protocol paper."""
 
-    def __init__(self, tok, fmt: str):
+    def __init__(self, tok, fmt: str, *, template: str | None = None, template_name: str | None = None,
+                 paper: bool = False):
         from data_pipeline.chat_template import CHATML_JINJA, ChatTemplate, default_chat_template
 
         if fmt not in FORMATS:
@@ -47,14 +63,22 @@ class ChatPrompts:
         if fmt == "chatml" and not has_chatml:
             raise EvalError(f"--prompt-format chatml: tokenizer {tok.name!r} has no <|im_start|>/<|im_end|> tokens; "
                             f"use --prompt-format plain")
-        template = CHATML_JINJA if fmt == "chatml" else default_chat_template(tok)
+        own = template is None
+        template = CHATML_JINJA if fmt == "chatml" else template or default_chat_template(tok)
         if template is None:
-            raise EvalError(f"--prompt-format tokenizer: tokenizer {tok.name!r} has no chat template (tokenizer_config.json "
-                            f"chat_template) and no ChatML tokens; use --prompt-format plain")
+            what = "--protocol paper" if paper else "--prompt-format tokenizer"
+            instead = ("or drop --protocol paper and evaluate with plain prompts (--prompt-format plain)" if paper
+                       else "or use --prompt-format plain")
+            raise EvalError(f"{what}: tokenizer {tok.name!r} has no chat template (tokenizer_config.json chat_template) "
+                            f"and no ChatML tokens to render the prompts with; give the template the model was "
+                            f"fine-tuned with as --chat-template FILE, {instead}")
         self.tok, self.fmt, self.template = tok, fmt, template
         self.source = ("built-in ChatML" if template == CHATML_JINJA and (fmt == "chatml" or not tok.chat_template)
-                       else "the tokenizer's chat_template")
-        self._chat = ChatTemplate(tok, template, where=f"--prompt-format {fmt}: the chat template")
+                       else "the tokenizer's chat_template" if own else f"--chat-template {template_name}")
+        self.where = f"--prompt-format {fmt}: the chat template" + (
+            f" of tokenizer {tok.name!r}" if self.source == "the tokenizer's chat_template" else
+            " (built-in ChatML)" if self.source == "built-in ChatML" else f" {template_name}")
+        self._chat = ChatTemplate(tok, template, where=self.where)
         names = {"eos_token": tok.eos_id, "bos_token": tok.bos_id, "pad_token": tok.pad_id, "mask_token": tok.mask_id}
         self.variables = {k: tok.id_to_token(v) for k, v in names.items() if v is not None}
 
@@ -63,7 +87,7 @@ class ChatPrompts:
         return {"format": self.fmt, "source": self.source, "template": self.template, "variables": self.variables}
 
     def text(self, messages: list[dict]) -> str:
-        return render_text(self.template, self.variables, messages)
+        return render_text(self.template, self.variables, messages, name=self.where)
 
     def ids(self, prompt) -> list[int]:
         """Token ids of a prompt: messages, or a rendered text (special tokens parsed, as transformers)."""

@@ -38,8 +38,24 @@ def _log(msg: str) -> None:
     print(f"[setdlm eval] {msg}", file=sys.stderr, flush=True)
 
 
+VALUE_FLAGS = ("--shard",)  # options whose value may start with '-' (argparse would read `-1/2` as a flag)
+
+
+def _attach_values(argv: list[str]) -> list[str]:
+    """`--shard -1/2` -> `--shard=-1/2`, so the value is checked and named rather than taken for a flag."""
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in VALUE_FLAGS and i + 1 < len(argv) and argv[i + 1][:1] == "-" and argv[i + 1][1:2].isdigit():
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
+
+
 def task_main(name: str, argv: list[str]) -> int:
-    ns = api.task_parser(name).parse_args(argv)
+    ns = api.task_parser(name).parse_args(_attach_values(argv))
     if ns.describe:
         print(api.describe(name))
         return 0

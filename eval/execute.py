@@ -54,6 +54,8 @@ def _execute(name: str, args, shard, predictor, after_unit) -> dict:
         task.check_fits()
     spec = task.spec()
     run = EvalRun(args.out, name, spec, shard, overwrite=args.overwrite)
+    for note in task.notes() if hasattr(task, "notes") else ():
+        run.log(note)
     stats = task.execute(run, after_unit)
     result = {"metrics": None, "stats": stats, "merged": False, "out": args.out}
     if args.no_merge:
@@ -79,3 +81,6 @@ def _execute(name: str, args, shard, predictor, after_unit) -> dict:
 def print_headline(name, metrics, cls) -> None:
     keys = [k for k in getattr(cls, "headline", ()) if k in metrics] or list(metrics)[:4]
     print(f"{name}: " + ", ".join(f"{k} {fmt(k, metrics[k])}{'%' if k in PERCENT else ''}" for k in keys), flush=True)
+    for k, v in metrics.items():
+        if k.endswith("_warning") and v:
+            print(f"{name}: warning: {v}", flush=True)

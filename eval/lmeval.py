@@ -113,7 +113,7 @@ def _evaluate(lm, out: Path, spec: dict):
     for name in ("lm-eval", "lm_eval"):
         logging.getLogger(name).setLevel(logging.ERROR)
     d = write_task(out, spec)
-    tm = TaskManager(include_path=str(d), include_defaults=False, verbosity="ERROR")
+    tm = TaskManager(include_path=str(d), include_defaults=False)  # quiet through the loggers above
     chat = bool(spec.get("chat"))
     lm.chat_spec = spec.get("chat")
     return simple_evaluate(model=lm, tasks=[task_name(spec)], task_manager=tm, num_fewshot=spec.get("fewshot") or 0,

@@ -11,6 +11,7 @@ from pathlib import Path
 from common.storage import check_output_dir
 
 from .errors import EvalError, IncompleteError
+from .overlong import scored
 from .records import RecordReader, atomic_write, json_default, read_json, write_json
 from .report import summary_markdown
 from .tasks import get_task
@@ -73,7 +74,8 @@ def merge(out: str | os.PathLike, *, allow_partial: bool = False, log=None) -> d
     if missing:
         metrics["partial"] = True
         metrics["missing_examples"] = len(missing)
-    atomic_write(out / "examples.jsonl", "".join(json.dumps(r, default=json_default) + "\n" for r in ordered))
+    # one row per example that ran, in every task, backend and prompt format (docs/eval.md)
+    atomic_write(out / "examples.jsonl", "".join(json.dumps(r, default=json_default) + "\n" for r in scored(ordered)))
     created = run.get("created", {})
     doc = {"task": run["task"], "metrics": metrics, "spec": run["spec"], "created": created,
            "merged": datetime.datetime.now().isoformat(timespec="seconds")}

@@ -86,6 +86,20 @@ ROUGE_TYPES = ("rouge1", "rouge2", "rougeL", "rougeLsum")
 _scorers: dict = {}
 
 
+def require_extra(module: str, package: str, what: str, extra: str = "eval") -> None:
+    """EvalError now (before any model loads) when `module` of `package` is missing: one line naming
+    the extra that installs it (`scripts/install.sh --all` installs every extra)."""
+    import importlib.util
+
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a module set to None in sys.modules, a broken parent
+        found = False
+    if not found:
+        raise EvalError(f"{what} needs the `{package}` package: pip install 'setdlm[{extra}]' (or bash "
+                        f"scripts/install.sh --all)")
+
+
 def _rouge_scorer(types: tuple[str, ...], stemmer: bool):
     key = (types, stemmer)
     if key not in _scorers:

@@ -17,6 +17,7 @@ from typing import Literal
 
 from common.options import options
 from common.schema import Field, PathText, like
+from model.config import CACHE_ORDERS
 from model.sampling.config import FAMILIES, REMASKING, SamplingConfig
 
 from .errors import OptionError
@@ -60,6 +61,8 @@ class DecodingOptions:
     threshold: float | None = like(SamplingConfig, "threshold", None, (
         "confidence threshold for extra tokens per step; 1 or more: none"))
     block_size: int | None = like(SamplingConfig, "block_size", None, "BD3-LM block size (default: the objective's)")
+    cache_order: Literal[CACHE_ORDERS] | None = like(SamplingConfig, "cache_order", None, (
+        "SW-SetDLM: position or first_hitting order of a step's commits in the cache (default: the checkpoint's)"))
     steps: int | None = like(SamplingConfig, "steps", None, "MDLM denoising steps (default: one token per step)")
     steps_per_block: int | None = like(SamplingConfig, "steps_per_block", None, "BD3-LM steps per block (default: block size)")
     remasking: Literal[REMASKING] = like(SamplingConfig, "remasking")

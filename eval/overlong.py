@@ -14,7 +14,9 @@ tokens it decodes exceed the model's ``max_seq_len``. What happens to it:
 
 Skipping everything is refused too (an empty result is not a number). Where the prompts are built
 later (GSM8K through lm-evaluation-harness) the same rule runs on them then, and a skipped example is
-a record marked ``"skipped": "overlong"`` that the metrics leave out and count.
+a record marked ``"skipped": "overlong"`` that the metrics leave out and count. Either way a skipped
+example is not a row of examples.jsonl; ``skipped_overlong`` and ``skipped_keys`` (the first 20) in
+metrics.json count and name them.
 """
 
 from __future__ import annotations
@@ -50,8 +52,9 @@ def sort_overlong(keys: list[str], sizes: list[int], limit: int, policy: str, *,
 
 
 def skip_record(key: str, tokens: int, **fields) -> dict:
-    """The record of an example left out by the policy at run time (lm-eval prompts)."""
-    return {"key": key, "skipped": SKIPPED, "tokens": int(tokens), **fields}
+    """The record of an example left out by the policy at run time (lm-eval prompts); `tokens`: what
+    it needs (a per-rank record only: examples.jsonl holds the examples that ran)."""
+    return {"key": key, "skipped": SKIPPED, "tokens_needed": int(tokens), **fields}
 
 
 def scored(records: list[dict]) -> list[dict]:
@@ -63,6 +66,8 @@ def overlong_metrics(records: list[dict], spec: dict) -> dict:
     """What the policy did: examples skipped (before the run or at run time) and prompts cut to fit."""
     info = spec.get("overlong") or {}
     cut = [int(r.get("prompt_cut") or 0) for r in records]
+    late = [r["key"] for r in records if r.get("skipped") == SKIPPED]
     return {"overlong_policy": info.get("policy"),
-            "skipped_overlong": int(info.get("skipped", 0)) + sum(1 for r in records if r.get("skipped") == SKIPPED),
+            "skipped_overlong": int(info.get("skipped", 0)) + len(late),
+            "skipped_keys": [*(info.get("skipped_keys") or []), *late][:KEYS_KEPT],
             "prompts_cut": sum(c > 0 for c in cut), "prompt_tokens_cut": sum(cut)}

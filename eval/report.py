@@ -48,9 +48,11 @@ def summary_markdown(task: str, metrics: dict, spec: dict, created: dict, task_c
         lines.append(f"\n**PARTIAL**: {metrics.get('missing_examples')} examples missing")
     over = spec.get("overlong") or {}
     if metrics.get("skipped_overlong"):
-        keys = over.get("skipped_keys") or []
+        keys = metrics.get("skipped_keys") or over.get("skipped_keys") or []
+        limit = over.get("max_seq_len") or ck.get("max_seq_len")
         lines.append(f"\n**SKIPPED**: {metrics['skipped_overlong']} examples do not fit the model's max_seq_len "
-                     f"{over.get('max_seq_len', '')} with the decoded tokens (--overlong {over.get('policy', 'skip')}); "
+                     f"{limit if limit is not None else 'n/a'} with the decoded tokens (--overlong "
+                     f"{over.get('policy', 'skip')}); "
                      + (f"the metrics are over the other {metrics['n']}" if "n" in metrics else "they were left out")
                      + (f" (first skipped: {', '.join(map(str, keys[:5]))})" if keys else ""))
     if metrics.get("prompts_cut"):

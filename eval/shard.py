@@ -39,9 +39,10 @@ def detect_shard(shard: str | None = None) -> Shard:
         try:
             i, n = (int(x) for x in str(shard).split("/"))
         except ValueError:
-            raise EvalError(f"--shard: expected I/N (e.g. 0/4), got {shard!r}") from None
+            raise EvalError(f"--shard: expected I/N, shard I of N counted from 0 (e.g. 0/4), got {shard!r}") from None
         if n < 1 or not 0 <= i < n:
-            raise EvalError(f"--shard: need 0 <= I < N, got {shard!r}")
+            raise EvalError(f"--shard {shard}: shard I of N needs N >= 1 and 0 <= I < N (the N shards are 0/{max(n, 1)} "
+                            f"... {max(n, 1) - 1}/{max(n, 1)})")
         return Shard(i, n, 0, "explicit")
     from common.env import detect_env  # not launch/: eval sits below it
 

@@ -40,6 +40,7 @@ PRESET_VOCAB: dict[str, tuple[int, int]] = {"qwen3-1.7b": (151670, 151669), "qwe
 
 OBJECTIVES = families.names()
 ORDERS = ("sliding_window", "any_order", "left_to_right")
+CACHE_ORDERS = ("position", "first_hitting")  # how one SetDLM decoding step's accepted tokens enter the cache
 
 
 @section("model")
@@ -128,6 +129,9 @@ class ObjectiveConfig:
     s_max: int | None = Field(None, ge=1, description="setdlm: window of overlapping intervals, >= set_size (null: 2 * D)")
     k: float | None = Field(None, gt=0, description="setdlm: masking-curve exponent (null: derived so the budget is D/2)")
     order: Literal[ORDERS] = Field("sliding_window", description="setdlm: generation orders sampled in training")
+    cache_order: Literal[CACHE_ORDERS] = Field("position", description=(
+        "setdlm: the decoding default for the order in which one step's accepted tokens enter the KV cache: position, "
+        "or first_hitting (the paper's GSM8K mode, recorded by imported checkpoints; docs/sampling.md)"))
     # BD3-LM
     block_size: int = Field(4, ge=1, description="bd3lm: block size, divides data.seq_len")
     # MDLM / BD3-LM noise
@@ -174,5 +178,6 @@ def model_config_from_dict(section: dict) -> ModelConfig:
     return ModelConfig(**section)
 
 
-__all__ = ["ModelConfig", "ObjectiveConfig", "PRESETS", "PRESET_VOCAB", "OBJECTIVES", "ORDERS", "RUNTIME_KEYS", "identity_keys",
+__all__ = ["ModelConfig", "ObjectiveConfig", "PRESETS", "PRESET_VOCAB", "OBJECTIVES", "ORDERS", "CACHE_ORDERS",
+           "RUNTIME_KEYS", "identity_keys",
            "apply_preset", "model_config_from_dict"]

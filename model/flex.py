@@ -14,9 +14,9 @@ import functools
 import torch
 
 try:
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+    from torch.nn.attention.flex_attention import BlockMask, create_block_mask, flex_attention
 except ImportError:  # pragma: no cover - torch < 2.5
-    create_block_mask = flex_attention = None
+    BlockMask = create_block_mask = flex_attention = None
 
 
 def available() -> bool:
@@ -61,10 +61,20 @@ def block_mask(kind: str, length: int, block_size: int, device: str):
 _compiled = None
 
 
+def is_block_mask(mask) -> bool:
+    return BlockMask is not None and isinstance(mask, BlockMask)
+
+
 def attention(q, k, v, kind: str, length: int, block_size: int = 0, enable_gqa: bool = False):
-    """flex attention with the cached block mask (compiled on CUDA, eager elsewhere)."""
+    """flex attention with the cached block mask of a static mask kind (compiled on CUDA, eager elsewhere)."""
+    return attend(q, k, v, block_mask(kind, int(length), int(block_size), str(q.device)), enable_gqa)
+
+
+def attend(q, k, v, bm, enable_gqa: bool = False):
+    """flex attention under a built block mask. The model builds it once per forward, outside its
+    (possibly compiled) blocks, so a compiled block takes it as an input instead of tracing the cache
+    lookup and rebuilding it in every block's graph."""
     global _compiled
-    bm = block_mask(kind, int(length), int(block_size), str(q.device))
     fn = flex_attention
     if q.device.type == "cuda":
         if _compiled is None:

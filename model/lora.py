@@ -35,7 +35,7 @@ import torch.nn.functional as F
 from .layers import TensorParallel, mark_split
 
 __all__ = ["TARGETS", "LoRAAdapter", "attach", "attach_block", "block_adapter_params", "adapter_count", "is_adapter", "adapted",
-           "freeze_base", "merge", "scale"]
+           "freeze_base", "merge", "rank_limit", "scale"]
 
 # target name -> (module path inside a block, kind of the linear)
 TARGETS = {"qkv": ("attn.qkv", "column"), "proj": ("attn.proj", "row"), "fc1": ("mlp.fc1", "column"),
@@ -126,6 +126,18 @@ def block_adapter_params(cfg, *, rank: int, targets=tuple(TARGETS)) -> dict:
         attach_block(block, tp, rank=rank, alpha=1.0, targets=targets)
     return {n: ParamShape(tuple(p.shape), bool(getattr(p, "tensor_model_parallel", False)))
             for n, p in block.named_parameters() if is_adapter(n)}
+
+
+def rank_limit(cfg, targets=tuple(TARGETS)) -> tuple[int, str, tuple[int, int]]:
+    """(the largest adapter rank the linears `targets` can use, the narrowest one's target name, its
+    (in, out) features at TP=1): a rank above a linear's narrower side adds parameters, not capacity
+    (B A has rank at most min(in, out))."""
+    from .shapes import block_params
+
+    params = block_params(cfg)
+    sides = {t: params[f"{TARGETS[t][0]}.weight"].shape[::-1] for t in targets}  # (in, out) of W [out, in]
+    name = min(sides, key=lambda t: min(sides[t]))
+    return min(sides[name]), name, tuple(sides[name])
 
 
 def adapter_count(cfg, *, rank: int, targets=tuple(TARGETS)) -> int:

@@ -121,6 +121,8 @@ class Attention(torch.nn.Module):
 
     def core(self, q, k, v, mask):
         """The attention core (scores, mask, softmax, weighted sum): what selective recomputation reruns."""
+        if flex.is_block_mask(mask):  # a static mask kind's block mask, built by Transformer.forward
+            return flex.attend(q, k, v, mask, enable_gqa=self.q_per_group > 1)
         if isinstance(mask, MaskSpec):  # static mask kind: flex attention with a cached block mask
             return flex.attention(q, k, v, mask.kind, mask.length, mask.block_size, enable_gqa=self.q_per_group > 1)
         return F.scaled_dot_product_attention(
@@ -295,8 +297,8 @@ class Transformer(torch.nn.Module):
             x = self._to_sequence_parallel(x, cache)
         rope = self.rotary(position_ids)
         mask = attn_mask
-        if mask_spec is not None and cache is None and self.use_flex(x.device):
-            mask = mask_spec
+        if mask_spec is not None and cache is None and self.use_flex(x.device):  # built here, outside the blocks
+            mask = flex.block_mask(mask_spec.kind, int(mask_spec.length), int(mask_spec.block_size), str(x.device))
         if cache is not None:
             B, T = position_ids.shape
             mask = cache.begin(commit if commit is not None else torch.zeros(B, T, dtype=torch.bool, device=x.device),

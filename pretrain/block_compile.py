@@ -7,11 +7,24 @@ vocab-parallel loss stay eager. Masks are static tensors (or a `MaskSpec` consta
 attention), so one graph serves every step. The backend is checked once before compiling (a tiny
 compiled function is run); where it cannot work (no C++ compiler for inductor on CPU, no Triton on
 CUDA) the model stays eager and the returned message says why.
+
+Flex attention in compiled blocks on the CPU is refused (`CpuFlexCompileError`, a ConfigError naming
+the keys): inductor's CPU flex-attention kernel reads an operand that is a view into a larger tensor
+from the start of that tensor, ignoring the view's offset (torch 2.11 and 2.13, CPU only). In a block
+q and k are computed from the fused QKV projection and v is a view of it, so the logits come out wrong,
+silently. docs/gpu.md records the reproduction. On CUDA the
+compiled blocks run flex through Triton; tests/test_gpu_compile.py checks them against eager there.
 """
 
 from __future__ import annotations
 
 import torch
+
+from common.schema import ConfigError
+
+
+class CpuFlexCompileError(ConfigError):
+    """train.compile with flex attention on the CPU: inductor computes it wrong there (module docstring)."""
 
 
 def compile_unavailable(device: torch.device) -> str | None:
@@ -65,6 +78,11 @@ def apply_compile(model: torch.nn.Module, device: torch.device | None = None) ->
     """Compile every block of `model` in place (after activation checkpointing). Returns a log line:
     what was compiled, or why the model stays eager."""
     device = device or next(model.parameters()).device
+    if device.type == "cpu" and model.use_flex(device):
+        raise CpuFlexCompileError(
+            f"train.compile: true with model.attention_backend: {model.cfg.attention_backend} on the CPU gives wrong "
+            "logits (inductor's CPU flex-attention kernel ignores a view's offset; docs/gpu.md); set train.compile: "
+            "false or model.attention_backend: sdpa")
     why = compile_unavailable(device)
     if why:
         return f"train.compile: {why}; running the blocks eager"
@@ -75,4 +93,4 @@ def apply_compile(model: torch.nn.Module, device: torch.device | None = None) ->
     return f"torch.compile: {len(blocks)} blocks compiled separately (inductor on {device.type})"
 
 
-__all__ = ["apply_compile", "compile_unavailable"]
+__all__ = ["CpuFlexCompileError", "apply_compile", "compile_unavailable"]

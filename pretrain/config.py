@@ -57,6 +57,9 @@ class LoRAConfig:
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on the adapter's input (the base path has none)")
     targets: list[Literal[LORA_TARGETS]] = Field(default_factory=lambda: list(LORA_TARGETS), min_length=1, description=(
         "linears adapted: qkv (q/k/v_proj), proj (o_proj), fc1 (gate/up_proj), fc2 (down_proj)"))
+    random_base: bool = Field(False, description=(
+        "allow adapters on a randomly initialised, frozen base (no train.init_from): for tests and experiments; "
+        "a fine-tune sets train.init_from instead"))
 
 
 def _lora_section(value):
@@ -207,6 +210,10 @@ class RecipeConfig:
         if t.lora is not None and self.model.fp8 != "none":
             raise ConfigError("train.lora: the adapters hook the block linears that model.fp8 replaces with Transformer "
                               "Engine layers; use model.fp8: none with LoRA")
+        if t.lora is not None and not t.init_from and not t.lora.random_base:
+            raise ConfigError("train.lora: adapters train on a frozen base, and without train.init_from that base is "
+                              "random weights; set train.init_from (a Hugging Face directory or a setdlm run), or "
+                              "train.lora.random_base: true to train on a random base on purpose")
         if p.sequence_parallel and p.tp < 2:
             raise ConfigError(f"parallel.sequence_parallel: needs tensor parallelism (parallel.tp >= 2, got {p.tp}); "
                               "set it to false or raise parallel.tp")
@@ -218,6 +225,8 @@ class RecipeConfig:
         if self.data.seq_len > self.model.max_seq_len:
             raise ConfigError(f"data.seq_len: {self.data.seq_len} exceeds model.max_seq_len={self.model.max_seq_len}")
         self.model.validate(tp=p.tp, need_vocab=need_vocab)
+        if t.lora is not None and (need_vocab or not t.init_from):  # the model section is final (init_from filled it)
+            self._check_lora_rank()
         self.objective.validate(self.data.seq_len)
         if p.pp > self.model.n_layers:
             raise ConfigError(f"parallel.pp: {p.pp} stages for {self.model.n_layers} layers")
@@ -226,6 +235,14 @@ class RecipeConfig:
             if tokens % p.tp:
                 raise ConfigError(f"parallel.sequence_parallel: {tokens} tokens per sequence through the model are not "
                                   f"divisible by parallel.tp={p.tp}; choose data.seq_len so that they are")
+
+    def _check_lora_rank(self) -> None:
+        from model.lora import rank_limit
+
+        limit, name, (n_in, n_out) = rank_limit(self.model, self.train.lora.targets)
+        if self.train.lora.rank > limit:
+            raise ConfigError(f"train.lora.rank: {self.train.lora.rank} is above the width of the adapted linear "
+                              f"{name} ({n_in} in, {n_out} out), so B A cannot use it; set train.lora.rank <= {limit}")
 
     def resolve_vocab(self, tokenizer) -> None:
         """Fill model.vocab_size and model.mask_id from the tokenizer unless the recipe set them."""

@@ -147,6 +147,17 @@ def _prepare_hf(cfg, d: Path) -> InitSource:
     return InitSource("hf", d, n_real=n_real, notes=notes)
 
 
+def _refuse_reference_release(d: Path) -> None:
+    """A checkpoint of the reference implementation is imported first (its config.json is not a causal LM's)."""
+    from model.convert.hf_files import read_json
+    from model.convert.reference import family_from_config
+
+    config = read_json(d / "config.json", "model config")
+    if config.get("backbone_config") is not None and family_from_config(config):
+        _bad(f"{d} is a checkpoint of the reference implementation (architectures {config.get('architectures')}); "
+             f"import it with `setdlm convert from-reference --model {d} --out RUN` and set train.init_from=RUN")
+
+
 def _prepare_checkpoint(cfg, d: Path) -> InitSource:
     notes: list[str] = []  # a `latest` that names a damaged step: the fallback, said once
     try:
@@ -165,9 +176,16 @@ def _prepare_checkpoint(cfg, d: Path) -> InitSource:
         rundir.check_tokenizer(tok, meta, ckpt)
     except CheckpointError as e:
         raise ConfigError(f"data.tokenizer: {e}: a tokenizer/model vocabulary mismatch") from None
-    if tok.vocab_size != src_cfg.model.vocab_size:
+    if tok.vocab_size != src_cfg.model.vocab_size and not (tok.vocab_size < src_cfg.model.vocab_size and
+                                                           meta.get("imported")):
         raise ConfigError(f"data.tokenizer: {tok.vocab_size} tokens, checkpoint {ckpt} has a {src_cfg.model.vocab_size}-token "
                           "vocabulary: a tokenizer/model vocabulary mismatch")
+    if meta.get("imported"):  # an imported release keeps all its embedding rows, and its decoding mode
+        _adjust(cfg, "model.vocab_size", src_cfg.model.vocab_size, "an imported release keeps all its embedding rows",
+                notes)
+        if cfg.objective.name == src_cfg.objective.name:
+            _adjust(cfg, "objective.cache_order", src_cfg.objective.cache_order,
+                    f"the decoding mode checkpoint {ckpt} was released with", notes)
     _merge_model(cfg, {"vocab_pad_multiple": src_cfg.model.vocab_pad_multiple}, f"checkpoint {ckpt}", notes)
     notes.append(f"init_from: weights of checkpoint {ckpt} (step {meta.get('step')}); optimizer, schedule and data "
                  "start fresh")
@@ -189,6 +207,7 @@ def prepare(cfg) -> InitSource | None:
     if selector is not None:
         return _prepare_checkpoint(cfg, Path(f"{base.resolve()}:{selector}"))
     if d.is_dir() and (d / "config.json").is_file() and not (d / rundir.META).is_file():
+        _refuse_reference_release(d)
         return _prepare_hf(cfg, d.resolve())
     return _prepare_checkpoint(cfg, d.resolve())
 

@@ -102,7 +102,7 @@ class Trainer:
         found: list = [None, 0]
         if self.rank == 0:
             try:
-                check_output_dir(self.run_dir, "run.out_dir")
+                check_output_dir(self.run_dir, "run.out_dir (--out)")
                 rundir.check_run_dir(self.run_dir)
                 clean_partial(self.ckpt_root)
                 estimate = estimate_bytes(parameter_count(self.cfg.model), ema=self.cfg.train.ema > 0,

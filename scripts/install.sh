@@ -1,16 +1,29 @@
 #!/usr/bin/env bash
 # Create .venv and install the project (CPU build of torch, pinned). Idempotent and fast when done.
-#   bash scripts/install.sh          # runtime: what `setdlm pretrain` needs (add extras with pip: .[eval])
-#   bash scripts/install.sh --test   # plus test tools, the server (.[serve]), MPI (mpi4py + Open MPI) and, as root,
-#                                    # Slurm and Chromium (the trace page's browser check)
+#   bash scripts/install.sh          # runtime: train, prepare data, convert, sample (what `setdlm pretrain` needs)
+#   bash scripts/install.sh --all    # every command of the README: adds setdlm serve (.[serve]) and setdlm eval
+#                                    # (.[eval]: ROUGE, MAUVE, plots; .[lm-eval]: lm-evaluation-harness)
+#   bash scripts/install.sh --test   # --all plus test tools, MPI (mpi4py + Open MPI) and, as root, Slurm and
+#                                    # Chromium (the trace page's browser check)
+#   --dry-run                        # say which extras would be installed, install nothing
 set -euo pipefail
 cd "$(dirname "$0")/.."
-want_test=0
-[ "${1:-}" = "--test" ] && want_test=1
+want_test=0 want_all=0 dry=0
+for arg in "$@"; do
+  case "$arg" in
+    --test) want_test=1 ;;
+    --all) want_all=1 ;;
+    --dry-run) dry=1 ;;
+    -h|--help) sed -n '2,8p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "scripts/install.sh: error: unknown option $arg (valid: --all, --test, --dry-run)" >&2; exit 2 ;;
+  esac
+done
+extras=""
+[ $want_all = 1 ] && extras="eval,lm-eval,serve"
+[ $want_test = 1 ] && extras="eval,lm-eval,test,serve,mpi"
+if [ $dry = 1 ]; then echo "[install] would install .${extras:+[$extras]}"; exit 0; fi
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-extras=""
-[ $want_test = 1 ] && extras="eval,lm-eval,test,serve,mpi"
 if [ $want_test = 1 ] && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
   need=""
   command -v mpirun >/dev/null || need="$need libopenmpi-dev openmpi-bin"

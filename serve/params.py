@@ -146,9 +146,9 @@ def chat_prompt(tokenizer, messages, generation_prompt: bool = True) -> tuple[li
             if chat.forges(msgs) or chat.forges(names):
                 raise RequestError("messages", "a message holds the text of a special token of the chat template "
                                                "(e.g. <|im_end|>), which would forge one; leave it out")
-            # The server's one chat-template render (issue 29: the time- and size-limited render of
-            # data_pipeline/chat_template.py replaces this call when it lands). It runs off the event
-            # loop (app.py), so a slow template does not stall other requests.
+            # The server's one chat-template render: in data_pipeline/chat_template.py's worker process,
+            # under its time, memory and output limits (a failure is a 400 naming `messages`), and off
+            # the event loop (app.py), so a slow template does not stall other requests.
             text, _ = chat.render(msgs, add_generation_prompt=generation_prompt)
             ids = chat.tokens(text)
         except TokenizerError as e:

@@ -17,6 +17,75 @@ def model_parallel():
     yield
 
 
+# The one tiny training run several modules read (tests/helpers.py TINY_RECIPE with these train keys):
+# checkpoints at steps 2 and 4, EMA on. Tests must not change it: copy it first (shutil.copytree).
+TINY_RUN_TRAIN = {"max_steps": 4, "save_every": 2, "eval_every": 0, "log_every": 2, "ema": 0.5, "sample_at_end": False,
+                  "keep_last": 3}
+
+
+@pytest.fixture(scope="session")
+def tiny_run(tmp_path_factory):
+    """(recipe path, run directory) of the shared tiny SW-SetDLM run, trained once per session."""
+    from helpers import write_recipe
+    from pretrain.config import load_config
+    from pretrain.parallel import ensure_model_parallel
+    from pretrain.trainer import Trainer
+
+    ensure_model_parallel(1, 1)
+    tmp = tmp_path_factory.mktemp("tiny_run")
+    recipe = write_recipe(tmp / "r.yaml", train=TINY_RUN_TRAIN)
+    Trainer(load_config(recipe, [f"run.out_dir={tmp / 'runs'}"])).train()
+    return recipe, tmp / "runs" / "tiny"
+
+
+@pytest.fixture(scope="session")
+def serve_run(tmp_path_factory, model_parallel):
+    """The tiny run the serving tests decode from (tests/serve_helpers.py:train_tiny), trained once."""
+    from serve_helpers import train_tiny
+
+    return train_tiny(tmp_path_factory.mktemp("serve_run"))
+
+
+@pytest.fixture(scope="session")
+def served(serve_run):
+    """serve_run loaded as `setdlm serve` loads it (read-only: tests start their own servers on it)."""
+    from serve.loading import load_served
+
+    return load_served(serve_run, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def server(served):
+    """A loopback server (4 slots) on `served` for a test module."""
+    from serve_helpers import ThreadServer
+
+    srv = ThreadServer(served, max_batch=4)
+    yield srv
+    srv.close()
+
+
+@pytest.fixture(scope="session")
+def random_gpt2_run(tmp_path_factory):
+    """A tiny SW-SetDLM run directory with random weights and the GPT-2 tokenizer (no chat template, no
+    ChatML tokens): for what a command reports or refuses, not for what a model learned."""
+    import torch
+
+    from data_pipeline.tokenizers import load_tokenizer
+    from helpers import write_recipe
+    from model.transformer import Transformer
+    from pretrain.config import load_config
+    from pretrain.convert.from_hf import write_run
+
+    tmp = tmp_path_factory.mktemp("gpt2run")
+    tok = load_tokenizer("gpt2")
+    cfg = load_config(write_recipe(tmp / "r.yaml"), [f"run.out_dir={tmp}", "model.hidden=16", "model.ffn_hidden=32",
+                                                     "model.n_heads=1"])
+    cfg.resolve_vocab(tok)
+    torch.manual_seed(0)
+    write_run(tmp / "run", cfg, Transformer(cfg.model).state_dict(), tok, info={}, log=lambda s: None)
+    return tmp / "run"
+
+
 @pytest.fixture(scope="session")
 def parity_runs(tmp_path_factory):
     """Every multi-process parity run (tests/test_parallel_parity.py RUNS: the plain layouts, and the

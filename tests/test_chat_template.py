@@ -210,7 +210,7 @@ def test_auto_prints_its_choice_and_why_and_mistakes_are_one_line(qwen, tmp_path
                          "--chat-template", tmp_path / "nope.jinja"), "--chat-template: no such file"),
                        ((*base, "--output", tmp_path / "f", "--tokenizer", "qwen3", "--template", "tokenizer",
                          "--chat-template", _write(tmp_path / "bad.jinja", "{% for m in messages %}")),
-                        "--chat-template: TemplateSyntaxError")]:
+                        f"--chat-template {tmp_path / 'bad.jinja'}: TemplateSyntaxError")]:
         assert _cli(*argv) == 2
         err = capsys.readouterr().err
         assert what in err and "Traceback" not in err, err

@@ -21,10 +21,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, cli_env, write_recipe
+from helpers import REPO, cli_env
 
-STEPS = {"max_steps": 4, "save_every": 2, "eval_every": 0, "log_every": 2, "ema": 0.5, "sample_at_end": False,
-         "keep_last": 3}
 
 
 class Planted:
@@ -46,16 +44,11 @@ def plant(path: Path, marker: Path) -> None:
     torch.save(obj, path)
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory, model_parallel):
-    """A tiny run (EMA, ZeRO-0) with checkpoints at steps 2 and 4, and its recipe."""
-    from pretrain.config import load_config
-    from pretrain.trainer import Trainer
-
-    tmp = tmp_path_factory.mktemp("safety")
-    recipe = write_recipe(tmp / "r.yaml", train=STEPS)
-    Trainer(load_config(recipe, [f"run.out_dir={tmp / 'runs'}"])).train()
-    return recipe, tmp / "runs" / "tiny"
+@pytest.fixture
+def trained(tiny_run, model_parallel):
+    """A tiny run (EMA, ZeRO-0) with checkpoints at steps 2 and 4, and its recipe (conftest.py, shared:
+    read it, or copy it with `run`)."""
+    return tiny_run
 
 
 @pytest.fixture
@@ -266,7 +259,7 @@ def test_missing_model_file(run, capsys):
                                             ("model.rope_base=5000.0", "model.rope_base"),
                                             ("model.norm_eps=0.001", "model.norm_eps"),
                                             ("data.tokenizer=bert-base-uncased", "data.tokenizer"),
-                                            ("train.lora={rank: 2}", "train.lora")])
+                                            ("train.lora={rank: 2, random_base: true}", "train.lora")])
 def test_resume_refuses_another_model_objective_or_tokenizer(run, capsys, override, field):
     """The identity a resume checks is derived from every model key that changes what the weights
     compute (model/config.py: all but RUNTIME_KEYS), so rope_base and norm_eps are in it."""

@@ -218,3 +218,63 @@ def test_schedule_is_read_from_the_reference_config(tmp_path, model_parallel):
     # an exported config with max_block_size == length: the reference uses 2 D, so do we
     assert schedule_from_config({"noise_config": {"desired_block_size": 4, "max_block_size": 1024}}, 1024) == {"set_size": 4}
     assert schedule_from_config({}, 1024) == {}
+
+
+class _OmegaConfStandIn:  # pickled objects of a training library's own classes, as Lightning saves them
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _legacy_ckpt(path, raw, ema):
+    """The layout of the paper's legacy OWT .ckpt files (MDLM code base, DITLegacy backbone): a Lightning
+    checkpoint with `state_dict` (backbone. prefixes), `ema` (shadow_params in parameter order, and its other
+    fields), pickled hyper-parameters (config, tokenizer objects) and trainer states."""
+    shadow = [ema[k] for k in raw if not k.endswith("inv_freq")]
+    torch.save({"epoch": 3, "global_step": 1000, "pytorch-lightning_version": "2.2.1",
+                "state_dict": {"backbone." + k: v for k, v in raw.items()},
+                "ema": {"decay": 0.9999, "num_updates": 1000, "shadow_params": shadow, "collected_params": None},
+                "hparams_name": "config",
+                "hyper_parameters": {"config": _OmegaConfStandIn(model={"dropout": 0.1}),
+                                     "tokenizer": _OmegaConfStandIn(name="gpt2")},
+                "loops": {"fit_loop": {"state_dict": {}}}, "callbacks": {"ModelCheckpoint": {"best_model_score": None}},
+                "optimizer_states": [{"state": {}, "param_groups": [{"lr": 3e-4}]}], "lr_schedulers": []}, path)
+
+
+def test_legacy_owt_mdlm_and_ar_checkpoints_import(tmp_path, model_parallel):
+    """The legacy OWT MDLM (adaLN, EMA) and AR (causal, no time conditioning) .ckpt files: the family from the
+    file's name as the reference's loader reads it, EMA weights, the pickled objects never loaded."""
+    from model.masks import build_mask
+    from model.transformer import full_logits
+    from pretrain.checkpoint.inference import load_model
+    from pretrain.convert.from_reference import import_reference
+
+    raw, ema = synthetic_dit(adaln=True, seed=5), synthetic_dit(adaln=True, seed=6)
+    _legacy_ckpt(tmp_path / "owt-mdlm.ckpt", raw, ema)
+    run = import_reference(tmp_path / "owt-mdlm.ckpt", tmp_path / "run", seq_len=L, log=lambda s: None)
+    _, _, cfg = _compare(run, ema)
+    assert cfg.objective.name == "mdlm"
+    raw, ema = synthetic_dit(adaln=False, seed=7), synthetic_dit(adaln=False, seed=8)
+    _legacy_ckpt(tmp_path / "owt-ar.ckpt", raw, ema)
+    run = import_reference(tmp_path / "owt-ar.ckpt", tmp_path / "run-ar", seq_len=L, log=lambda s: None)
+    model, tok, cfg = load_model(run)
+    assert cfg.objective.name == "ar"
+    ids = torch.randint(0, 50257, (2, L), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(L).expand(2, L)
+    mask = build_mask("causal", L)
+    with torch.no_grad():
+        ours, ref = full_logits(model, model(ids, pos, mask)), dit_forward(ema, ids, pos, mask)
+    ref[..., tok.mask_id] = float("-inf")
+    fin = torch.isfinite(ref)
+    assert (ours[fin] - ref[fin]).abs().max().item() < 1e-4
+
+
+def test_dropout_comes_from_the_checkpoint(tmp_path, model_parallel):
+    from pretrain.checkpoint.inference import load_model
+    from pretrain.convert.from_reference import import_reference
+
+    sd = synthetic_dit(adaln=False)
+    for name, bc, want in (("a", {"dropout": 0.0}, 0.0), ("b", {"dropout": 0.25}, 0.25), ("c", {}, 0.1)):
+        _write_hf_style(tmp_path / name, sd, {"architectures": ["AR"], "model_type": "ar",
+                                              "backbone_config": {"n_heads": NH, "length": L, **bc}})
+        _, _, cfg = load_model(import_reference(tmp_path / name, tmp_path / f"r{name}", log=lambda s: None))
+        assert cfg.model.dropout == want

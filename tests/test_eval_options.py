@@ -65,6 +65,14 @@ ADDED = {t: {"--overlong": ("str", "skip", ("skip", "truncate", "error"))}
 # (None) takes min(256, max_seq_len - the longest prompt) instead of a fixed 256 that did not fit L = 256.
 ADDED["gsm8k"].update({"--protocol": ("str", None, ("paper",)), "--max-new-tokens": ("int", None),
                        "--prompt-format": ("str", "plain", ("plain", "chatml", "tokenizer"))})
+# Issue 29: --prompt-format unset (plain; tokenizer with --protocol paper or --chat-template), so an explicit
+# --prompt-format plain under --protocol paper is a contradiction; --chat-template FILE for a model without one.
+ADDED["gsm8k"].update({"--prompt-format": ("str", None, ("plain", "chatml", "tokenizer")),
+                       "--chat-template": ("str", None)})
+# Issue 28 (the released checkpoints' decoding mode): --cache-order on every command that decodes.
+ADDED["sample"] = {}
+for _t in ("gsm8k", "infill", "summarize", "uncond", "throughput", "sample"):
+    ADDED[_t]["--cache-order"] = ("str", None, ("position", "first_hitting"))
 
 
 def _flags(cls) -> dict:

@@ -4,7 +4,7 @@ throughput prompts, each skipped and counted by default, cut under truncate, ref
 
 import pytest
 
-from helpers import REPO, write_recipe
+from helpers import REPO
 from helpers import eval_result as _out
 
 from eval.cli import main as eval_main
@@ -16,18 +16,9 @@ LONG = ["c05", "c06", "c07"]  # over 64 tokens as prefix + span + suffix (c07: i
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, model_parallel):
-    """A tiny SW-SetDLM (max_seq_len 64) trained for 2 steps."""
-    import torch
-
-    from pretrain.config import load_config
-    from pretrain.trainer import Trainer
-
-    torch.set_num_threads(1)
-    tmp = tmp_path_factory.mktemp("overlong")
-    recipe = write_recipe(tmp / "r.yaml", train={"max_steps": 2, "eval_every": 0, "save_every": 2, "log_every": 2})
-    Trainer(load_config(recipe, [f"run.out_dir={tmp}"])).train()
-    return tmp / "tiny"
+def run_dir(tiny_run, one_thread):
+    """A tiny SW-SetDLM (max_seq_len 64) trained for 4 steps (conftest.py, shared)."""
+    return tiny_run[1]
 
 
 def _sizes(tok, span="3"):
@@ -162,6 +153,6 @@ def test_gsm8k_through_lm_eval_skips_the_harness_prompts_that_do_not_fit(run_dir
     m = run_task("gsm8k", ["--checkpoint", str(run_dir), "--out", str(out), "--data", str(FIX / "gsm8k_test.jsonl"),
                            "--backend", "lm-eval", "--max-new-tokens", "36", "--family", "mdlm"])["metrics"]
     _, _, recs = _out(out)
-    assert sorted(k for k, r in recs.items() if r.get("skipped") == "overlong") == long  # harness doc ids = file order
+    assert sorted(m["skipped_keys"]) == long and not set(recs) & set(long)  # harness doc ids = file order; not rows
     assert m["skipped_overlong"] == len(long) and m["n"] == 12 - len(long) and "lm_eval/exact_match" in m
     assert "skipped problems as wrong" in m["lm_eval/note"]

@@ -1,6 +1,8 @@
 """The GPU check's machinery on the CPU: offline wheel installation, JUnit parsing, report writing,
-per-part time limits (scripts/gpu_check.sh --cpu-smoke) and the strict exit status (a run that saw no
-CUDA device, or ran fewer `gpu` tests than there are, fails). Nothing here needs or fakes a GPU."""
+per-part time limits counted from each part's start, `partial` benchmark parts, the schedule
+(scripts/gpu_check.sh --cpu-smoke), the strict exit status (a run that saw no CUDA device, or ran
+fewer `gpu` tests than there are, fails), the rehearsal's verdict, and that the `gpu` tests collect
+with exactly the GPU image's missing packages unimportable. Nothing here needs or fakes a GPU."""
 
 import json
 import os
@@ -14,7 +16,7 @@ import pytest
 from helpers import REPO, cli_env
 
 sys.path.insert(0, str(REPO / "benchmarks"))
-from gpu_check import orchestrate, report, verdict  # noqa: E402
+from gpu_check import image, orchestrate, report, verdict  # noqa: E402
 
 
 def _wheel(folder: Path, name: str, version: str, requires=(), tag="py3-none-any") -> Path:
@@ -112,8 +114,10 @@ def test_cpu_smoke_writes_the_report_and_enforces_time_limits(tmp_path):
     assert train["objective"] == "setdlm" and train["tokens_per_s"] > 0 and train["timed_steps"] == 2
     assert train["loss"] > 1.0 and train["mfu"] is None  # no peak on a CPU: MFU is not invented
     decode = [row for row in parts["decode"]["rows"] if "tokens_per_s" in row]
-    assert {(row["sampler"], row["batch"]) for row in decode} == {
-        ("SetDLM w=4 thr=off", 1), ("SetDLM w=4 thr=off", 4), ("AR", 1), ("AR", 4)}
+    assert {(row["sampler"], row["mode"], row["batch"]) for row in decode} == {
+        (s, m, b) for s in ("SetDLM w=4 thr=off", "AR") for m in ("compiled", "eager") for b in (1, 4)}
+    assert [(r["sampler"], r["mode"], r["batch"]) for r in decode[:2]] == [
+        ("SetDLM w=4 thr=off", "compiled", 4), ("AR", "compiled", 4)]  # what matters most runs first
     assert all(row["tokens_per_s"] > 0 and row["tokens_per_step"] == 1.0 for row in decode)
     assert rep["cuda"]["visible"] is False
     assert rep["verdict"][:2] == ["part install: failed", "part env: timeout"], rep["verdict"]
@@ -123,6 +127,7 @@ def test_cpu_smoke_writes_the_report_and_enforces_time_limits(tmp_path):
     assert "## Verdict: FAILED" in md and "- part env: timeout" in md
     log = (out / "gpu_check.log").read_text()
     assert "time limit 2s reached" in log and os.path.getsize(out / "report.md") > 500
+    assert "budget left" in log
 
 
 def _junit(path: Path, skip: dict | None = None, fail: str | None = None) -> Path:
@@ -176,15 +181,50 @@ def test_the_verdict_passes_only_when_cuda_was_seen_and_every_gpu_test_ran(tmp_p
         verdict.GPU_TESTS["tests/test_gpu_decode.py"] + verdict.GPU_TESTS["tests/test_gpu_train.py"])
 
 
+def _image_env(tmp_path) -> dict:
+    """The environment of a process that cannot import what the GPU image lacks (gpu_check/image.py)."""
+    image.write_blocker(tmp_path / "blocker")
+    env = cli_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "blocker")] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def test_the_blocker_hides_exactly_the_image_s_missing_packages(tmp_path):
+    probe = ("import importlib, importlib.util, importlib.metadata as md, json, sys\n"
+             "out = {}\n"
+             "for dist, mod in json.loads(sys.argv[1]).items():\n"
+             "    try:\n"
+             "        importlib.import_module(mod); out[mod] = 'imported'\n"
+             "    except ModuleNotFoundError:\n"
+             "        out[mod] = 'spec' if importlib.util.find_spec(mod) else 'hidden'\n"
+             "    try:\n"
+             "        md.version(dist); out[dist + ' (dist)'] = 'found'\n"
+             "    except md.PackageNotFoundError:\n"
+             "        pass\n"
+             "import torch, yaml, pytest\n"
+             "out['torch'] = md.version('torch')\n"
+             "print(json.dumps(out))\n")
+    r = subprocess.run([sys.executable, "-c", probe, json.dumps(image.MISSING)], env=_image_env(tmp_path),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out.pop("torch") and out == {mod: "hidden" for mod in image.MISSING.values()}
+
+
 @pytest.mark.slow
-def test_the_gpu_tests_table_is_what_pytest_collects():
-    """verdict.GPU_TESTS names every file with `gpu` tests and how many `pytest -m gpu tests` (what the tests
-    part runs) collects there."""
+def test_the_gpu_tests_collect_on_the_image_s_packages_and_match_the_table(tmp_path):
+    """With exactly the GPU image's missing packages unimportable, `pytest -m gpu --collect-only tests`
+    collects every `gpu` test and has no collection error; per file it finds what verdict.GPU_TESTS says
+    (so adding a gpu test means adding it there), and the tests part's selection is those files."""
     r = subprocess.run([sys.executable, "-m", "pytest", "tests", "-m", "gpu", "--collect-only", "-q", "-p",
-                        "no:cacheprovider"], cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=600)
+                        "no:cacheprovider"], cwd=REPO, env=_image_env(tmp_path), capture_output=True, text=True,
+                       timeout=600)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "error" not in r.stdout.splitlines()[-1].lower(), r.stdout[-3000:]
     files = [line.split("::")[0] for line in r.stdout.splitlines() if "::" in line]
     assert {f: files.count(f) for f in files} == verdict.GPU_TESTS
+    assert len(files) == sum(verdict.GPU_TESTS.values())
+    assert orchestrate.selection(False) == sorted(verdict.GPU_TESTS)
 
 
 @pytest.mark.slow
@@ -202,3 +242,67 @@ def test_a_cpu_run_of_the_gpu_tests_exits_1_naming_why(tmp_path):
     assert rep["verdict"][1].startswith(f"only 0 of {n} gpu tests ran; skipped: needs a CUDA GPU"), rep["verdict"]
     assert "## Verdict: FAILED" in (out / "report.md").read_text()
     assert "FAILED: only 0 of" in (out / "gpu_check.log").read_text()
+
+
+def _part(tmp_path, name, code, limit):
+    log = orchestrate.Log(tmp_path / "log.txt")
+    cmd = [sys.executable, "-c", f"import sys; sys.path.insert(0, {str(REPO / 'benchmarks')!r})\n{code}", "--deadline-at"]
+    return orchestrate.run_part(name, cmd, limit, {**os.environ, "PYTHONUNBUFFERED": "1"}, log, lambda: 99.0)
+
+
+ROW = "from gpu_check.rows import emit, Deadline\n"
+
+
+def test_a_benchmark_part_out_of_time_after_some_rows_is_partial(tmp_path):
+    """The part's deadline is a wall-clock time set as its process starts; rows it printed before its
+    limit are kept; a benchmark part stopped after measuring is `partial`, one stopped with nothing
+    measured is `timeout`, and one that skipped rows for want of time itself is `partial` too."""
+    code = ROW + ("import time\nleft = float(sys.argv[-1]) - time.time()\n"
+                  "emit({'sampler': 'x', 'tokens_per_s': 1.0, 'left': left})\ntime.sleep(60)")
+    res = _part(tmp_path, "decode", code, 3)
+    assert res["status"] == "partial" and "1 measured rows" in res["reason"], res
+    assert 2.0 < res["rows"][0]["left"] <= 3.0 and res["seconds"] < 15
+    res = _part(tmp_path, "train", "import time\ntime.sleep(60)", 2)
+    assert res["status"] == "timeout" and "reason" not in res
+    res = _part(tmp_path, "tests", ROW + "emit({'tokens_per_s': 1.0})\nimport time\ntime.sleep(60)", 2)
+    assert res["status"] == "timeout"  # the tests part is never partial
+    code = ROW + "emit({'tokens_per_s': 1.0})\nemit({'cut': True, 'note': 'not run'})"
+    res = _part(tmp_path, "decode", code, 30)
+    assert res["status"] == "partial" and res["reason"] == "1 rows measured, 1 not run: out of time"
+    res = _part(tmp_path, "decode", ROW + "emit({'tokens_per_s': 1.0})\nsys.exit(1)", 30)
+    assert res["status"] == "failed"
+
+
+def test_the_schedule_passes_unused_time_on_and_the_gpu_run_fits_8_minutes():
+    assert orchestrate.schedule(["install", "tests", "decode"], {"install": 30, "tests": 150, "decode": 95}) == {
+        "install": 30, "tests": 180, "decode": 275}
+    total = orchestrate.GPU_BUDGET + orchestrate.GRACE + 10  # + the CUDA probe's interpreter start
+    assert sum(orchestrate.GPU_LIMITS.values()) <= orchestrate.GPU_BUDGET and total <= 480
+
+
+def test_partial_benchmarks_pass_and_the_rehearsal_verdict(tmp_path):
+    total = sum(verdict.GPU_TESTS.values())
+    rep = {"parts": {"train": {"status": "partial"}, "decode": {"status": "partial"}}, "cuda": {"visible": True}}
+    assert verdict.verdict(rep) == []
+    no_cuda = "needs a CUDA GPU (none is visible)"
+    skip_all = {f"{f[:-3].replace('/', '.')}::test_{i}": no_cuda for f, n in verdict.GPU_TESTS.items() for i in range(n)}
+    skip_all["tests.test_gpu_train::test_fp8_forward_backward_tracks_bf16"] = no_cuda
+
+    def rehearsal(parts=("install", "env", "tests", "train"), status="ok", **junit):
+        rep = {"parts": {p: {"status": status if p == "train" else "ok"} for p in parts}, "cuda": {"visible": False},
+               "tests": {**report.junit_summary(_junit(tmp_path / "r.xml", **junit)),
+                         "selection": orchestrate.selection(False)}}
+        return verdict.rehearsal_verdict(rep)
+
+    assert rehearsal(skip=skip_all) == []
+    assert rehearsal(status="partial", skip=skip_all) == []
+    assert rehearsal(status="timeout", skip=skip_all) == ["part train: timeout"]
+    some = dict(skip_all)
+    some["tests.test_gpu_flex::test_2"] = "needs flex attention"
+    assert rehearsal(skip=some) == ["gpu tests skipped for another reason than no CUDA: needs flex attention"]
+    bad = {k: v for k, v in skip_all.items() if k != "tests.test_gpu_decode::test_0"}
+    assert rehearsal(skip=bad, fail="tests.test_gpu_decode::test_0")[0].startswith("gpu tests: 1 failed, 0 errors")
+    rep = {"parts": {"tests": {"status": "ok"}}, "tests": {"found": True, "passed": 0, "failed": 0, "errors": 0,
+                                                           "skipped": total - 2, "cases": [], "failures": [],
+                                                           "selection": orchestrate.selection(False)}}
+    assert verdict.rehearsal_verdict(rep) == [f"{total - 2} gpu tests collected, {total} expected (verdict.GPU_TESTS)"]

@@ -20,16 +20,10 @@ STEPS = {"max_steps": 4, "save_every": 2, "eval_every": 0, "log_every": 2, "samp
 FALLBACK = "newest complete checkpoint"
 
 
-@pytest.fixture(scope="module")
-def source(tmp_path_factory, model_parallel) -> Path:
-    """A tiny setdlm run with checkpoints at steps 2 and 4 (the fine-tune source)."""
-    from pretrain.config import load_config
-    from pretrain.trainer import Trainer
-
-    tmp = tmp_path_factory.mktemp("source")
-    recipe = write_recipe(tmp / "r.yaml", train=STEPS)
-    Trainer(load_config(recipe, [f"run.out_dir={tmp / 'runs'}"])).train()
-    return tmp / "runs" / "tiny"
+@pytest.fixture
+def source(tiny_run, model_parallel) -> Path:
+    """A tiny setdlm run with checkpoints at steps 2 and 4 (the fine-tune source; conftest.py, shared)."""
+    return tiny_run[1]
 
 
 def _finetune(tmp_path: Path, src: Path) -> Path:

@@ -127,7 +127,7 @@ def _fresh(cfg, hf):
     raw = cfg.to_dict()
     raw["run"] = {**raw["run"], "name": "fresh-import"}
     raw["model"] = {"max_seq_len": cfg.model.max_seq_len}
-    raw["data"] = {**raw["data"], "tokenizer": "gpt2"}
+    raw["data"] = {k: v for k, v in raw["data"].items() if k != "tokenizer"}  # taken from `hf`, as the run did
     raw["train"] = {**raw["train"], "init_from": str(hf)}
     return from_dict(raw)
 

@@ -10,7 +10,7 @@ import pytest
 from test_checkpoint_parallel import NO_DROPOUT, _check_continuation, _from_step_2, pretrain, recipe
 
 pytestmark = pytest.mark.slow
-LORA = ["train.lora.rank=4", "train.lora.alpha=8", "train.lr=0.01"]
+LORA = ["train.lora.rank=4", "train.lora.alpha=8", "train.lora.random_base=true", "train.lr=0.01"]
 
 
 def test_tp2_lora_checkpoint_continues_under_pp2_zero1(tmp_path):

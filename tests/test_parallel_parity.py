@@ -56,9 +56,9 @@ EXTRA = {
     "qwen_compile": {"train": {"compile": True, "activation_checkpointing": "selective"}},
     "qwen_sp": {"parallel": {"sequence_parallel": True}},
     # LoRA (tests/test_lora_parallel.py): adapters on every block linear, the base frozen
-    "qwen_lora": {"train": {"lora": {"rank": 4, "alpha": 8.0}}},
-    "gpt_lora": {"train": {"lora": {"rank": 4, "alpha": 8.0}}},
-    "qwen_lorasp": {"train": {"lora": {"rank": 4, "alpha": 8.0}}, "parallel": {"sequence_parallel": True}},
+    "qwen_lora": {"train": {"lora": {"rank": 4, "alpha": 8.0, "random_base": True}}},
+    "gpt_lora": {"train": {"lora": {"rank": 4, "alpha": 8.0, "random_base": True}}},
+    "qwen_lorasp": {"train": {"lora": {"rank": 4, "alpha": 8.0, "random_base": True}}, "parallel": {"sequence_parallel": True}},
 }
 for _name in EXTRA:
     MODELS[_name] = MODELS[_name.split("_")[0]]

@@ -8,30 +8,17 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from serve_helpers import ThreadServer, train_tiny
+from serve_helpers import ThreadServer
 
 PROMPTS = ["The for statement", "A class", "import os", "def f(x):", "Lists implement", "while True", "Return the",
            "x = [1, 2"]
 KEY = "sk-test-5f0c9e1d"
 
 
-@pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, model_parallel):
-    return train_tiny(tmp_path_factory.mktemp("serve_api"))
 
 
-@pytest.fixture(scope="module")
-def served(run_dir):
-    from serve.loading import load_served
-
-    return load_served(run_dir, device="cpu")
 
 
-@pytest.fixture(scope="module")
-def server(served):
-    srv = ThreadServer(served, max_batch=4)
-    yield srv
-    srv.close()
 
 
 def sample_cli(run_dir, capsys, *args) -> list[dict]:
@@ -88,11 +75,11 @@ def _request(srv, prompt, ext, streaming):
     return ch["text"], ch["setdlm"]["tokens"]
 
 
-def test_greedy_equals_setdlm_sample_alone_and_with_8_concurrent_clients(run_dir, server, capsys):
+def test_greedy_equals_setdlm_sample_alone_and_with_8_concurrent_clients(serve_run, server, capsys):
     settings = [({}, []), ({"threshold": 0.0}, ["--threshold", "0"])]
     want = {}
     for ext, flags in settings:
-        ref = sample_cli(run_dir, capsys, "--max-new-tokens", 12, *flags, *[a for p in PROMPTS for a in ("--prompt", p)])
+        ref = sample_cli(serve_run, capsys, "--max-new-tokens", 12, *flags, *[a for p in PROMPTS for a in ("--prompt", p)])
         for p, r in zip(PROMPTS, ref):
             want[(p, json.dumps(ext))] = (r["text"], r["tokens"])
     assert len({v[0] for v in want.values()}) > len(PROMPTS)  # outputs depend on prompt and setting
@@ -105,16 +92,16 @@ def test_greedy_equals_setdlm_sample_alone_and_with_8_concurrent_clients(run_dir
     assert got == [want[(p, json.dumps(ext))] for p, ext, _ in jobs]
 
 
-def test_infill_and_stop_strings_equal_setdlm_sample(run_dir, server, capsys):
-    [ref] = sample_cli(run_dir, capsys, "--prompt", "def f(", "--infill", 6, "--suffix", ") return x")
+def test_infill_and_stop_strings_equal_setdlm_sample(serve_run, server, capsys):
+    [ref] = sample_cli(serve_run, capsys, "--prompt", "def f(", "--infill", 6, "--suffix", ") return x")
     body = {"prompt": "def f(", "temperature": 0, "setdlm": {"infill": {"suffix": ") return x", "length": 6}}}
     ch = post(server, body).json()["choices"][0]
     assert (ch["text"], ch["setdlm"]["tokens"]) == (ref["text"], ref["tokens"]) and len(ref["tokens"]) == 6
     r = streamed_result(stream(server, body))
     assert (r["text"], r["tokens"], r["rebuilt"]) == (ref["text"], ref["tokens"], ref["tokens"])
-    [free] = sample_cli(run_dir, capsys, "--prompt", "A class", "--max-new-tokens", 16)
+    [free] = sample_cli(serve_run, capsys, "--prompt", "A class", "--max-new-tokens", 16)
     stop = free["text"][5:8]
-    [cut] = sample_cli(run_dir, capsys, "--prompt", "A class", "--max-new-tokens", 16, "--stop", stop)
+    [cut] = sample_cli(serve_run, capsys, "--prompt", "A class", "--max-new-tokens", 16, "--stop", stop)
     assert cut["stop_reason"] == "stop_string" and stop not in cut["text"]
     body = {"prompt": "A class", "max_tokens": 16, "temperature": 0, "stop": stop}
     ch = post(server, body).json()["choices"][0]
@@ -122,10 +109,10 @@ def test_infill_and_stop_strings_equal_setdlm_sample(run_dir, server, capsys):
     assert streamed_result(stream(server, body))["text"] == cut["text"]  # the stop string is never streamed
 
 
-def test_max_tokens_past_the_model_positions_decode_as_setdlm_sample(run_dir, server, capsys):
+def test_max_tokens_past_the_model_positions_decode_as_setdlm_sample(serve_run, server, capsys):
     """Prompt + max_tokens past the model's 64 positions: decoded as `setdlm sample` decodes it (the cache
     drops its oldest entries), up to the server's budget of 128 tokens per output."""
-    [ref] = sample_cli(run_dir, capsys, "--prompt", "The for statement", "--max-new-tokens", 90, "--ignore-eos")
+    [ref] = sample_cli(serve_run, capsys, "--prompt", "The for statement", "--max-new-tokens", 90, "--ignore-eos")
     body = {"prompt": "The for statement", "max_tokens": 90, "temperature": 0, "setdlm": {"ignore_eos": True}}
     resp = post(server, body)
     assert resp.status_code == 200, resp.text

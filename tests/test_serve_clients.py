@@ -9,24 +9,13 @@ import json
 import httpx
 import pytest
 
-from serve_helpers import ThreadServer, train_tiny
 
 NEUTRAL = dict(logprobs=None, echo=False, presence_penalty=0, frequency_penalty=0, best_of=1, logit_bias={},
                suffix=None)
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory, model_parallel):
-    from serve.loading import load_served
-
-    return load_served(train_tiny(tmp_path_factory.mktemp("serve_clients")), device="cpu")
 
 
-@pytest.fixture(scope="module")
-def server(served):
-    srv = ThreadServer(served, max_batch=4)
-    yield srv
-    srv.close()
 
 
 @pytest.fixture(scope="module")

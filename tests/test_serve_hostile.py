@@ -6,27 +6,14 @@ import asyncio
 import threading
 import time
 
-import aiohttp
-import httpx
 import pytest
 
-from serve_helpers import ThreadServer, train_tiny
+aiohttp = pytest.importorskip("aiohttp", reason="setdlm serve needs aiohttp (the serve extra)")
+httpx = pytest.importorskip("httpx", reason="the serving tests need httpx")
+
+from serve_helpers import ThreadServer  # noqa: E402
 
 C, CHAT = "/v1/completions", "/v1/chat/completions"
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory, model_parallel):
-    from serve.loading import load_served
-
-    return load_served(train_tiny(tmp_path_factory.mktemp("serve_hostile")), device="cpu")
-
-
-@pytest.fixture(scope="module")
-def server(served):
-    srv = ThreadServer(served, max_batch=4)
-    yield srv
-    srv.close()
 
 
 def raw(srv, path, body: bytes) -> httpx.Response:

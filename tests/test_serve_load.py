@@ -7,11 +7,11 @@ import json
 import re
 import time
 
-import aiohttp
 import httpx
 import pytest
 
-from serve_helpers import ThreadServer, train_tiny
+aiohttp = pytest.importorskip("aiohttp", reason="setdlm serve needs aiohttp (the serve extra)")
+
 
 PROMPTS = ["The for statement", "A class", "import os", "def f(x):", "Lists implement", "while True", "Return the",
            "x = [1, 2"]
@@ -19,18 +19,8 @@ LENGTHS = [4, 9, 16, 30]
 REQUESTS, CLIENTS, DEADLINE_S = 160, 16, 60.0
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory, model_parallel):
-    from serve.loading import load_served
-
-    return load_served(train_tiny(tmp_path_factory.mktemp("serve_load")), device="cpu")
 
 
-@pytest.fixture(scope="module")
-def server(served):
-    srv = ThreadServer(served, max_batch=4)
-    yield srv
-    srv.close()
 
 
 def plan(i: int) -> dict:

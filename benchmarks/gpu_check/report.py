@@ -54,12 +54,24 @@ def _table(rows: list[dict], cols: list[tuple[str, str]]) -> list[str]:
 
 def markdown(report: dict) -> str:
     env = report.get("env") or {}
-    head = (f"# GPU check report ({'CPU SMOKE RUN: numbers mean nothing' if report['smoke'] else 'GPU run'})\n\n"
+    reh = report.get("rehearsal")
+    kind = ("REHEARSAL on the CPU in a venv built like the GPU image: numbers mean nothing" if reh else
+            "CPU SMOKE RUN: numbers mean nothing" if report["smoke"] else "GPU run")
+    head = (f"# GPU check report ({kind})\n\n"
             f"{report['started']} UTC, {env.get('device_name', 'device unknown')}, torch {env.get('torch', '?')} "
             f"(CUDA {env.get('cuda', '-')}), driver {env.get('driver', '-')}, Python {env.get('python', '?')}; "
             f"{report['elapsed_s']:.0f}s of a {report['budget_s']:.0f}s budget.\n")
+    if reh and reh.get("emulated_python"):
+        head += (f"\nNo Python 3.12 was found here: the image's package set was emulated on Python "
+                 f"{reh['python']}.\n")
+    out = [head]
+    if reh is not None:
+        rwhy = reh.get("verdict")
+        out += ["## Rehearsal: " + ("still running" if rwhy is None else "FAILED" if rwhy else
+                                    "passed (every part ok or partial, every gpu test collected)"), ""]
+        out += [f"- {reason}" for reason in rwhy or []] + ([""] if rwhy else [])
     why = report.get("verdict")  # None until every part has run
-    out = [head, "## Verdict: " + ("still running" if why is None else "FAILED" if why else "passed"), ""]
+    out += ["## Verdict: " + ("still running" if why is None else "FAILED" if why else "passed"), ""]
     out += [f"- {reason}" for reason in why or []] + ([""] if why else [])
     out += ["## Parts", ""]
     out += _table([{"part": k, **{kk: vv for kk, vv in v.items() if kk in ("status", "seconds", "limit_s", "reason")}}

@@ -7,6 +7,7 @@ import json
 import time
 
 MARK = "GPU_REPORT_ROW "  # a part prints one JSON row per line after this marker
+CUT = "cut"  # a row key: True when the part's time ran out before the row was (fully) measured
 
 
 def emit(row: dict) -> None:
@@ -24,8 +25,15 @@ def parse(line: str) -> dict | None:
 
 
 class Deadline:
-    def __init__(self, seconds: float):
-        self.end = time.monotonic() + seconds
+    """A part's deadline: wall-clock seconds since the epoch (`--deadline-at`, set by the orchestrator
+    just before it starts the part's process, so the part's imports spend from it too)."""
+
+    def __init__(self, at: float):
+        self.at = at
+
+    @classmethod
+    def of(cls, args) -> "Deadline":
+        return cls(float(args.deadline_at) if args.deadline_at else time.time() + float(args.deadline))
 
     def left(self) -> float:
-        return self.end - time.monotonic()
+        return self.at - time.time()

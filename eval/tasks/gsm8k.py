@@ -63,10 +63,14 @@ class GSM8KOptions(GenerationOptions):
     fewshot_data: PathText | None = Field(None, description=(
         "JSONL to draw few-shot examples from (with --data hub: its train split)"))
     backend: Literal["auto", "lm-eval", "direct"] = Field("auto", description="auto: lm-eval when installed, else direct")
-    prompt_format: Literal["plain", "chatml", "tokenizer"] = Field("plain", description=(
+    prompt_format: Literal["plain", "chatml", "tokenizer"] | None = Field(None, description=(
         "plain: the Question/Answer template; chatml: the question as a user turn in the ChatML template of "
-        "`setdlm data prepare --template chatml`; tokenizer: the tokenizer's chat template (else ChatML); with "
-        "--backend lm-eval the chat formats run lm-eval's own gsm8k task with apply_chat_template (docs/finetune.md)"))
+        "`setdlm data prepare --template chatml`; tokenizer: the tokenizer's chat template (else ChatML, or "
+        "--chat-template); with --backend lm-eval the chat formats run lm-eval's own gsm8k task with "
+        "apply_chat_template (docs/finetune.md). Unset: plain (tokenizer with --protocol paper or --chat-template)"))
+    chat_template: PathText | None = Field(None, description=(
+        "a Jinja chat template file for --prompt-format tokenizer instead of the tokenizer's own (e.g. the one "
+        "`setdlm data prepare --chat-template` fine-tuned with; a model without a template of its own needs it)"))
     protocol: Literal["paper"] | None = Field(None, description=(
         "paper: the paper's GSM8K protocol: lm-eval's gsm8k task, apply_chat_template with the tokenizer's template, "
         "0-shot, greedy, --max-new-tokens 1024"))
@@ -76,24 +80,32 @@ class GSM8KOptions(GenerationOptions):
 
 
 def paper_protocol(args):
-    """`args` with --protocol paper's settings (PAPER); an option that contradicts it is refused."""
+    """`args` with --protocol paper's settings (PAPER) and the prompt format resolved (unset: plain,
+    or tokenizer with --protocol paper or --chat-template); an option that contradicts either is refused."""
+    fmt = args.prompt_format
+    if args.chat_template is not None and fmt not in (None, "tokenizer"):
+        raise EvalError(f"--chat-template: renders --prompt-format tokenizer, not --prompt-format {fmt}; drop one")
     if args.protocol != "paper":
-        return args
+        fmt = fmt or ("tokenizer" if args.chat_template is not None else "plain")
+        return dataclasses.replace(args, prompt_format=fmt)
     clash = [f"--{k.replace('_', '-')} {getattr(args, k)}" for k, v in PAPER.items()
              if k not in ("prompt_format", "backend") and getattr(args, k) not in (None, v)]
     if args.backend == "direct":
         clash.append("--backend direct")
+    if fmt == "plain":
+        clash.append("--prompt-format plain")
     if clash:
-        raise EvalError(f"--protocol paper: {', '.join(clash)} contradicts it (lm-eval's gsm8k, 0-shot, greedy, "
-                        f"1024 new tokens); drop {'them' if len(clash) > 1 else 'it'}")
-    fmt = args.prompt_format if args.prompt_format != "plain" else PAPER["prompt_format"]
-    return dataclasses.replace(args, **{**PAPER, "prompt_format": fmt})
+        raise EvalError(f"--protocol paper: {', '.join(clash)} contradicts it (lm-eval's gsm8k rendered with the "
+                        f"tokenizer's chat template, 0-shot, greedy, 1024 new tokens); drop "
+                        f"{'them' if len(clash) > 1 else 'it'}, or drop --protocol paper to evaluate otherwise")
+    return dataclasses.replace(args, **{**PAPER, "prompt_format": fmt or PAPER["prompt_format"]})
 
 
 class GSM8KTask(GenerationTask):
     name = "gsm8k"
     help = "GSM8K final-answer accuracy (zero/few-shot; lm-evaluation-harness or direct)"
-    headline = ("accuracy", "format_rate", "n", "skipped_overlong", "speed/tokens_per_s", "speed/tokens_per_step")
+    headline = ("accuracy", "format_rate", "n", "skipped_overlong", "max_new_tokens", "speed/tokens_per_s",
+                "speed/tokens_per_step")
     options = GSM8KOptions
     overflow = True  # the cached families decode past max_seq_len: only the prompt must fit
 
@@ -113,9 +125,11 @@ class GSM8KTask(GenerationTask):
         if self.chat:
             if self.tokenizer is None:
                 raise EvalError(f"--prompt-format {args.prompt_format}: needs a tokenizer (--checkpoint)")
-            from ..chat_prompt import ChatPrompts
+            from ..chat_prompt import ChatPrompts, read_template
 
-            self.chat_prompts = ChatPrompts(self.tokenizer, args.prompt_format)
+            template = read_template(args.chat_template) if args.chat_template is not None else None
+            self.chat_prompts = ChatPrompts(self.tokenizer, args.prompt_format, template=template,
+                                            template_name=args.chat_template, paper=args.protocol == "paper")
         self.examples = load_gsm8k(args.data)
         if args.limit:
             self.examples = self.examples[: args.limit]
@@ -159,14 +173,40 @@ class GSM8KTask(GenerationTask):
                                     f"{longest}{' (zero-shot estimate)' if self.backend == 'lm-eval' and self.args.fewshot else ''})")
         if self.sampling is not None:
             self.sampling.max_new_tokens = int(self.new_tokens)
+        self._check_budget()
         self.check_fits()  # MDLM: a budget that leaves no room is named before the prompts are
-        if self.backend != "direct":
+        if self.backend != "direct":  # the harness's prompts are fitted when it builds them (eval/lmeval.py)
+            self.overlong = {"policy": self.args.overlong, "max_seq_len": L,
+                             "applied": "at run time, to the harness's prompts (the counts are in the metrics)"}
             return
         floors = None
         if self.chat and self.args.overlong == "truncate":
             floors = [self.chat_prompts.floor(p) + self.span_room() for p in prompts]
         self.examples = self.fit(self.examples, [s + self.span_room() for s in sizes], floors=floors,
                                  what=f"problems (prompt, few-shot examples included{self._with_new()})")
+
+    def _check_budget(self) -> None:
+        """The decoded-token budget against what an answer takes: the median token count of the
+        problems' reference solutions (their reasoning and the `#### n` line). A budget below it is a
+        warning, printed at start, recorded in the spec and the metrics, and shown by summary.md."""
+        lengths = sorted(len(self.tokenizer.encode(e["answer"])) for e in self.examples)
+        self.answer_tokens = lengths[(len(lengths) - 1) // 2] if lengths else None
+        self.budget_warning = None
+        if self.answer_tokens and self.new_tokens < self.answer_tokens:
+            fix = (f"the model's max_seq_len {self.limit} holds prompt and answer (MDLM); use a model with a longer "
+                   f"context" if self.holds_span else
+                   f"set --max-new-tokens (SW-SetDLM, BD3-LM and AR decode past max_seq_len {self.limit})")
+            self.budget_warning = (f"{self.new_tokens} new tokens per problem ({self.new_tokens_from}) is below what an "
+                                   f"answer needs: the reference solutions take {self.answer_tokens} tokens (median), so "
+                                   f"most generations stop before their '#### n' line; {fix}")
+
+    def notes(self) -> list[str]:
+        """Lines printed when the run starts: the decoded-token budget, and its warning."""
+        if self.ckpt is None:
+            return []
+        lines = [f"decoding budget: {self.new_tokens} new tokens per problem ({self.new_tokens_from}); the reference "
+                 f"solutions take {self.answer_tokens} tokens (median)"]
+        return lines + ([f"warning: {self.budget_warning}"] if self.budget_warning else [])
 
     def span_room(self) -> int:
         return int(self.new_tokens) if self.holds_span else 0
@@ -205,7 +245,8 @@ class GSM8KTask(GenerationTask):
         s.update(data=self.args.data, fewshot=self.args.fewshot, fewshot_data=self.args.fewshot_data,
                  backend=self.backend, template=self.args.prompt_format if self.chat else TEMPLATE,
                  n=len(self.examples), protocol=self.args.protocol, max_new_tokens=self.new_tokens,
-                 max_new_tokens_from=self.new_tokens_from,
+                 max_new_tokens_from=self.new_tokens_from, answer_tokens_median=getattr(self, "answer_tokens", None),
+                 budget_warning=getattr(self, "budget_warning", None),
                  context=("prompt + new tokens fit max_seq_len (MDLM)" if self.holds_span else
                           "the prompt fits max_seq_len; decoding past it drops the oldest cache entries"))
         if self.chat_prompts is not None:
@@ -271,13 +312,14 @@ class GSM8KTask(GenerationTask):
         return recs
 
     def run_unit(self, unit: Unit) -> list[dict]:
-        prompts, cuts = [], []
+        texts, inputs, cuts = [], [], []
         for e in unit.payload:
             p = self.prompt(e)
             ids, cut = self.fitted(self.ids(p) if self.chat else p, p if self.chat else None)
-            prompts.append(ids)
+            texts.append(self.chat_prompts.text(p) if self.chat else p)  # the record's prompt is text in every format
+            inputs.append(ids)
             cuts.append(cut)
-        return self._records(unit, unit.payload, prompts, self.sampling_extra()["stop"], cuts=cuts)
+        return self._records(unit, unit.payload, texts, self.sampling_extra()["stop"], inputs=inputs, cuts=cuts)
 
     # -- lm-eval -------------------------------------------------------------------------------
     def execute(self, run, after_unit=None) -> dict:
@@ -296,7 +338,11 @@ class GSM8KTask(GenerationTask):
             rules[r["rule"]] = rules.get(r["rule"], 0) + 1
         m = {"accuracy": mean([float(r["correct"]) for r in ran]), "n": len(ran),
              "format_rate": mean([float(r["rule"] == "####") for r in ran]),  # a "#### n" final-answer line
-             "extraction": rules, "backend": spec.get("backend"), "fewshot": spec.get("fewshot")}
+             "extraction": rules, "backend": spec.get("backend"), "fewshot": spec.get("fewshot"),
+             "max_new_tokens": spec.get("max_new_tokens"), "answer_tokens_median": spec.get("answer_tokens_median"),
+             "stopped_at_budget": sum(r.get("stop_reason") == "length" for r in ran)}
+        if spec.get("budget_warning"):
+            m["max_new_tokens_warning"] = spec["budget_warning"]
         m.update(overlong_metrics(records, spec))  # problems skipped, or prompts (few-shot included) cut, to fit
         m.update(speed_metrics(ran))
         if spec.get("backend") == "lm-eval" and out is not None:

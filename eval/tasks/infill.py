@@ -25,7 +25,7 @@ from common.schema import Field, PathText, like
 
 from ..data import load_rocstories
 from ..errors import EvalError
-from ..metrics import mean, rouge
+from ..metrics import mean, rouge, require_extra
 from ..options import GenerationOptions, eval_options, infill_window
 from ..overlong import overlong_metrics
 from ..units import Unit
@@ -61,6 +61,7 @@ class InfillTask(GenerationTask):
     options = InfillOptions
 
     def __init__(self, args, shard, predictor=None):
+        require_extra("rouge_score", "rouge-score", "infill: ROUGE")  # before the checkpoint and the data are read
         self.preset = PRESETS[args.preset]
         super().__init__(args, shard, predictor)
         self.stories = load_rocstories(args.data)

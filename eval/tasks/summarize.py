@@ -13,7 +13,7 @@ from common.schema import Field, PathText, TextList
 
 from ..data import load_cnndm
 from ..errors import EvalError, OptionError
-from ..metrics import ROUGE_TYPES, mean, rouge
+from ..metrics import ROUGE_TYPES, mean, rouge, require_extra
 from ..options import GenerationOptions, eval_options
 from ..overlong import overlong_metrics
 from ..units import Unit
@@ -42,6 +42,7 @@ class SummarizeTask(GenerationTask):
     options = SummarizeOptions
 
     def __init__(self, args, shard, predictor=None):
+        require_extra("rouge_score", "rouge-score", "summarize: ROUGE")  # before the checkpoint and the data are read
         super().__init__(args, shard, predictor)
         if self.tokenizer is not None and self.ckpt is not None:
             self.prompt("")  # a --max-new-tokens that leaves no room for an article fails before the model loads

@@ -16,7 +16,7 @@ from common.schema import Field, PathText, like
 
 from ..errors import EvalError
 from ..featurize import Featurizer, decode_features, encode_features
-from ..metrics import mauve_report, mean, unigram_entropy
+from ..metrics import mauve_report, mean, unigram_entropy, require_extra
 from ..options import GenerationOptions, eval_options
 from ..scoring import Scorer
 from ..units import Unit
@@ -46,6 +46,7 @@ class UncondTask(GenerationTask):
     options = UncondOptions
 
     def __init__(self, args, shard, predictor=None):
+        require_extra("mauve", "mauve-text", "uncond: MAUVE")  # before the checkpoint and the data are read
         super().__init__(args, shard, predictor)
         self.length = args.length or (self.ckpt.cfg.data.seq_len if self.ckpt else args.max_new_tokens)
         if self.sampling is not None:

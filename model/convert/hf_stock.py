@@ -41,8 +41,9 @@ def _need(config: dict, key: str, where: Path):
     return config[key]
 
 
-def read_config(d) -> dict:
-    """config.json of a supported Hugging Face causal-LM directory, or a ConvertError saying why not."""
+def read_config(d, need_weights: bool = True) -> dict:
+    """config.json of a supported Hugging Face causal-LM directory, or a ConvertError saying why not
+    (need_weights=False: the architecture only, e.g. a release's base model given by its config.json)."""
     d = Path(d)
     if not d.is_dir():
         raise ConvertError(f"{d}: no such directory (expected a Hugging Face model directory with config.json "
@@ -78,7 +79,8 @@ def read_config(d) -> dict:
     if bool(config.get("attention_bias", False)) != bool(config.get("mlp_bias", config.get("attention_bias", False))):
         raise ConvertError(f"{f}: attention_bias={config.get('attention_bias')} with mlp_bias={config.get('mlp_bias')}: "
                            "this transformer has one bias switch for every linear layer (model.bias)")
-    weight_files(d)
+    if need_weights:
+        weight_files(d)
     return config
 
 

@@ -11,6 +11,8 @@ custom `setdlm` code (hf_config.py).
 The export's vocabulary is the training tokenizer's (MASK included, as the tokenizer saved with it
 has it); a stock model has no -inf bias on MASK, so its MASK logit is finite where setdlm's is -inf
 (an AR model never trains towards MASK, which pushes that logit down). Every other logit is setdlm's.
+generation_config.json suppresses MASK (`suppress_tokens`), so transformers' `generate()` never picks
+it and gives setdlm's greedy tokens even where the MASK logit would be the largest.
 """
 
 from __future__ import annotations
@@ -113,8 +115,10 @@ def stock_config(model_cfg, model_type: str, *, tokenizer_meta: dict | None = No
 
 
 def generation_config(tokenizer_meta: dict | None, max_new_tokens: int = 256) -> dict:
-    """generation_config.json of a stock export: greedy, stopping at the tokenizer's EOS."""
+    """generation_config.json of a stock export: greedy, stopping at the tokenizer's EOS, the MASK token
+    suppressed (setdlm's logits give it -inf; a stock head does not)."""
     tok = tokenizer_meta or {}
     return {"bos_token_id": tok.get("bos_id"), "eos_token_id": tok.get("eos_id"),
             "pad_token_id": tok.get("pad_id") if tok.get("pad_id") is not None else tok.get("eos_id"),
-            "do_sample": False, "max_new_tokens": max_new_tokens}
+            "do_sample": False, "max_new_tokens": max_new_tokens,
+            **({"suppress_tokens": [int(tok["mask_id"])]} if tok.get("mask_id") is not None else {})}

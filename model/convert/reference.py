@@ -179,13 +179,25 @@ def dit_to_training(sd: dict, arch: dict, sigma: float = 0.0) -> dict[str, torch
     return {k: v.contiguous() for k, v in out.items()}
 
 
-def model_section(arch: dict, vocab_size: int, mask_id: int, seq_len: int) -> dict:
-    """The recipe's `model:` section for an imported DiT (paper shapes: pre-LayerNorm, GELU, RoPE 10000)."""
+def model_section(arch: dict, vocab_size: int, mask_id: int, seq_len: int, dropout: float = 0.1) -> dict:
+    """The recipe's `model:` section for an imported DiT (paper shapes: pre-LayerNorm, GELU, RoPE 10000;
+    dropout as the checkpoint's backbone_config records it)."""
     return {"n_layers": arch["n_layers"], "hidden": arch["hidden"], "n_heads": arch["n_heads"],
             "ffn_hidden": arch["ffn_hidden"], "norm": "layernorm", "norm_eps": 1e-5, "activation": "gelu",
-            "qk_norm": False, "bias": True, "head_bias": True, "rope_base": 10000.0, "dropout": 0.1,
+            "qk_norm": False, "bias": True, "head_bias": True, "rope_base": 10000.0, "dropout": float(dropout),
             "vocab_size": int(vocab_size), "mask_id": int(mask_id), "max_seq_len": int(seq_len),
             "tie_embeddings": False}
+
+
+def positive(v, name: str, where, cast=int):
+    """`v` as a positive number of type `cast`; a ConvertError naming `where` and `name` otherwise."""
+    try:
+        x = cast(v)
+    except (TypeError, ValueError):
+        raise ConvertError(f"{where}: {name}={v!r} is not {'an integer' if cast is int else 'a number'}") from None
+    if x <= 0:
+        raise ConvertError(f"{where}: {name}={v!r} must be positive")
+    return x
 
 
 def family_from_config(config: dict) -> str | None:
@@ -206,15 +218,7 @@ def schedule_from_config(config: dict, length: int) -> dict:
     nc = config.get("noise_config") if isinstance(config.get("noise_config"), dict) else {}
 
     def num(v, name, cast=int):
-        if v is None:
-            return None
-        try:
-            x = cast(v)
-        except (TypeError, ValueError):
-            raise ConvertError(f"reference config.json: {name}={v!r} is not a number") from None
-        if x <= 0:
-            raise ConvertError(f"reference config.json: {name}={v!r} must be positive")
-        return x
+        return None if v is None else positive(v, name, "reference config.json", cast)
 
     out: dict = {}
     d = num(nc.get("desired_block_size", config.get("desired_block_size")), "noise_config.desired_block_size")

@@ -23,7 +23,8 @@ class SetDiffusionFamily(FamilySpec):
     decoder_path = "model.sampling.setdlm:SetDLMDecoder"
     mask_kind = "set_causal"
     two_stream = True
-    objective_keys = ("set_size", "s_max", "k", "order")
+    objective_keys = ("set_size", "s_max", "k", "order", "cache_order")
+    cache_orders = ("position", "first_hitting")  # first_hitting: the reference's setdlm_fht_cache_order
     bound = "order-sampled upper bound"
     estimator = "order-sampled upper bound (one order per sequence and draw)"
     order_mixture = True
@@ -40,7 +41,11 @@ class SetDiffusionFamily(FamilySpec):
             raise ConfigError(f"objective.s_max: S_max={_s_max(objective)} must be >= D={objective.set_size}")
 
     def sampling_defaults(self, objective) -> dict:
-        return {**super().sampling_defaults(objective), "s_max": _s_max(objective)}
+        out = {**super().sampling_defaults(objective), "s_max": _s_max(objective)}
+        order = _getter(objective)("cache_order", None)
+        if order and order != "position":  # the decoding mode the model was released with
+            out["cache_order"] = order
+        return out
 
     def infill_window(self, objective) -> int:
         return _s_max(objective)  # the paper infills with w = S_max
@@ -68,6 +73,7 @@ class SetDiffusionFamily(FamilySpec):
 
         sw = SlidingWindow.build(seq_len, objective.set_size, objective.s_max, objective.k)
         return dict(set_size=sw.set_size, s_max=sw.s_max, k=sw.k, b=sw.b, order=objective.order,
+                    cache_order=getattr(objective, "cache_order", "position"),
                     expected_budget=sw.expected_budget, k_explicit=objective.k is not None,
                     s_max_explicit=objective.s_max is not None)
 
@@ -78,6 +84,8 @@ class SetDiffusionFamily(FamilySpec):
             out["s_max"] = int(sd["s_max"])
         if sd.get("k_explicit"):
             out["k"] = float(sd["k"])
+        if sd.get("cache_order", "position") != "position":  # the decoding mode a release was evaluated in
+            out["cache_order"] = sd["cache_order"]
         return out
 
     def card_rows(self, schedule: dict) -> list:

@@ -67,6 +67,7 @@ class FamilySpec:
     exact_likelihood: bool = False  # the bound is the exact NLL (one draw suffices)
     order_mixture: bool = False  # per-order likelihoods of one sequence average into a tighter bound (nll_iw)
     bound_masks_subset: bool = False  # the bound draw predicts a masked subset (NELBO): count every predictable token
+    cache_orders: tuple[str, ...] = ("position",)  # orders a step's commits may enter the KV cache in
     compiled_decode: bool = True  # sampling.compile has a compiled step for it
     rereads_sequence: bool = False  # no KV cache: every step re-reads prompt + span, which must fit max_seq_len
     next_token: bool = False  # decodes the next token from the previous one (an empty prompt starts at EOS)
@@ -110,6 +111,9 @@ class FamilySpec:
 
     def validate_sampling(self, cfg) -> None:
         """Checks of a SamplingConfig that only this family has (ConfigError naming sampling.KEY)."""
+        if cfg.cache_order not in (None, *self.cache_orders):
+            raise ConfigError(f"sampling.cache_order: {cfg.cache_order} is not a cache order of the {self.name} sampler "
+                              f"(valid: {', '.join(self.cache_orders)}; or leave it unset)")
         if cfg.compile and not self.compiled_decode:
             raise ConfigError(f"sampling.compile: there is no compiled step for {self.name} (it decodes eagerly); "
                               "set compile: false")

@@ -14,10 +14,10 @@ from __future__ import annotations
 import torch
 
 from .processors import accept_top_k
-from .setdlm import SetDLMDecoder
+from .window import WindowDecoder
 
 
-class BD3LMDecoder(SetDLMDecoder):
+class BD3LMDecoder(WindowDecoder):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
         self.steps_per_block = self.cfg.steps_per_block or self.cfg.block_size

@@ -10,6 +10,7 @@ from common.errors import Error
 from common.schema import ConfigError, Field, section
 
 from .. import families
+from ..config import CACHE_ORDERS
 
 FAMILIES = families.names()
 # The SW-SetDLM window when neither the config nor the model gives one: D = 4, the set size of the
@@ -82,6 +83,10 @@ class SamplingConfig:
     window_min: int = Field(1, ge=1, description="adaptive window: lower bound")
     window_max: int | None = Field(None, ge=1, description=(
         "adaptive window: upper bound (null: 2 * window, capped at s_max)"))
+    cache_order: Literal[CACHE_ORDERS] | None = Field(None, description=(
+        "SW-SetDLM: order in which one step's accepted tokens enter the KV cache (and attend among themselves): "
+        "position, or first_hitting (the reference's setdlm_fht_cache_order, the paper's GSM8K mode); null: the "
+        "model's recorded mode (objective.cache_order of its run), else position"))
     s_max: int | None = Field(None, ge=1, description=(
         "SW-SetDLM: the model's S_max (2D, the most positions one step was trained on; from_objective sets it): "
         "window and window_max may not exceed it, and the default window_max is capped at it (null: no cap)"))
@@ -99,7 +104,10 @@ class SamplingConfig:
         (FamilySpec.sampling_defaults: family, w = D, block size, S_max), then `overrides`."""
         name = objective.get("name") if isinstance(objective, dict) else getattr(objective, "name", None)
         spec = families.get(name or families.SETDLM.name)
-        return cls(**{**spec.sampling_defaults(objective), **overrides})
+        kw = {**spec.sampling_defaults(objective), **overrides}
+        if kw.get("family") != spec.name and "cache_order" not in overrides:
+            kw.pop("cache_order", None)  # another family's sampler: the objective's cache order does not apply
+        return cls(**kw)
 
     @property
     def spec(self):

@@ -12,6 +12,10 @@ tokens (those committed by this forward plus its queries) exceed `max_seq_len`, 
 the lowest positions are dropped until it fits. A dropped token is never attended again; every
 token keeps what it saw when it was forwarded, so the recomputation gives each committed token only
 the tokens that were live at its own forward.
+
+Cache order (`SamplingConfig.cache_order`): a step's accepted tokens join the committed list in
+position order, or in descending first-hitting time (first_hitting.py; plain prompts only, as in the
+reference implementation, whose infilling caches in position order).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import time
 import torch
 
 from ..transformer import full_logits
+from .first_hitting import for_decode as first_hitting_times
 from .config import SampleOutput, SamplingConfig
 from .engine import Request, to_requests
 from .processors import accept_top1, accept_top_k, choose, presence
@@ -57,6 +62,8 @@ def _forward(model, ids, pos, mask, n_out):
 class Reference:
     def __init__(self, model, cfg: SamplingConfig, *, mask_id, eos_id, tokenizer, generator):
         self.model, self.cfg, self.mask_id = model, cfg, mask_id
+        many = cfg.threshold is not None and cfg.threshold < 1.0  # more than one commit per step: an order
+        self.fht = first_hitting_times(cfg, model, generator) if many else None
         self.tokenizer, self.generator = tokenizer, generator
         ids = list(cfg.stop_token_ids) + ([eos_id] if cfg.stop_on_eos and eos_id is not None else [])
         self.stop_ids = set(ids)
@@ -138,6 +145,9 @@ class Reference:
         if not spec.reference_step:
             raise ValueError(f"no recomputing reference for family {spec.name!r}")
         family_step = getattr(self, spec.reference_step)
+        if self.fht is not None and not r.infill and r.span:
+            t = self.fht.times(r.span).tolist()
+            row.fht = {len(r.prefix) + j: t[j] for j in range(r.span)}
         self.commit(row, [(t, p, 0) for t, p in zip(r.visible, r.visible_positions)], 0)
         if spec.next_token:  # the engine forwards the prompt's last token at the first step
             row.fwd[-1] = 1
@@ -169,7 +179,11 @@ class Reference:
         if cfg.adaptive_window:  # the documented rule: twice the tokens accepted, within the bounds
             row.win = min(max(2 * sum(acc), cfg.window_min), cfg.max_window)
         self.write(row, q, tok, acc, step)
-        self.commit(row, [(t, p, step) for t, p, a in zip(tok, q, acc) if a and p < row.end], step + 1)
+        entries = [(t, p, step) for t, p, a in zip(tok, q, acc) if a and p < row.end]
+        fht = getattr(row, "fht", None)
+        if fht is not None:  # first-hitting cache order: latest first-hitting time first
+            entries.sort(key=lambda e: -fht[e[1]])
+        self.commit(row, entries, step + 1)
 
     def bd3lm_step(self, row: _Row, step: int) -> None:
         B = self.cfg.block_size

@@ -1,11 +1,11 @@
 """SW-SetDLM decoding with a KV cache (SETDLM.md section 5), batched with ragged progress.
 
-One forward per step over p + w tokens per row: p `pending` slots (tokens accepted last step, packed
-left in ascending position order, causal among themselves, committed to the cache by this forward)
-followed by w query slots (MASK at the masked positions of [start, start + w), each seeing the cache,
-the valid pending tokens and itself; dropped from the cache). p = w with a threshold below 1, p = 1
-without one (then exactly one token is accepted per step). Everything is computed on the device; the
-step has fixed shapes [B, p + w] and updates the decoder's state tensors in place.
+The step is window.py's: p `pending` slots (tokens accepted last step, packed left in ascending
+position order, or in descending first-hitting time under `cache_order: first_hitting`
+(first_hitting.py), causal among themselves, committed to the cache by this forward) followed by w
+query slots (MASK at the masked positions of [start, start + w), each seeing the cache, the valid
+pending tokens and itself; dropped from the cache). p = w with a threshold below 1, p = 1 without one
+(then exactly one token is accepted per step).
 
 Adaptive window (`SamplingConfig.adaptive_window`): each row has its own window w_r in
 [window_min, window_max]; the forward always has window_max query slots, those at offsets >= w_r are
@@ -18,28 +18,22 @@ from __future__ import annotations
 import torch
 
 from ..masks import build_mask, with_key_padding
-from .engine import Decoder
+from .first_hitting import for_decode as first_hitting_times
 from .processors import accept_top1
+from .window import WindowDecoder
 
 
-class SetDLMDecoder(Decoder):
+class SetDLMDecoder(WindowDecoder):
     def __init__(self, *args, **kw):
         super().__init__(*args, **kw)
-        self.w = self.slot_count()
-        self.p = self.pending_count()
-        w, p, dev, S = self.w, self.p, self.device, self.S
-        self.offsets = torch.arange(w, device=dev)
-        self.pend_ids = torch.full((S, p), self.mask_id, dtype=torch.long, device=dev)
-        self.pend_pos = torch.zeros(S, p, dtype=torch.long, device=dev)
-        self.pend_valid = torch.zeros(S, p, dtype=torch.bool, device=dev)
+        dev, S = self.device, self.S
         self.win = torch.full((S,), self.cfg.initial_window, dtype=torch.long, device=dev)
-        self.template = self.step_template().to(dev)
-        self.eye = torch.eye(p + w, dtype=torch.bool, device=dev)
-        self.query_mask_ids = torch.full((S, w), self.mask_id, dtype=torch.long, device=dev)
-        self.no_commit = torch.zeros(S, w, dtype=torch.bool, device=dev)
-        self.cache = self.new_slot_cache(p + w)
+        self.query_mask_ids = torch.full((S, self.w), self.mask_id, dtype=torch.long, device=dev)
+        # first-hitting cache order: each slot's times over the canvas (None: position order)
+        self.fht_draw = first_hitting_times(self.cfg, self.model, self.generator) if self.p > 1 else None
+        self.fht = torch.zeros(S, self.L + 1, dtype=torch.float64, device=dev) if self.fht_draw else None
 
-    # -- policy hooks (BD3-LM overrides them) ----------------------------------------------------
+    # -- the hooks of window.py ----------------------------------------------------------------------
     def slot_count(self) -> int:
         return self.cfg.max_window
 
@@ -78,56 +72,41 @@ class SetDLMDecoder(Decoder):
             self.win.copy_(torch.where(active.any(1), new, self.win))
         return accept
 
-    def context_tokens(self, active: torch.Tensor, q_keys: torch.Tensor) -> torch.Tensor:
-        """[B, w] the query slots that count towards the context (the reference forwards only these)."""
-        return active
-
     def next_pending(self, tok, pos, accept):
-        """Tokens to commit next step: the accepted ones, packed left in ascending position order."""
+        """Tokens to commit next step: the accepted ones, packed left in ascending position order (or in
+        descending first-hitting time)."""
         if self.p == 1:  # at most one accepted: the first accepted slot (or an invalid one)
             order = accept.to(torch.int8).argmax(1, keepdim=True)
+        elif self.fht is not None:
+            key = torch.where(accept, self.fht.gather(1, pos.clamp(max=self.L)), float("-inf"))
+            order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, : self.p]
         else:
             order = torch.sort((~accept).to(torch.int8), dim=1, stable=True).indices[:, : self.p]
         return tok.gather(1, order), pos.gather(1, order), accept.gather(1, order)
 
     # -- decoding ---------------------------------------------------------------------------------
     def reset_slots(self, st, reqs) -> None:
-        self.pend_valid[st] = False
+        super().reset_slots(st, reqs)
         self.win[st] = self.cfg.initial_window
+        if self.fht is not None:
+            self.fht[st] = self.first_hitting_rows(reqs)
 
-    def prefill(self, st, slots, reqs) -> None:
-        ids, pos, valid = self.visible_batch(reqs, left_pad=True)
-        self.prefill_cache(st, slots, ids, pos, self.prefill_mask(pos, valid), valid)
-        self.set_cached(slots, [len(r.visible) for r in reqs])
-
-    def device_step(self) -> None:
-        p, w = self.p, self.w
-        q_ids, q_pos, pos, active, q_keys = self.queries()
-        pv = self.pend_valid & (self.pend_pos < self.span_end[:, None])
-        self.fit_context(pv.sum(1) + self.context_tokens(active, q_keys).sum(1))
-        ids = torch.cat((self.pend_ids, q_ids), 1)
-        positions = torch.cat((self.pend_pos, q_pos), 1)
-        keys = torch.cat((pv, q_keys), 1)
-        mask = ((self.template & keys[:, None, :]) | self.eye)[:, None]
-        commit = torch.cat((pv, self.no_commit), 1)
-        if self.cpu_head:
-            hidden = self.model(ids, positions, mask, cache=self.cache, commit=commit, head=False)
-            tok, conf = self.head_choose(hidden[:, p:], active)
-        else:
-            tok, conf = self.choose(self.logits(ids, positions, mask, cache=self.cache, commit=commit,
-                                                logits_slice=slice(p, p + w)))
-        accept = self.accept(conf, active)
-        self.steps += active.any(1)
-        self.write(pos, tok, accept)
-        self.after_write(tok, pos, accept, active)
+    def first_hitting_rows(self, reqs) -> torch.Tensor:
+        """[n, L + 1] each request's first-hitting times at its span positions (infilling, which the
+        reference caches in position order: times falling with position)."""
+        rows = torch.zeros(len(reqs), self.L + 1, dtype=torch.float64)
+        for b, r in enumerate(reqs):
+            k = len(r.prefix)
+            if r.infill:
+                rows[b] = -torch.arange(self.L + 1, dtype=torch.float64)
+            elif r.span:
+                rows[b, k : k + r.span] = self.fht_draw.times(r.span).cpu()
+        return rows.to(self.device)
 
     def window_bounds(self):
         start = self.todo.int().argmax(1)
         width = self.win if self.cfg.adaptive_window else self.w
         return start, torch.minimum(start + width, self.span_end)
-
-    def after_step(self) -> None:
-        self.grow_bound(self.p)  # at most p entries were appended per row
 
     def after_write(self, tok, pos, accept, active) -> None:
         ids, pos, valid = self.next_pending(tok, pos, accept)
@@ -137,6 +116,6 @@ class SetDLMDecoder(Decoder):
 
     def select_rows(self, keep: torch.Tensor) -> None:
         super().select_rows(keep)
-        self.pend_ids, self.pend_pos, self.pend_valid = self.pend_ids[keep], self.pend_pos[keep], self.pend_valid[keep]
-        self.query_mask_ids, self.no_commit, self.win = self.query_mask_ids[keep], self.no_commit[keep], self.win[keep]
-        self.cache.reorder(keep)
+        self.query_mask_ids, self.win = self.query_mask_ids[keep], self.win[keep]
+        if self.fht is not None:
+            self.fht = self.fht[keep]

@@ -39,6 +39,7 @@ def checkpoint_weights(ckpt: Path, meta: dict, *, ema: bool = True, merge_lora: 
     plain model's; `merge_lora=False` keeps them (names `....lora.A` / `.lora.B`)."""
     ckpt = Path(ckpt)
     cons = ckpt / rundir.CONSOLIDATED
+    ema_where = None
     if cons.is_file():
         state, where = safe_load(cons), cons
     elif _sharded(meta):
@@ -52,10 +53,12 @@ def checkpoint_weights(ckpt: Path, meta: dict, *, ema: bool = True, merge_lora: 
         shadow = safe_load(ema_file) if ema and ema_file.is_file() else None
         state = {"module": model_state.get("module") if isinstance(model_state, dict) else None,
                  "ema": shadow.get("shadow") if isinstance(shadow, dict) else None}
+        ema_where = ema_file
     if not isinstance(state, dict) or not isinstance(state.get("module"), dict):
         raise CheckpointError(f"{where}: holds no model weights (`module`): not a setdlm checkpoint file")
     weights, used_ema = dict(state["module"]), False
     if ema and isinstance(state.get("ema"), dict) and state["ema"]:
+        _check_ema_matches(weights, state["ema"], where, ema_where)
         weights.update(state["ema"])
         used_ema = True
     weights = {k: v for k, v in weights.items() if torch.is_tensor(v)}
@@ -67,6 +70,18 @@ def checkpoint_weights(ckpt: Path, meta: dict, *, ema: bool = True, merge_lora: 
             raise CheckpointError(f"{ckpt}: holds LoRA adapters but its recipe has no train.lora section to merge them by")
         weights = merge(weights, rank=int(lora["rank"]), alpha=float(lora["alpha"]))
     return weights, used_ema
+
+
+def _check_ema_matches(module: dict, shadow: dict, where: Path, ema_where: Path | None) -> None:
+    """The EMA weights replace the model's by name: a model file of another shape (a damaged or mixed
+    copy) would otherwise pass unseen behind an intact EMA file."""
+    for k, v in shadow.items():
+        own = module.get(k)
+        if torch.is_tensor(v) and torch.is_tensor(own) and tuple(own.shape) != tuple(v.shape):
+            ema_name = ema_where.name if ema_where is not None else "its EMA weights"
+            raise CheckpointError(f"{where}: {k} has shape {tuple(own.shape)} where {ema_name} has "
+                                  f"{tuple(v.shape)}: the checkpoint's files do not belong together (a damaged or "
+                                  f"mixed copy); restore the checkpoint or name another one (RUN:STEP)")
 
 
 def build_model(model_cfg) -> torch.nn.Module:
@@ -108,4 +123,7 @@ def load_model(path: str | os.PathLike, *, ema: bool = True, device: str | torch
     weights, _ = checkpoint_weights(ckpt, meta, ema=ema)
     tokenizer = rundir.checkpoint_tokenizer(ckpt, meta, cfg.data.tokenizer)
     model = model_with_weights(cfg.model, weights, f"checkpoint {ckpt}")
+    from model.sampling.first_hitting import record
+
+    record(model, cfg.objective, cfg.data.seq_len)  # the run's decoding defaults (cache order), for generate()
     return model.to(device).eval(), tokenizer, cfg

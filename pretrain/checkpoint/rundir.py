@@ -272,14 +272,19 @@ def _select(run: Path, sel: str, notes: list[str] | None) -> Path:
     root = next((r for r in (checkpoints_dir(run), run) if r.is_dir() and (r / LATEST).exists()), None)
     if root is None:
         raise CheckpointError(f"checkpoint {run}:{sel}: {run} is not a run directory (no {CHECKPOINTS}/{LATEST})")
+    check_run_dir(root.parent)  # as plain RUN: a step link that loops or leaves the run is refused by name
     if sel == BEST:
-        return best_checkpoint(root)
-    if sel == LATEST:
+        path = best_checkpoint(root)
+    elif sel == LATEST:
         return resolve_checkpoint(root, notes)
-    path = root / sel
-    if not is_complete(path):
-        have = ", ".join(c.name for c in complete_checkpoints(root)[-4:]) or "none"
-        raise CheckpointError(f"checkpoint {run}:{sel}: no complete checkpoint {path} (complete: {have})")
+    else:
+        path = root / sel
+        if not is_complete(path):
+            have = ", ".join(c.name for c in complete_checkpoints(root)[-4:]) or "none"
+            raise CheckpointError(f"checkpoint {run}:{sel}: no complete checkpoint {path} (complete: {have})")
+    why = _link_problem(path, root.parent)
+    if why:
+        raise _refuse_link(path, why)
     return path
 
 

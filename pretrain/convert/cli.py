@@ -5,8 +5,9 @@ reference implementation's checkpoints, and consolidation (docs/convert.md).
                          [--max-shard-size 5GB] [--results FILE ...] [--overwrite]
                          [--format auto|stock|setdlm] [--adapter-only | --base-only]
     setdlm convert from-hf --model DIR --out RUN_DIR [--overwrite] [section.key=value ...]
-    setdlm convert from-reference --model PATH --out RUN_DIR [--family F] [--set-size D] [--seq-len L]
-                         [--n-heads N] [--tokenizer gpt2] [--ema/--no-ema] [--sigma 0] [section.key=value ...]
+    setdlm convert from-reference --model PATH_OR_HUB_ID --out RUN_DIR [--base-model DIR_OR_ID] [--family F]
+                         [--set-size D] [--seq-len L] [--n-heads N] [--tokenizer T] [--ema/--no-ema] [--sigma 0]
+                         [section.key=value ...]
     setdlm convert consolidate ...      (sharded TP/PP/ZeRO-3 checkpoints; pretrain/checkpoint/consolidate.py)
 """
 
@@ -54,14 +55,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="run directory to create")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
     p.add_argument("overrides", nargs="*", help="section.key=value recipe overrides (e.g. data.source=DIR train.lr=1e-4)")
-    p = sub.add_parser("from-reference", help="import a checkpoint of the reference implementation (DiT backbone)")
-    p.add_argument("--model", required=True, help="HF-style directory (config.json + weights) or a .ckpt/.pt/.bin file")
+    p = sub.add_parser("from-reference", help="import a checkpoint of the reference implementation (a release with a "
+                                              "Qwen3 backbone, or a DiT checkpoint)")
+    p.add_argument("--model", required=True, help="HF-style directory (config.json + weights), a hub id in the local "
+                                                  "Hugging Face cache, or a .ckpt/.pt/.bin file")
     p.add_argument("--out", required=True, help="run directory to create")
     p.add_argument("--family", choices=families.names(), help="objective (default: from config.json)")
     p.add_argument("--set-size", type=int, help="SetDLM D (S_max = 2D), or the BD3-LM block size")
     p.add_argument("--seq-len", type=int, help="training sequence length L (default: config.json, else 1024)")
     p.add_argument("--n-heads", type=int, help="attention heads (default: config.json or the rotary buffer)")
-    p.add_argument("--tokenizer", default="gpt2", help="gpt2 (MASK appended as 50257), bert-base-uncased, or a directory")
+    p.add_argument("--tokenizer", help="default: the release's own tokenizer files, else gpt2 (MASK appended as 50257); "
+                                      "bert-base-uncased, or a directory")
+    p.add_argument("--base-model", help="a release with a pretrained backbone: the base model (a directory with its "
+                                        "config.json, or a hub id in the local Hugging Face cache) whose shapes it has "
+                                        "(default: the one its config.json names)")
     _bool_flag(p, "ema", True, "use the EMA weights of a Lightning checkpoint when present")
     p.add_argument("--sigma", type=float, default=0.0, help="noise level at which adaLN time conditioning is folded")
     p.add_argument("--overwrite", action="store_true", help="replace an existing run directory")
@@ -97,6 +104,6 @@ def main(argv: list[str] | None = None) -> int:
         from .from_reference import import_reference
 
         import_reference(args.model, args.out, family=args.family, set_size=args.set_size, seq_len=args.seq_len,
-                         n_heads=args.n_heads, tokenizer=args.tokenizer, ema=args.ema, sigma=args.sigma,
-                         overrides=args.overrides, overwrite=args.overwrite)
+                         n_heads=args.n_heads, tokenizer=args.tokenizer, base_model=args.base_model, ema=args.ema,
+                         sigma=args.sigma, overrides=args.overrides, overwrite=args.overwrite)
     return 0

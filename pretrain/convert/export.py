@@ -99,6 +99,7 @@ def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32",
     shard_bytes = parse_size(max_shard_size)
     ckpt, meta, cfg, weights, used_ema = read_checkpoint(checkpoint, ema=ema, merge_lora=lora == "merge")
     tokenizer = rundir.checkpoint_tokenizer(ckpt, meta, cfg.data.tokenizer)
+    template = _carried_template(tokenizer)
     mtype = export_type(cfg, fmt)
     if lora != "merge":
         from .adapter import adapter_files, split_adapters, write_adapter_files
@@ -155,9 +156,6 @@ def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32",
         tokenizer.save(tmp)
         tok_cfg = read_json(tmp / "tokenizer_config.json", "tokenizer config")
         tok_cfg["model_max_length"] = int(cfg.data.seq_len)
-        from data_pipeline.chat_template import default_chat_template  # its own, else ChatML where it has the tokens
-
-        template = default_chat_template(tokenizer)
         if template:
             tok_cfg["chat_template"] = template
         write_json(tmp / "tokenizer_config.json", tok_cfg)
@@ -170,6 +168,21 @@ def export_checkpoint(checkpoint, out, *, ema: bool = True, dtype: str = "fp32",
            "setdlm modeling code: trust_remote_code=True)"))
     return Path(out)
 
+
+
+def _carried_template(tokenizer) -> str | None:
+    """The chat template the export carries (the tokenizer's own, else ChatML where it has the tokens),
+    checked to render under the time, memory and output limits before anything is written: a template
+    that loops would hang every `apply_chat_template` of the export's users."""
+    from data_pipeline.chat_template import check_chat_template, default_chat_template
+
+    template = default_chat_template(tokenizer)
+    if template:
+        names = {"eos_token": tokenizer.eos_id, "bos_token": tokenizer.bos_id, "pad_token": tokenizer.pad_id}
+        check_chat_template(template, {k: tokenizer.id_to_token(v) for k, v in names.items() if v is not None},
+                            name=f"the chat template of tokenizer {tokenizer.name!r} (carried into the export's "
+                                 f"tokenizer_config.json)")
+    return template
 
 
 def export_at_end(run_dir, *, best: bool = False) -> str:

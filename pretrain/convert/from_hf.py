@@ -93,6 +93,12 @@ def import_hf(model_dir, out, *, overrides=(), overwrite: bool = False, log=prin
         raise ConvertError(f"{d / 'config.json'}: model_type is {config.get('model_type')!r}, not 'setdlm': a stock model "
                            f"(an AR export or a hub model); continue from it with train.init_from={d}")
     if config.get("model_type") != "setdlm":
+        from model.convert.reference import family_from_config
+
+        if config.get("backbone_config") is not None and family_from_config(config):
+            raise ConvertError(f"{d / 'config.json'}: a checkpoint of the reference implementation (architectures "
+                               f"{config.get('architectures')}, model_type {config.get('model_type')!r}); import it with "
+                               f"`setdlm convert from-reference --model {d} --out {out}`")
         raise ConvertError(f"{d / 'config.json'}: model_type is {config.get('model_type')!r}, not 'setdlm'; for the "
                            "reference implementation's checkpoints use `setdlm convert from-reference`")
     config = migrate_export(config, "setdlm_format_version", d / "config.json")

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import GenerationConfig, GenerationMixin, PreTrainedModel
 from transformers.modeling_outputs import MaskedLMOutput
 
 from .configuration_setdlm import SetDLMConfig
@@ -297,8 +297,67 @@ class SetDiffusionOutput:
     tokens_per_step: list = field(default_factory=list)
 
 
-class SetDLMForMaskedLM(SetDLMPreTrainedModel):
-    """Logits over the vocabulary for every input token (MASK logit -inf), plus the set sampler."""
+def _filter_top_k_top_p(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Keep the `top_k` largest logits (0: all), then the smallest most likely set whose probability
+    reaches `top_p` (1: all; at least one token); the rest become -inf."""
+    if top_k and 0 < top_k < logits.shape[-1]:
+        kth = torch.topk(logits, top_k, dim=-1).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    if top_p is not None and top_p < 1.0:
+        sorted_logits, idx = torch.sort(logits, dim=-1, descending=True)
+        probs = sorted_logits.softmax(-1)
+        drop = (probs.cumsum(-1) - probs) >= top_p
+        drop[..., 0] = False
+        logits = logits.masked_fill(torch.zeros_like(drop).scatter_(-1, idx, drop), float("-inf"))
+    return logits
+
+
+class _FirstHitting:
+    """First-hitting times of a plain row's n generated positions under the staggered schedule of the
+    model's length L (b, k as the paper's evaluation sets them: S_max = 2 w, D the model's set size);
+    every row draws from the same starting state of the generator, which then moves on by one draw."""
+
+    def __init__(self, sd: dict, w: int, device, generator):
+        L = int(sd.get("length") or 1024)
+        D, S = min(int(sd.get("set_size") or w), L), min(2 * int(w), L)
+        area = D / (2 * L)
+        k = sd.get("k") if sd.get("k_explicit") else None
+        if k is not None:
+            self.k = float(k)
+            self.b = area * (self.k + 1) / self.k
+        elif D not in (1, S):
+            self.b = S / (L + S - 1)
+            self.k = area / (self.b - area)
+        else:
+            self.b, self.k = 2 * area, 1.0
+        self.L, self.device = L, torch.device(device)
+        if generator is None:
+            generator = torch.default_generator if self.device.type == "cpu" else torch.cuda.default_generators[
+                self.device.index if self.device.index is not None else torch.cuda.current_device()]
+        self.src, self.state, self.moved = generator, generator.get_state(), False
+
+    def times(self, n: int) -> list:
+        g = torch.Generator(device=self.device)
+        g.set_state(self.state)
+        e = torch.empty(1, n, dtype=torch.float64, device=self.device).exponential_(generator=g)[0]
+        if not self.moved:
+            self.moved = True
+            if torch.equal(self.src.get_state(), self.state):
+                self.src.set_state(g.get_state())
+        loc = torch.linspace(0.0, 1.0 - self.b, self.L, dtype=torch.float64, device=self.device).flip(0)
+        if n <= self.L:
+            loc = loc[self.L - n:]
+        else:  # past the model's length: the same spacing continues
+            step = (1.0 - self.b) / max(self.L - 1, 1)
+            loc = torch.cat((step * torch.arange(n - 1, self.L - 1, -1, dtype=torch.float64, device=self.device), loc))
+        return (loc + self.b * -torch.expm1(-e / self.k)).tolist()
+
+
+class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
+    """Logits over the vocabulary for every input token (MASK logit -inf), plus the set sampler
+    (`set_diffusion_generate`) and transformers' `generate()` over it."""
+
+    _sample_filters = (0, 1.0)  # (top_k, top_p) of sampled steps: set by generate() for its call
 
     def __init__(self, config: SetDLMConfig):
         super().__init__(config)
@@ -392,7 +451,7 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel):
 
     def _choose(self, logits, temperature, generator):
         if temperature and temperature > 0:
-            probs = (logits / temperature).softmax(-1)
+            probs = _filter_top_k_top_p(logits / temperature, *self._sample_filters).softmax(-1)
             tok = torch.multinomial(probs.reshape(-1, probs.shape[-1]), 1, generator=generator).view(probs.shape[:-1])
             return tok, probs.gather(-1, tok[..., None])[..., 0]
         probs = logits.softmax(-1)
@@ -400,10 +459,83 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel):
         return tok, conf
 
     @torch.no_grad()
+    def generate(self, input_ids=None, attention_mask=None, generation_config: GenerationConfig | None = None, *,
+                 window: int | None = None, threshold: float | None = None, generator: torch.Generator | None = None,
+                 **kwargs):
+        """transformers' `generate()` for set decoding: a thin wrapper over `set_diffusion_generate`.
+
+        `input_ids` [B, P] with an optional `attention_mask` [B, P] (0 = padding, left or right: each
+        row's prompt is its unmasked tokens); the settings come from `generation_config` (default: the
+        export's generation_config.json) updated by keyword arguments, as transformers' generate()
+        takes them: `max_new_tokens` (or `max_length`), `do_sample` (False: greedy), `temperature`,
+        `top_k`, `top_p`, `num_return_sequences`, `eos_token_id`, `pad_token_id`,
+        `return_dict_in_generate`. Set decoding's own settings: `window` and `threshold` (default:
+        generation_config.set_diffusion's `window` and `confidence_threshold`); `generator` seeds
+        sampling. Returns [B * num_return_sequences, P + N] token ids, the prompt followed by the new
+        tokens, an EOS that ended a row kept and the rest padded with `pad_token_id` (a
+        GenerateDecoderOnlyOutput with `sequences` when `return_dict_in_generate`). Greedy, it gives the
+        tokens of the setdlm package's `model.sampling.generate` for the same prompts."""
+        base = generation_config if generation_config is not None else getattr(self, "generation_config", None)
+        config = GenerationConfig.from_dict(base.to_dict()) if base is not None else GenerationConfig()  # a copy
+        unused = config.update(**kwargs)
+        if unused:
+            raise ValueError(f"generate: unsupported arguments {sorted(unused)} (set decoding takes generation "
+                             "settings, window, threshold and generator)")
+        for name, neutral in (("num_beams", 1), ("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0),
+                              ("penalty_alpha", None)):
+            if getattr(config, name, None) not in (None, neutral):
+                raise NotImplementedError(f"generate: {name}={getattr(config, name)!r} is not part of set decoding; "
+                                          "use the setdlm package's sampler")
+        if input_ids is None:
+            raise ValueError("generate: pass input_ids [B, P]")
+        input_ids = torch.as_tensor(input_ids)
+        if input_ids.dim() == 1:
+            input_ids = input_ids[None]
+        keep = torch.ones_like(input_ids, dtype=torch.bool) if attention_mask is None else \
+            torch.as_tensor(attention_mask).to(input_ids.device) != 0
+        n = int(config.num_return_sequences or 1)
+        prompts = [row[m].tolist() for row, m in zip(input_ids, keep) for _ in range(n)]
+        P = input_ids.shape[1]
+        max_new = config.max_new_tokens
+        if max_new is None:
+            max_new = max(int(config.max_length) - P, 0) if config.max_length else 20
+        eos = config.eos_token_id
+        if isinstance(eos, (list, tuple)):
+            if len(eos) > 1:
+                raise NotImplementedError(f"generate: set decoding stops at one eos_token_id, got {list(eos)}")
+            eos = eos[0] if eos else None
+        eos = int(eos) if eos is not None else None
+        pad = config.pad_token_id if config.pad_token_id is not None else (eos if eos is not None else 0)
+        pad = int(pad[0] if isinstance(pad, (list, tuple)) else pad)
+        sd = getattr(config, "set_diffusion", None) or {}
+        window = window if window is not None else sd.get("window")
+        threshold = threshold if threshold is not None else sd.get("confidence_threshold")
+        sample = bool(config.do_sample)
+        temperature = (float(config.temperature) if config.temperature is not None else 1.0) if sample else 0.0
+        self._sample_filters = (int(config.top_k or 0), float(config.top_p if config.top_p is not None else 1.0))
+        try:
+            out = self.set_diffusion_generate(prompts, max_new_tokens=int(max_new), window=window, threshold=threshold,
+                                              eos_token_id=eos, stop_on_eos=eos is not None, temperature=temperature,
+                                              generator=generator)
+        finally:
+            del self._sample_filters  # back to the class's (no filtering)
+        rows = [list(t) + ([eos] if eos is not None and len(t) < max_new else []) for t in out.sequences]
+        width = max((len(r) for r in rows), default=0)
+        new = torch.tensor([r + [pad] * (width - len(r)) for r in rows], dtype=input_ids.dtype,
+                           device=input_ids.device).view(len(rows), width)
+        sequences = torch.cat((input_ids.repeat_interleave(n, 0), new), 1)
+        if config.return_dict_in_generate:
+            from transformers.generation.utils import GenerateDecoderOnlyOutput
+
+            return GenerateDecoderOnlyOutput(sequences=sequences)
+        return sequences
+
+    @torch.no_grad()
     def set_diffusion_generate(self, input_ids, max_new_tokens: int = 128, window: int | None = None,
                                threshold: float | None = None, eos_token_id: int | None = None,
                                stop_on_eos: bool = True, suffix_ids=None, temperature: float = 0.0,
-                               generator: torch.Generator | None = None) -> SetDiffusionOutput:
+                               generator: torch.Generator | None = None,
+                               cache_order: str | None = None) -> SetDiffusionOutput:
         """Decode after each prompt (a list of token-id lists, or a [B, P] tensor without padding).
 
         SW-SetDLM (family "setdlm"): `window` w (default: the model's D) masked positions from the
@@ -412,6 +544,13 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel):
         (`temperature` 0) or sampled. `suffix_ids` (one list per row) turns a row into infilling:
         prefix + `max_new_tokens` MASK + suffix, with prefix and suffix visible (cached) and no EOS
         stop. AR models ("ar") decode left to right. A generated EOS ends a plain row (`stop_on_eos`).
+
+        `cache_order` ("position" or "first_hitting"; default: config.set_diffusion["cache_order"], the
+        mode the model was trained or released with): the order in which one step's accepted tokens
+        are cached and attend among themselves. "first_hitting" (the paper's GSM8K mode) orders them by
+        descending first-hitting time T_j = loc_{L-n+j} + b (1 - exp(-E_j / k)) of the span's n
+        positions, E ~ Exp(1) drawn once per row from `generator` (else torch's global generator),
+        every row from the same starting state; infilling rows keep position order.
 
         The prompt (prefix and suffix) must fit in max_position_embeddings; decoding goes on past it
         as the setdlm package's sampler does: before each forward, the cached tokens with the lowest
@@ -427,6 +566,13 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel):
         if eos_token_id is None:
             eos_token_id = self.config.eos_token_id if isinstance(self.config.eos_token_id, int) else None
         w = int(window or self.config.set_diffusion.get("set_size") or 4)
+        cache_order = cache_order or self.config.set_diffusion.get("cache_order") or "position"
+        if cache_order not in ("position", "first_hitting"):
+            raise ValueError("set_diffusion_generate: cache_order must be 'position' or 'first_hitting', got "
+                             f"{cache_order!r}")
+        ordered = cache_order == "first_hitting" and family == "setdlm" and threshold is not None and threshold < 1.0
+        fht = _FirstHitting(self.config.set_diffusion, w, self.model.embed_tokens.weight.device, generator) \
+            if ordered else None
         if hasattr(input_ids, "tolist"):
             input_ids = input_ids.tolist()
         if input_ids and isinstance(input_ids[0], int):
@@ -445,8 +591,10 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel):
                                      f"{self.config.max_position_embeddings} (decoding past it drops the oldest cached "
                                      "tokens, but the prompt must fit)")
                 run = self._decode_ar if family == "ar" else self._decode_set
+                times = fht.times(int(max_new_tokens)) if fht is not None and suffix is None else None
                 toks, steps = run(prefix, suffix, int(max_new_tokens), w, threshold, mask_id,
-                                  eos_token_id if stop_on_eos and suffix is None else None, temperature, generator)
+                                  eos_token_id if stop_on_eos and suffix is None else None, temperature, generator,
+                                  times)
                 out.sequences.append(toks)
                 out.steps.append(steps)
                 out.tokens_per_step.append(len(toks) / steps if steps else 0.0)
@@ -454,7 +602,7 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel):
             self.train(was_training)
         return out
 
-    def _decode_set(self, prefix, suffix, n, w, threshold, mask_id, eos, temperature, generator):
+    def _decode_set(self, prefix, suffix, n, w, threshold, mask_id, eos, temperature, generator, times=None):
         P = len(prefix)
         canvas = prefix + [mask_id] * n + (suffix or [])
         todo = [False] * P + [True] * n + [False] * len(suffix or [])
@@ -494,9 +642,12 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel):
                 if accept[i] and p < end:
                     pend_tok.append(canvas[p])
                     pend_pos.append(p)
+            if times is not None:  # first-hitting cache order: the latest first-hitting time first
+                order = sorted(range(len(pend_pos)), key=lambda i: -times[pend_pos[i] - P])
+                pend_tok, pend_pos = [pend_tok[i] for i in order], [pend_pos[i] for i in order]
         return canvas[P:end], steps
 
-    def _decode_ar(self, prefix, suffix, n, w, threshold, mask_id, eos, temperature, generator):
+    def _decode_ar(self, prefix, suffix, n, w, threshold, mask_id, eos, temperature, generator, times=None):
         if not prefix:
             raise ValueError("set_diffusion_generate: AR decoding needs at least one prompt token")
         cache = SetDLMKVCache()
