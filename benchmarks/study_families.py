@@ -36,10 +36,13 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.study_stats import family_summary, ordering  # noqa: E402
+from model import families  # noqa: E402
 
-FAMILIES = [("AR", {"name": "ar"}), ("SetDLM D=4", {"name": "setdlm", "set_size": 4}),
-            ("SetDLM D=16", {"name": "setdlm", "set_size": 16}), ("BD3-LM B=4", {"name": "bd3lm", "block_size": 4}),
-            ("MDLM", {"name": "mdlm"})]
+AR, SETDLM, BD3LM, MDLM = (f.name for f in (families.AR, families.SETDLM, families.BD3LM, families.MDLM))
+
+FAMILIES = [("AR", {"name": AR}), ("SetDLM D=4", {"name": SETDLM, "set_size": 4}),
+            ("SetDLM D=16", {"name": SETDLM, "set_size": 16}), ("BD3-LM B=4", {"name": BD3LM, "block_size": 4}),
+            ("MDLM", {"name": MDLM})]
 # the paper's orderings, each as "first < second" (the last: the paper finds them about equal)
 ORDERINGS = [("AR", "SetDLM D=4"), ("SetDLM D=4", "SetDLM D=16"), ("BD3-LM B=4", "MDLM"), ("SetDLM D=4", "BD3-LM B=4")]
 BASE_SEED = 1234
