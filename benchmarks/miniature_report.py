@@ -251,7 +251,8 @@ def markdown(data: dict, png: str) -> str:
         + "".join(f"; `{' '.join(p['argv']) or '(no options)'}` at `{p.get('commit', '?')[:12]}`"
                   for p in run["invocations"][1:]),
         f"- machine: {run['machine']}; {run['models_trained']} models trained in {run['train_seconds_total'] / 60:.0f} "
-        f"process-minutes, {run['seconds'] / 60:.0f} minutes wall over {len(run['invocations'])} invocation(s)",
+        f"process-minutes, {run['seconds'] / 60:.0f} minutes wall over the {len(run['invocations'])} invocation(s) "
+        "that ran to their end (one killed before its end records no wall time; every trained model's own time is counted)",
         f"- load average (1/5/15 min) per invocation: {load_text(run['invocations'])}",
         "",
         "| claim | paper | result here | verdict |",
