@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 import statistics
 
-from benchmarks.study_stats import Z, family_summary, ordering
+from benchmarks.study_stats import Z, difference, family_summary, ordering
 
 FRONTIER_GRID = (0.9, 1.25, 1.5, 2.0, 2.5, 3.0)  # tokens per forward at which the frontiers are compared
 VERDICTS = ("held", "not resolved", "contradicted")
@@ -34,16 +34,7 @@ def seed_summary(values: list[float]) -> dict:
 
 def compare(better: dict, worse: dict, what: str) -> dict:
     """The claim "`better` exceeds `worse`" from two seed summaries: difference, sigma, z, verdict."""
-    d = better["mean"] - worse["mean"]
-    sigma = math.hypot(better["se"], worse["se"])
-    if d > Z * sigma:
-        verdict = "held"
-    elif d < -Z * sigma:
-        verdict = "contradicted"
-    else:
-        verdict = "not resolved"
-    z = d / sigma if sigma > 0 else (math.copysign(math.inf, d) if d else 0.0)
-    return {"claim": what, "difference": d, "sigma": sigma, "z": z, "verdict": verdict}
+    return difference(better, worse, what, against="contradicted")
 
 
 def combine(parts: list[str]) -> str:

@@ -43,13 +43,14 @@ def family_summary(values: list[float], mc_ses: list[float]) -> dict:
 
 def ordering(a: str, b: str, fams: dict) -> dict:
     """Whether "a < b" holds at the combined error; `fams` maps a family to its `family_summary`."""
-    d = fams[b]["mean"] - fams[a]["mean"]
-    sigma = math.hypot(fams[a]["se"], fams[b]["se"])
-    if d > Z * sigma:
-        verdict = "held"
-    elif d < -Z * sigma:
-        verdict = "reversed"
-    else:
-        verdict = "not resolved"
+    return difference(fams[b], fams[a], f"{a} < {b}", against="reversed")
+
+
+def difference(larger: dict, smaller: dict, claim: str, against: str) -> dict:
+    """The claim "`larger` exceeds `smaller`" from two summaries (mean, se): the difference, its sigma, z
+    and the verdict at Z standard errors: held, `against` (Z the other way) or not resolved."""
+    d = larger["mean"] - smaller["mean"]
+    sigma = math.hypot(larger["se"], smaller["se"])
+    verdict = "held" if d > Z * sigma else against if d < -Z * sigma else "not resolved"
     z = d / sigma if sigma > 0 else math.copysign(math.inf, d) if d else 0.0
-    return {"claim": f"{a} < {b}", "difference": d, "sigma": sigma, "z": z, "verdict": verdict}
+    return {"claim": claim, "difference": d, "sigma": sigma, "z": z, "verdict": verdict}
