@@ -60,8 +60,9 @@ def _trace_megatron_group_lookup() -> None:
     global _POLYFILLED
     if _POLYFILLED:
         return
-    import megatron.core.utils as mutils
-    from megatron.core import parallel_state
+    from .mcore import parallel_state  # megatron-core first through .mcore
+
+    import megatron.core.utils as mutils  # noqa: I001
 
     @torch._dynamo.substitute_in_graph(mutils.get_tensor_model_parallel_group_if_none, skip_signature_check=True)
     def _tp_group(tp_group, is_expert=False, check_initialized=True):

@@ -6,7 +6,7 @@ import os
 import warnings
 
 import torch
-from megatron.core import parallel_state
+from .mcore import parallel_state
 
 from .schedules import build_scheduler
 from .zero3 import is_partitioned

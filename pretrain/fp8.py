@@ -54,7 +54,7 @@ class TELinear(torch.nn.Module):
     def __init__(self, linear: torch.nn.Module, parallel_mode: str):
         super().__init__()
         import transformer_engine.pytorch as te
-        from megatron.core import parallel_state
+        from .mcore import parallel_state
 
         w = linear.weight
         tp = parallel_state.get_tensor_model_parallel_world_size()
@@ -121,7 +121,7 @@ def autocast(mode: str):
     if mode == "none":
         return contextlib.nullcontext()
     import transformer_engine.pytorch as te
-    from megatron.core import parallel_state
+    from .mcore import parallel_state
     from transformer_engine.common import recipe
 
     fmt = recipe.Format.HYBRID if mode == "hybrid" else recipe.Format.E4M3

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import torch.distributed as dist
-from megatron.core import parallel_state
+from .mcore import parallel_state
 
 from common.dist import ensure_process_group  # the one process-group initialiser (re-exported here)
 from common.schema import ConfigError

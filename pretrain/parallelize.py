@@ -38,7 +38,7 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from megatron.core import parallel_state
+from .mcore import parallel_state
 
 from common.schema import ConfigError
 

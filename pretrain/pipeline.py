@@ -27,7 +27,7 @@ import functools
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
+from .mcore import parallel_state
 
 from common.schema import ConfigError
 

@@ -47,9 +47,9 @@ def comm_bytes_per_step(cfg, world_size: int, precision: str) -> dict:
 # -- groups -------------------------------------------------------------------------------------------
 def rank_groups(tp: int, pp: int, dp: int) -> dict[str, list[list[int]]]:
     """megatron-core's groups for (tp, pp, dp) without creating any (its RankGenerator)."""
-    from megatron.core.parallel_state import RankGenerator
+    from .mcore import parallel_state
 
-    gen = RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=1, order="tp-cp-ep-dp-pp")
+    gen = parallel_state.RankGenerator(tp=tp, ep=1, dp=dp, pp=pp, cp=1, order="tp-cp-ep-dp-pp")
     groups = {name: gen.get_ranks(token) for name, token in
               (("tp", "tp"), ("pp", "pp"), ("dp", "dp"), ("mp", "tp-pp"))}
     groups["embedding"] = [[g[0], g[-1]] for g in groups["pp"]] if pp > 1 else []

@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 import torch
-from megatron.core import parallel_state, tensor_parallel as mtp
+from .mcore import parallel_state, tensor_parallel as mtp
 from megatron.core.model_parallel_config import ModelParallelConfig
 from megatron.core.tensor_parallel.layers import set_tensor_model_parallel_attributes
 

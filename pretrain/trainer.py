@@ -7,7 +7,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
+from .mcore import parallel_state
 
 from common.errors import Error
 from common.storage import check_output_dir, tree_bytes

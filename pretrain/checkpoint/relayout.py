@@ -41,7 +41,7 @@ def load_consolidated(engine, state: dict, *, ema=None, optimizer: bool = True, 
     Returns notes."""
     import deepspeed
     from deepspeed.utils import safe_set_full_fp32_param, safe_set_full_optimizer_state
-    from megatron.core import parallel_state
+    from ..mcore import parallel_state
 
     tp = parallel_state.get_tensor_model_parallel_world_size()
     tp_rank = parallel_state.get_tensor_model_parallel_rank()

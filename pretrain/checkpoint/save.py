@@ -93,7 +93,7 @@ def shard_info(engine) -> dict:
     tensor/pipeline ranks, each parameter's tensor-parallel split dimension (-1: replicated), the
     parameters that are copies of another stage's (a tied embedding on the last stage) and, for a
     client torch optimizer saved in the model file, the parameter names in the optimizer's order."""
-    from megatron.core import parallel_state
+    from ..mcore import parallel_state
 
     module = engine.module
     init = parallel_state.model_parallel_is_initialized()
