@@ -135,3 +135,45 @@ def mounts(tmp_path):
     m = Mounts(tmp_path / "mnt")
     yield m
     m.close()
+
+
+# -- running on two workers (pytest-xdist: `-n 2 --dist loadgroup`, the README's command) --------------
+# Tests are sent to a worker a module at a time, so a module's own fixtures are built once. Modules that
+# read one session-scoped run, or start the real Slurm cluster (fixed ports), form one group and share
+# a worker: SHARED_GROUPS names them, and the collection refuses a module that uses one of those
+# fixtures without being in its group. (xdist's own `loadgroup` reads `xdist_group` marks by rewriting
+# node ids, which pytest 9 no longer allows; `pytest_xdist_make_scheduler` below takes its place.)
+SHARED_GROUPS = {
+    "parity_runs": ("test_parallel_parity", "test_recompute_parallel", "test_lora_parallel"),
+    "tiny_run": ("test_checkpoint_safety", "test_eval_overlong", "test_init_from_checkpoint"),
+    "served": ("test_serve_api", "test_chat_template", "test_serve_clients", "test_serve_hostile", "test_serve_load",
+               "test_trace_page"),
+    "random_gpt2_run": ("test_eval_reports", "test_option_refusals"),
+    "slurm": ("test_slurm_train", "test_rank_failures", "test_eval_slurm"),
+}
+FIXTURE_GROUP = {"parity_runs": "parity_runs", "tiny_run": "tiny_run", "serve_run": "served", "served": "served",
+                 "server": "served", "random_gpt2_run": "random_gpt2_run", "slurm": "slurm"}
+GROUP_OF = {module: group for group, modules in SHARED_GROUPS.items() for module in modules}
+
+
+def pytest_collection_modifyitems(config, items):
+    missing = sorted({f"{item.module.__name__} uses {name} but is not in SHARED_GROUPS[{FIXTURE_GROUP[name]!r}]"
+                      for item in items for name in getattr(item, "fixturenames", ())
+                      if name in FIXTURE_GROUP and GROUP_OF.get(item.module.__name__) != FIXTURE_GROUP[name]})
+    if missing:
+        raise pytest.UsageError("tests/conftest.py: " + "; ".join(missing))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class ModuleGroups(LoadScopeScheduling):
+        """xdist's scope scheduling, a scope being a module or the group of SHARED_GROUPS it is in."""
+
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return GROUP_OF.get(os.path.splitext(os.path.basename(path))[0], path)
+
+    return ModuleGroups(config, log)
