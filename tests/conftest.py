@@ -164,6 +164,7 @@ def pytest_collection_modifyitems(config, items):
         raise pytest.UsageError("tests/conftest.py: " + "; ".join(missing))
 
 
+@pytest.hookimpl(optionalhook=True)  # without pytest-xdist (the GPU image) the hook is never called
 def pytest_xdist_make_scheduler(config, log):
     if config.getvalue("dist") != "loadgroup":
         return None
