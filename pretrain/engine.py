@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import os
 import warnings
 
@@ -128,6 +129,10 @@ def zero3_init(cfg, world_size: int, precision: str = "fp32"):
     _skip_cpu_shm_op()
     import deepspeed
 
+    # torch imports dynamo on the first call of some of its functions (torch.randint in the model's
+    # constructor); inside zero.Init, whose Tensor.__new__ dynamo's polyfills cannot check, it would fail
+    importlib.import_module("torch._dynamo")
+
     # zero.Init reads the local device from LOCAL_RANK (torchrun sets it; a single process may not)
     os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device() if torch.cuda.is_available() else 0))
     return deepspeed.zero.Init(data_parallel_group=parallel_state.get_data_parallel_group(),
@@ -165,6 +170,10 @@ def build_engine(model: torch.nn.Module, cfg, world_size: int, precision: str = 
     """Wrap the model in a DeepSpeed engine with a client AdamW and our LR schedule."""
     _skip_cpu_shm_op()
     import deepspeed
+
+    # torch imports dynamo on the first call of some of its functions (torch.randint in the model's
+    # constructor); inside zero.Init, whose Tensor.__new__ dynamo's polyfills cannot check, it would fail
+    importlib.import_module("torch._dynamo")
 
     t = cfg.train
     # torch's fused AdamW (one kernel per parameter group, CUDA and CPU alike) instead of its

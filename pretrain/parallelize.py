@@ -36,7 +36,6 @@ Data parallelism and the optimizer are DeepSpeed's (pretrain/engine.py `build_en
 from __future__ import annotations
 
 import contextlib
-import importlib
 
 import torch
 from .mcore import parallel_state
@@ -81,10 +80,6 @@ def build_stage(model_cfg, tp: int, pp: int, *, device=None, sequence_parallel: 
     stage = parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else 0
     dtype = zero_init.dtype if zero_init is not None else torch.float32
     layers = tensor_parallel(tp, sequence_parallel=sequence_parallel, params_dtype=dtype)
-    if zero_init is not None:
-        # torch imports dynamo on the first call of some of its functions (torch.randint here); inside
-        # deepspeed.zero.Init, whose Tensor.__new__ dynamo's polyfills cannot check, that import fails
-        importlib.import_module("torch._dynamo")
     with torch.device(device) if device is not None else contextlib.nullcontext(), \
             zero_init if zero_init is not None else contextlib.nullcontext():
         model = Transformer(model_cfg, layers, pre_process=stage == 0, post_process=stage == pp - 1,
