@@ -151,6 +151,9 @@ class ParallelConfig:
     heartbeat_timeout_s: float = Field(60.0, ge=0.0, description=(
         "seconds without a heartbeat after which a rank on another host is declared lost (ranks on the same "
         "host are checked by process; 0: off, only parallel.collective_timeout_s)"))
+    cp: int = Field(1, ge=1, description=(
+        "context-parallel size: each sequence's tokens split over cp ranks (head-tail chunks of both streams); "
+        "tp * cp * pp divides the world size; gradients and ZeRO reduce over dp x cp"))
 
 
 @section("logging")
@@ -194,8 +197,10 @@ class RecipeConfig:
         `world_size=None` skips the layout checks that need it; `need_vocab=False` those that need the
         tokenizer's vocabulary. Messages name the field."""
         p, t = self.parallel, self.train
-        if world_size is not None and world_size % (p.tp * p.pp):
-            raise ConfigError(f"parallel.tp/parallel.pp: tp*pp = {p.tp}*{p.pp} does not divide the world size {world_size}")
+        if world_size is not None and world_size % (p.tp * p.pp * p.cp):
+            if p.cp == 1:
+                raise ConfigError(f"parallel.tp/parallel.pp: tp*pp = {p.tp}*{p.pp} does not divide the world size {world_size}")
+            raise ConfigError(f"parallel.cp: tp*cp*pp = {p.tp}*{p.cp}*{p.pp} does not divide the world size {world_size}")
         if p.pp > 1 and p.zero_stage > 1:
             raise ConfigError(f"parallel.zero_stage: ZeRO-{p.zero_stage} cannot be combined with pipeline parallelism (parallel.pp={p.pp}); use zero_stage 0 or 1")
         if p.tp > 1 and p.zero_stage == 3:
@@ -218,7 +223,7 @@ class RecipeConfig:
             raise ConfigError(f"parallel.sequence_parallel: needs tensor parallelism (parallel.tp >= 2, got {p.tp}); "
                               "set it to false or raise parallel.tp")
         if world_size is not None:
-            dp = world_size // (p.tp * p.pp)
+            dp = self.dp_size(world_size)
             if t.global_batch % (t.micro_batch * dp):
                 raise ConfigError(f"train.global_batch: {t.global_batch} is not divisible by train.micro_batch * data-parallel size = {t.micro_batch} * {dp}")
         self.data.validate()
@@ -265,7 +270,11 @@ class RecipeConfig:
                 f"-> train.max_steps {t.max_steps:,}")
 
     def dp_size(self, world_size: int) -> int:
-        return world_size // (self.parallel.tp * self.parallel.pp)
+        """Data-parallel replicas that read different samples: world / (tp * cp * pp). The ranks of one
+        context-parallel group read the same samples (each its own slice of every sequence); gradients
+        and ZeRO partitions are reduced over dp * cp ranks (pretrain/parallel.py)."""
+        p = self.parallel
+        return world_size // (p.tp * p.cp * p.pp)
 
     def grad_accum(self, world_size: int) -> int:
         return self.train.global_batch // (self.train.micro_batch * self.dp_size(world_size))

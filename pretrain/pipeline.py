@@ -36,6 +36,7 @@ from model.transformer import Transformer
 from .compat_cpu import megatron_compat, sequence_parallel_compat
 
 from .engine import clip_gradients, gradients_from_outside
+from .parallel import replica_group
 
 
 def schedule_config(cfg, dtype: torch.dtype):
@@ -72,7 +73,7 @@ class StepRunner:
         self.engine, self.objective, self.cfg = engine, objective, cfg
         self.module: Transformer = engine.module
         self.pp = cfg.parallel.pp
-        self.dp_group = parallel_state.get_data_parallel_group()
+        self.dp_group = replica_group()  # dp x cp: loss sums and token counts over every rank of the replica set
         self.is_last = self.pp == 1 or parallel_state.is_pipeline_last_stage()
         # megatron's sequence-parallel collectives allocate on torch.cuda.current_device(): on a CPU-only
         # torch, run forward and backward inside the compatibility layer (as the pipeline schedule does)

@@ -10,6 +10,7 @@ import torch.distributed as dist
 from .mcore import parallel_state
 
 from common.errors import Error
+from common.schema import ConfigError
 from common.storage import check_output_dir, tree_bytes
 from data_pipeline.loader import build_loader
 from data_pipeline.reader import fill_rows
@@ -28,7 +29,7 @@ from .ema import EMA
 from .engine import build_engine, resolve_precision, zero3_init, zero3_notes
 from .flops import device_peak_tflops, step_flops
 from .logger import MetricsLogger
-from .parallel import ensure_model_parallel, ensure_process_group
+from .parallel import data_rank, data_size, ensure_model_parallel, ensure_process_group, replica_group
 from .parallelize import build_stage, prepare_model
 from .pipeline import StepRunner, add_metrics
 from .preemption import active_handler, release_handler
@@ -49,11 +50,12 @@ class Trainer:
         cfg.validate(self.world)
         fp8.check_available(cfg.model.fp8)  # Transformer Engine + an FP8 GPU, or a clear error now
         p = cfg.parallel
-        ensure_model_parallel(p.tp, p.pp)
-        self.dp_rank = parallel_state.get_data_parallel_rank()
-        self.dp_size = parallel_state.get_data_parallel_world_size()
+        if p.cp > 1:
+            raise ConfigError(f"parallel.cp: context parallelism is not built yet (got {p.cp}); use parallel.cp: 1")
+        ensure_model_parallel(p.tp, p.pp, p.cp)
+        self.dp_rank, self.dp_size = data_rank(), data_size()  # the loader's axis (CP peers read the same samples)
         self.mp_rank = parallel_state.get_model_parallel_group().rank()
-        self.dp_group = parallel_state.get_data_parallel_group()
+        self.dp_group = replica_group()  # dp x cp: the ranks that hold the same weights
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
         self.run_dir = cfg.run_dir
         self.ckpt_root = rundir.checkpoints_dir(self.run_dir)

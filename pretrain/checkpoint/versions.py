@@ -19,8 +19,11 @@ from common.versions import migrate
 from ..safe_load import CheckpointError
 
 KEY = "format_version"
-CURRENT = 1
-MIGRATIONS = {0: lambda meta: meta}  # unversioned: the same content as version 1
+CURRENT = 2
+MIGRATIONS = {
+    0: lambda meta: meta,  # unversioned: the same content as version 1
+    1: lambda meta: meta,  # version 2 adds parallel.cp (default 1: no context parallelism)
+}
 
 
 def migrate_meta(meta: dict, where) -> dict:
