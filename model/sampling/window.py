@@ -70,7 +70,7 @@ class WindowDecoder(Decoder):
     def prefill(self, st, slots, reqs) -> None:
         ids, pos, valid = self.visible_batch(reqs, left_pad=True)
         self.prefill_cache(st, slots, ids, pos, self.prefill_mask(pos, valid), valid)
-        self.set_cached(slots, [len(r.visible) for r in reqs])
+        self.set_cached(slots, [len(self.prefilled(r)[0]) for r in reqs])
 
     def device_step(self) -> None:
         p, w = self.p, self.w
