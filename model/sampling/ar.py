@@ -44,7 +44,8 @@ class ARDecoder(Decoder):
 
     def device_step(self) -> None:
         pv = self.pend_valid & (self.pend_pos < self.span_end[:, None])
-        self.fit_context(pv.sum(1))
+        if self.drops:
+            self.fit_context(pv.sum(1))
         if self.cpu_head:
             hidden = self.model(self.pend_ids, self.pend_pos, None, cache=self.cache, commit=pv, head=False)
             tok, _ = self.head_choose(hidden, confidence=False)

@@ -76,7 +76,8 @@ class WindowDecoder(Decoder):
         p, w = self.p, self.w
         q_ids, q_pos, pos, active, q_keys = self.queries()
         pv = self.pend_valid & (self.pend_pos < self.span_end[:, None])
-        self.fit_context(pv.sum(1) + self.context_tokens(active, q_keys).sum(1))
+        if self.drops:
+            self.fit_context(pv.sum(1) + self.context_tokens(active, q_keys).sum(1))
         ids = torch.cat((self.pend_ids, q_ids), 1)
         positions = torch.cat((self.pend_pos, q_pos), 1)
         keys = torch.cat((pv, q_keys), 1)
