@@ -53,6 +53,10 @@ def test_acceptance_rules():
     k = torch.tensor([2, 3])
     assert accept_top_k(conf, active, k, None).tolist() == [[True, True, False, False], [False] * 4]
     assert accept_top_k(conf, active, torch.tensor([1, 1]), 0.15).tolist() == [[True, True, False, False], [False] * 4]
+    # threshold 0: every active position, whatever the confidences (none need be computed)
+    for c in (conf, None):
+        assert accept_top1(c, active, 0.0).tolist() == active.tolist()
+        assert accept_top_k(c, active, torch.tensor([1, 0]), 0.0).tolist() == active.tolist()
 
 
 @pytest.mark.parametrize("family", ["setdlm", "bd3lm", "mdlm", "ar"])
