@@ -235,10 +235,16 @@ class RecipeConfig:
         self.objective.validate(self.data.seq_len)
         if p.pp > self.model.n_layers:
             raise ConfigError(f"parallel.pp: {p.pp} stages for {self.model.n_layers} layers")
+        if p.cp > 1:  # head-tail chunks: 2 * cp equal chunks, each a whole number of BD3-LM blocks
+            from model.context_parallel import check_layout
+
+            family = self.objective.family
+            check_layout(family.mask_kind, self.data.seq_len, p.cp, self.objective.block_size if family.blocked_mask else 0)
         if p.sequence_parallel:
-            tokens = self.objective.family.layout(self.data.seq_len).tokens_in
+            tokens = self.objective.family.layout(self.data.seq_len).tokens_in // p.cp
             if tokens % p.tp:
-                raise ConfigError(f"parallel.sequence_parallel: {tokens} tokens per sequence through the model are not "
+                where = "per sequence" if p.cp == 1 else f"per sequence on each of the parallel.cp={p.cp} ranks"
+                raise ConfigError(f"parallel.sequence_parallel: {tokens} tokens {where} through the model are not "
                                   f"divisible by parallel.tp={p.tp}; choose data.seq_len so that they are")
 
     def _check_lora_rank(self) -> None:
