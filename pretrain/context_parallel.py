@@ -35,14 +35,16 @@ class _AllGather(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, group, size):
         ctx.group = group
-        out = x.new_empty((size, *x.shape))
-        _all_gather(out, x.contiguous(), group=group)
-        return out
+        x = x.contiguous()
+        out = x.new_empty((size * x.shape[0], *x.shape[1:]))  # the concatenated form (gloo takes no other)
+        _all_gather(out, x, group=group)
+        return out.view(size, *x.shape)
 
     @staticmethod
     def backward(ctx, grad):
+        grad = grad.contiguous()
         out = grad.new_empty(grad.shape[1:])
-        _reduce_scatter(out, grad.contiguous(), group=ctx.group)
+        _reduce_scatter(out, grad.view(-1, *grad.shape[2:]), group=ctx.group)
         return out, None, None
 
 
