@@ -27,6 +27,11 @@ gather them, row-parallel linears reduce-scatter. Norms, residuals and dropout t
 the tokens; their replicated weights (norms, row-parallel biases) get their gradients summed over the
 TP group inside autograd (`all_reduce_grad`). The head gathers the sequence back.
 
+Context parallelism (a `model.context_parallel.ContextParallel` of size > 1, training only): the tokens
+are a CP rank's head-tail chunks of every stream, `forward` is given that rank's `RankLayout`
+(`context=`) and its rank-local mask, and every attention layer gathers the exchanged stream's K/V
+(after QK-norm and rotary) from the CP group before its core (model/context_parallel.py).
+
 Under pipeline parallelism a last stage with tied embeddings that does not hold the input embedding
 keeps a copy of it (same name `embed.weight`, same seeded initialisation, hence equal values); the
 training step keeps the copies equal.
