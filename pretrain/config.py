@@ -152,8 +152,9 @@ class ParallelConfig:
         "seconds without a heartbeat after which a rank on another host is declared lost (ranks on the same "
         "host are checked by process; 0: off, only parallel.collective_timeout_s)"))
     cp: int = Field(1, ge=1, description=(
-        "context-parallel size: each sequence's tokens split over cp ranks (head-tail chunks of both streams); "
-        "tp * cp * pp divides the world size; gradients and ZeRO reduce over dp x cp"))
+        "context-parallel size: each sequence split over cp ranks (head-tail chunks of both streams, only the "
+        "clean stream's K/V exchanged; data.seq_len divisible by 2 * cp); tp * cp * pp divides the world size; "
+        "gradients and ZeRO reduce over dp x cp (docs/parallelism.md)"))
 
 
 @section("logging")

@@ -5,7 +5,8 @@
 `StepRunner`, the objective's per-rank `prepare`) for 2 optimizer steps of 4 sequences in micro-batches
 of 2, each micro-batch's noise keyed by its samples' global positions (model/noise.py), then one
 validation pass (the NLL bound draws). A case is FAMILY-LAYOUT with LAYOUT `tp{T}cp{C}pp{P}z{Z}[sp]`;
-the data-parallel size is world / (T * C * P). Compared with the family's one-process run:
+the data-parallel size is world / (T * C * P); `ac`: full activation checkpointing. Compared with the
+family's one-process run:
 
 - the summed per-token CE gradient of the first micro-batch at the initial weights (CP ranks' partial
   gradients summed; TP = PP = 1 cases);
@@ -44,7 +45,7 @@ REL = 1e-5
 PARAM_ATOL = 3e-5  # one Adam step moves a weight by up to lr = 3e-3; summation orders differ by layout
 GRAD_ATOL = 1e-5
 
-TWO = [f"{f}-tp1cp2pp1z0" for f in FAMILIES] + ["setdlm-tp1cp2pp1z1"]
+TWO = [f"{f}-tp1cp2pp1z0" for f in FAMILIES] + ["setdlm-tp1cp2pp1z1", "bd3lm-tp1cp2pp1z0ac"]  # ac: full recomputation
 FOUR = [f"{f}-tp1cp4pp1z0" for f in FAMILIES] + [
     "setdlm-tp2cp2pp1z0sp",  # TP x CP with sequence parallelism inside each CP rank
     "bd3lm-tp2cp2pp1z1",
@@ -52,25 +53,25 @@ FOUR = [f"{f}-tp1cp4pp1z0" for f in FAMILIES] + [
     "ar-tp1cp2pp1z3",  # ZeRO-3 partitions over dp x cp
     "setdlm-tp1cp2pp2z0",  # PP x CP
 ]
-COUNTED = ("setdlm-tp1cp2pp1z0", "bd3lm-tp1cp2pp1z0", "mdlm-tp1cp2pp1z0")
+COUNTED = ("setdlm-tp1cp2pp1z0", "bd3lm-tp1cp2pp1z0", "mdlm-tp1cp2pp1z0", "bd3lm-tp1cp2pp1z0ac")
 
 
-def parse(case: str) -> tuple[str, int, int, int, int, bool]:
-    m = re.fullmatch(r"(\w+)-tp(\d)cp(\d)pp(\d)z(\d)(sp)?", case)
+def parse(case: str) -> tuple[str, int, int, int, int, bool, bool]:
+    m = re.fullmatch(r"(\w+)-tp(\d)cp(\d)pp(\d)z(\d)(sp)?(ac)?", case)
     if not m:
         raise ValueError(f"bad case {case!r}")
-    f, tp, cp, pp, z, sp = m.groups()
-    return f, int(tp), int(cp), int(pp), int(z), bool(sp)
+    f, tp, cp, pp, z, sp, ac = m.groups()
+    return f, int(tp), int(cp), int(pp), int(z), bool(sp), bool(ac)
 
 
-def recipe(family: str, tp: int, cp: int, pp: int, zero: int, sp: bool) -> dict:
+def recipe(family: str, tp: int, cp: int, pp: int, zero: int, sp: bool, ac: bool = False) -> dict:
     return {
         "run": {"seed": SEED},
         "model": {**MODEL, "dropout": 0.0, "max_seq_len": SEQ, "vocab_size": VOCAB, "mask_id": VOCAB - 1},
         "objective": {"name": family, "set_size": 2, "block_size": 2},
         "data": {"seq_len": SEQ},
         "train": {"micro_batch": MICRO, "global_batch": GLOBAL, "lr": 3e-3, "warmup_steps": 0, "grad_clip": 0.5,
-                  "weight_decay": 0.1, "precision": "fp32"},
+                  "weight_decay": 0.1, "precision": "fp32", "activation_checkpointing": "full" if ac else "none"},
         "parallel": {"tp": tp, "cp": cp, "pp": pp, "zero_stage": zero, "sequence_parallel": sp},
         "logging": {"wandb": "disabled"},
     }
@@ -141,9 +142,9 @@ def run_case(case: str, out: Path | None) -> dict:
     from pretrain.parallelize import build_stage, prepare_model
     from pretrain.pipeline import StepRunner
 
-    family, tp, cp, pp, zero, sp = parse(case)
+    family, tp, cp, pp, zero, sp, ac = parse(case)
     world = dist.get_world_size()
-    cfg = from_dict(recipe(family, tp, cp, pp, zero, sp))
+    cfg = from_dict(recipe(family, tp, cp, pp, zero, sp, ac))
     cfg.validate(world)
     ensure_model_parallel(tp, pp, cp)
     dp, dp_rank = data_size(), data_rank()
@@ -176,7 +177,7 @@ def run_case(case: str, out: Path | None) -> dict:
     if counter is not None:
         layout = RankLayout(objective.mask_kind, SEQ, cp, cp_rank(), 2 if family == "bd3lm" else 0)
         per_layer = exchanged_bytes(layout, MICRO, cfg.model.kv_heads // tp, cfg.model.dim_head, 4)
-        result["counted"] = {"calls": counter.calls, "per_layer": per_layer,
+        result["counted"] = {"calls": counter.calls, "per_layer": per_layer, "recompute": ac,
                              "layers": len(model.layers), "micro": GLOBAL // (MICRO * dp)}
     engine.module.eval()
     red = stepper.reduce(stepper.eval_step(micro_batches(objective, 0, VAL, dp_rank, dp, bound=True)))
@@ -287,13 +288,15 @@ def test_context_parallel_trains_like_one_process(runs, references, case):
 def test_an_attention_layer_moves_one_stream_of_kv(runs, case):
     """Per attention layer and micro-batch, one all-gather of K and V (forward) and one reduce-scatter of
     their gradients (backward) on the CP group, each of L tokens x (K, V) x KV heads x head dim x 4 bytes:
-    the exchanged stream alone for the two-stream families (the sequence through the model is 2L)."""
+    the exchanged stream alone for the two-stream families (the sequence through the model is 2L). Full
+    activation checkpointing reruns the forward's all-gather in the backward."""
     _, results, _, _ = runs
     c = results[case]["counted"]
     L_tokens = 2 * MICRO * MODEL["n_kv_heads"] * SEQ * (MODEL["hidden"] // MODEL["n_heads"]) * 4
     assert c["per_layer"] == L_tokens
     n = c["layers"] * c["micro"]
-    assert sorted(c["calls"]) == sorted([("all_gather", L_tokens)] * n + [("reduce_scatter", L_tokens)] * n), c
+    gathers = 2 * n if c["recompute"] else n
+    assert sorted(c["calls"]) == sorted([("all_gather", L_tokens)] * gathers + [("reduce_scatter", L_tokens)] * n), c
 
 
 def test_trainer_at_cp2_is_the_one_process_run(runs, model_parallel):
