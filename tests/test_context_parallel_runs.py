@@ -1,5 +1,5 @@
-"""Context parallelism trains exactly like one process (CPU, gloo, fp32): one 2-process and one
-4-process launch (tests/distributed_run.py), compared with one-process references in this process.
+"""Context parallelism trains exactly like one process (CPU, gloo, fp32): one 4-process launch
+(tests/distributed_run.py), compared with one-process references in this process.
 
 `cp_cases` runs each case through the code the trainer runs (`build_stage`, `build_engine`,
 `StepRunner`, the objective's per-rank `prepare`) for 2 optimizer steps of 4 sequences in micro-batches
@@ -15,9 +15,9 @@ family's one-process run:
 
 Also: a byte counter around torch.distributed's collectives checks what one attention layer moves
 (two-stream families: L tokens of K/V per rank, not 2L); and through the Trainer (`launch_trainer`),
-the shared tiny run (conftest.py `tiny_run`) retrained at parallel.cp=2 gives its losses, gradient
+the shared tiny run (conftest.py `tiny_run`) retrained at parallel.cp=2 (x DP=2) gives its losses, gradient
 norms, weights and EMA; its first validation and unigram baseline are the one-process ones; cut back to
-its step-2 checkpoint it resumes at cp 2 as it ran; `load_model`, greedy decoding and the Hugging Face
+its step-2 checkpoint it resumes under the same layout as it ran; `load_model`, greedy decoding and the Hugging Face
 export of it are those of the one-process run.
 """
 
@@ -45,11 +45,13 @@ REL = 1e-5
 PARAM_ATOL = 3e-5  # one Adam step moves a weight by up to lr = 3e-3; summation orders differ by layout
 GRAD_ATOL = 1e-5
 
-TWO = [f"{f}-tp1cp2pp1z0" for f in FAMILIES] + ["setdlm-tp1cp2pp1z1", "bd3lm-tp1cp2pp1z0ac"]  # ac: full recomputation
-FOUR = [f"{f}-tp1cp4pp1z0" for f in FAMILIES] + [
+# One launch of 4 processes runs every case (a process start costs more than a tiny case): CP=4, and CP=2
+# with DP=2 (every rank of a replica set of 4), for every family, then the variants.
+CASES = [f"{f}-tp1cp4pp1z0" for f in FAMILIES] + [f"{f}-tp1cp2pp1z0" for f in FAMILIES] + [
+    "setdlm-tp1cp2pp1z1",  # ZeRO-1 over dp x cp = 4 replicas
+    "bd3lm-tp1cp2pp1z0ac",  # full activation checkpointing: the exchange rerun in the backward
     "setdlm-tp2cp2pp1z0sp",  # TP x CP with sequence parallelism inside each CP rank
     "bd3lm-tp2cp2pp1z1",
-    "mdlm-tp1cp2pp1z1",  # ZeRO-1 over dp x cp = 4 replicas (dp 2)
     "ar-tp1cp2pp1z3",  # ZeRO-3 partitions over dp x cp
     "setdlm-tp1cp2pp2z0",  # PP x CP
 ]
@@ -223,7 +225,8 @@ def trainer_runs(recipe_path: Path, out: Path) -> None:
     import torch.distributed as dist
 
     ensure_process_group()
-    over = ["parallel.cp=2", "train.eval_every=4", f"run.out_dir={out}"]
+    # cp 2 x dp 2 on 4 processes; micro-batches of 2 (the one-process run: 4, training is the same)
+    over = ["parallel.cp=2", "train.micro_batch=2", "train.eval_every=4", f"run.out_dir={out}"]
     Trainer(load_config(Path(recipe_path), [*over, "run.name=cp2"])).train()
     if dist.get_rank() == 0:
         run_as_of(out / "cp2", out / "cp2-resumed", 2)
@@ -238,13 +241,12 @@ def runs(tmp_path_factory, tiny_run):
 
     out = tmp_path_factory.mktemp("cp")
     recipe_path = write_recipe(out / "tiny.yaml", train=TINY_RUN_TRAIN)
-    two = run_distributed(_two, 2, out, recipe_path, timeout=1200)
-    four = run_distributed(cp_cases, 4, out, FOUR, timeout=1200)
-    return out, {**two.results[0], **four.results[0]}, two.results, tiny_run
+    ranks = run_distributed(_launch, 4, out, recipe_path, timeout=1200)
+    return out, ranks.results[0], ranks.results, tiny_run
 
 
-def _two(out: Path, recipe_path: Path) -> dict:
-    results = cp_cases(out, TWO)
+def _launch(out: Path, recipe_path: Path) -> dict:
+    results = cp_cases(out, CASES)
     trainer_runs(recipe_path, out / "trainer")
     return results
 
@@ -267,7 +269,7 @@ def _weights(out: Path, case: str) -> dict:
     return merge([(s["info"], s["state"]) for s in shards])
 
 
-@pytest.mark.parametrize("case", TWO + FOUR)
+@pytest.mark.parametrize("case", CASES)
 def test_context_parallel_trains_like_one_process(runs, references, case):
     out, results, _, _ = runs
     got, ref = results[case], references[parse(case)[0]]
@@ -300,7 +302,7 @@ def test_an_attention_layer_moves_one_stream_of_kv(runs, case):
 
 
 def test_trainer_at_cp2_is_the_one_process_run(runs, model_parallel):
-    """The shared tiny run retrained with parallel.cp=2 (through the Trainer, 2 processes)."""
+    """The shared tiny run retrained with parallel.cp=2 (through the Trainer, CP=2 x DP=2)."""
     from pretrain.checkpoint.inference import load_model
     from pretrain.config import load_config
     from pretrain.trainer import Trainer
@@ -345,5 +347,5 @@ def test_trainer_at_cp2_is_the_one_process_run(runs, model_parallel):
 def test_checkpoint_of_a_cp_run_records_the_layout(runs):
     out, _, _, _ = runs
     meta = json.loads((out / "trainer" / "cp2" / "checkpoints" / "step_00000004" / "meta.json").read_text())
-    assert meta["layout"]["cp"] == 2 and meta["layout"]["dp"] == 1 and meta["layout"]["world"] == 2
+    assert meta["layout"]["cp"] == 2 and meta["layout"]["dp"] == 2 and meta["layout"]["world"] == 4
     shutil.rmtree(out / "hf", ignore_errors=True)
