@@ -225,7 +225,8 @@ class StepRunner:
 
     # -- metrics ----------------------------------------------------------------------------------
     def reduce(self, values: dict) -> dict:
-        """Run-wide sums of per-rank metric sums: summed over data-parallel ranks; under pipeline
+        """Run-wide sums of per-rank metric sums: summed over the dp x cp replica group (a CP rank's sums
+        are those of its own tokens; counts of whole rows come from CP rank 0 alone); under pipeline
         parallelism taken from the last stage (which alone computes the loss) and given to every
         rank, so rank 0 (a first stage) logs the right values. TP peers hold equal values: not summed."""
         if self.pp > 1:
