@@ -152,8 +152,9 @@ class ParallelConfig:
         "seconds without a heartbeat after which a rank on another host is declared lost (ranks on the same "
         "host are checked by process; 0: off, only parallel.collective_timeout_s)"))
     cp: int = Field(1, ge=1, description=(
-        "context-parallel size: each sequence's tokens split over cp ranks (head-tail chunks of both streams); "
-        "tp * cp * pp divides the world size; gradients and ZeRO reduce over dp x cp"))
+        "context-parallel size: each sequence split over cp ranks (head-tail chunks of both streams, only the "
+        "clean stream's K/V exchanged; data.seq_len divisible by 2 * cp); tp * cp * pp divides the world size; "
+        "gradients and ZeRO reduce over dp x cp (docs/parallelism.md)"))
 
 
 @section("logging")
@@ -235,10 +236,16 @@ class RecipeConfig:
         self.objective.validate(self.data.seq_len)
         if p.pp > self.model.n_layers:
             raise ConfigError(f"parallel.pp: {p.pp} stages for {self.model.n_layers} layers")
+        if p.cp > 1:  # head-tail chunks: 2 * cp equal chunks, each a whole number of BD3-LM blocks
+            from model.context_parallel import check_layout
+
+            family = self.objective.family
+            check_layout(family.mask_kind, self.data.seq_len, p.cp, self.objective.block_size if family.blocked_mask else 0)
         if p.sequence_parallel:
-            tokens = self.objective.family.layout(self.data.seq_len).tokens_in
+            tokens = self.objective.family.layout(self.data.seq_len).tokens_in // p.cp
             if tokens % p.tp:
-                raise ConfigError(f"parallel.sequence_parallel: {tokens} tokens per sequence through the model are not "
+                where = "per sequence" if p.cp == 1 else f"per sequence on each of the parallel.cp={p.cp} ranks"
+                raise ConfigError(f"parallel.sequence_parallel: {tokens} tokens {where} through the model are not "
                                   f"divisible by parallel.tp={p.tp}; choose data.seq_len so that they are")
 
     def _check_lora_rank(self) -> None:

@@ -10,7 +10,6 @@ import torch.distributed as dist
 from .mcore import parallel_state
 
 from common.errors import Error
-from common.schema import ConfigError
 from common.storage import check_output_dir, tree_bytes
 from data_pipeline.loader import build_loader
 from data_pipeline.reader import fill_rows
@@ -29,7 +28,8 @@ from .ema import EMA
 from .engine import build_engine, resolve_precision, zero3_init, zero3_notes
 from .flops import device_peak_tflops, step_flops
 from .logger import MetricsLogger
-from .parallel import data_rank, data_size, ensure_model_parallel, ensure_process_group, replica_group
+from .parallel import (data_group, data_rank, data_size, ensure_model_parallel, ensure_process_group, replica_group,
+                       replica_rank, replica_size)
 from .parallelize import build_stage, prepare_model
 from .pipeline import StepRunner, add_metrics
 from .preemption import active_handler, release_handler
@@ -50,12 +50,14 @@ class Trainer:
         cfg.validate(self.world)
         fp8.check_available(cfg.model.fp8)  # Transformer Engine + an FP8 GPU, or a clear error now
         p = cfg.parallel
-        if p.cp > 1:
-            raise ConfigError(f"parallel.cp: context parallelism is not built yet (got {p.cp}); use parallel.cp: 1")
         ensure_model_parallel(p.tp, p.pp, p.cp)
         self.dp_rank, self.dp_size = data_rank(), data_size()  # the loader's axis (CP peers read the same samples)
         self.mp_rank = parallel_state.get_model_parallel_group().rank()
         self.dp_group = replica_group()  # dp x cp: the ranks that hold the same weights
+        self.data_group = data_group()  # dp: one rank per CP group (what the loaders read is summed over it)
+        self.replica_rank, self.replica_size = replica_rank(), replica_size()
+        # CP peers read the same rows: rank 0 of each CP group counts them (tokens seen, validation rows)
+        self.counts_rows = parallel_state.get_context_parallel_rank() == 0
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
         self.run_dir = cfg.run_dir
         self.ckpt_root = rundir.checkpoints_dir(self.run_dir)
@@ -68,10 +70,12 @@ class Trainer:
         # this rank's TP shard of its PP stage, allocated and initialised on the device, then FP8,
         # activation checkpointing and torch.compile (pretrain/parallelize.py)
         model = build_stage(cfg.model, p.tp, p.pp, device=self.device, sequence_parallel=p.sequence_parallel,
-                            zero_init=zero_init, lora=cfg.train.lora)
+                            zero_init=zero_init, lora=cfg.train.lora, cp=p.cp)
         self.notes = prepare_model(model, cfg)
         self.notes += zero3_notes(model, cfg)
-        self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len, cross_entropy=model.tp.cross_entropy)
+        # under CP, prepare() gives this rank its part of every sequence (model/objectives/base.py for_rank)
+        self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len, cross_entropy=model.tp.cross_entropy,
+                                         context=model.cp)
         if self.precision == "bf16" and p.zero_stage == 0:
             # DeepSpeed's bf16 path without ZeRO (its unfused FP16 wrapper) drifts from fp32 after the
             # first step; its ZeRO-1 bf16 optimizer tracks fp32 (docs/architecture.md). ZeRO-1 is the
@@ -123,7 +127,8 @@ class Trainer:
     def meta(self) -> dict:
         p = self.cfg.parallel
         return {"step": self.step, "tokens_seen": self.tokens_seen, "wandb_id": self.logger.wandb_id,
-                "layout": {"world": self.world, "tp": p.tp, "pp": p.pp, "dp": self.dp_size, "zero_stage": p.zero_stage},
+                "layout": {"world": self.world, "tp": p.tp, "pp": p.pp, "cp": p.cp, "dp": self.dp_size,
+                           "zero_stage": p.zero_stage},
                 "tokenizer": self.tokenizer.name, "tokenizer_sha256": self.tokenizer.sha256,
                 "objective": self.cfg.objective.name, "config": self.cfg.to_dict(),
                 "data": self.train_loader.record()}  # per source: samples, tokens, epochs (`setdlm data inspect RUN`)
@@ -143,7 +148,7 @@ class Trainer:
         extra = {"rng": rng.rng_state(), "data": self.train_loader.state_dict(), "step": self.step}
         path = save_checkpoint(self.engine, self.ckpt_root, self.step, meta=self.meta(), extra=extra,
                                ema_state=self.ema.state_dict() if self.ema else None, keep_last=self.cfg.train.keep_last,
-                               mp_rank=self.mp_rank, dp_rank=self.dp_rank, rank=self.rank, need=self.ckpt_bytes)
+                               mp_rank=self.mp_rank, dp_rank=self.replica_rank, rank=self.rank, need=self.ckpt_bytes)
         self.ckpt_bytes = tree_bytes(path) if self.rank == 0 else self.ckpt_bytes  # measured: the next one's need
         return path
 
@@ -157,7 +162,7 @@ class Trainer:
         saved_meta = rundir.read_meta(path)
         resume.check_compatible(saved_meta, self.cfg, path, self.tokenizer)  # other weights or tokenizer: refused
         p = self.cfg.parallel
-        if resume.same_layout(saved_meta, p.tp, p.pp, self.dp_size, p.zero_stage):
+        if resume.same_layout(saved_meta, p.tp, p.pp, self.dp_size, p.zero_stage, cp=p.cp):
             meta, extra, ema = resume.load(self.engine, path, rank=self.rank, mp_rank=self.mp_rank)
             if self.ema is not None and ema is not None:
                 self.ema.load_state_dict(ema)
@@ -215,7 +220,8 @@ class Trainer:
         n_params = parameter_count(cfg.model)
         self.logger.write(
             f"setdlm: {cfg.objective.name} | {n_params / 1e6:.1f}M params | world {self.world} "
-            f"(tp {cfg.parallel.tp}, pp {cfg.parallel.pp}, dp {self.dp_size}, ZeRO-{cfg.parallel.zero_stage}) | "
+            f"(tp {cfg.parallel.tp}, pp {cfg.parallel.pp}, " + (f"cp {cfg.parallel.cp}, " if cfg.parallel.cp > 1 else "")
+            + f"dp {self.dp_size}, ZeRO-{cfg.parallel.zero_stage}) | "
             f"L={cfg.data.seq_len} global batch {t.global_batch} | run dir {self.run_dir}"
             + (f" | resumed at step {self.step}" if resumed else ""))
         handler = self.preemption
@@ -248,7 +254,8 @@ class Trainer:
             except StopIteration:  # data.on_exhausted=stop: a mixture source ran out (at a step boundary)
                 last["exhausted"] = self._end_of_data()
                 break
-            self._rows += sum(len(b["input_ids"]) for b in batches)
+            if self.counts_rows:
+                self._rows += sum(len(b["input_ids"]) for b in batches)
             m, gnorm = self.stepper.train_step([self._prepare(b, TRAIN) for b in batches])
             add_metrics(window_loss, m)
             self.step += 1
@@ -323,7 +330,7 @@ class Trainer:
         from model.sampling.report import speed_report
 
         p = self.cfg.parallel
-        if p.tp * p.pp > 1 or (p.zero_stage == 3 and self.dp_size > 1):  # rank 0 alone holds no whole model
+        if p.tp * p.pp > 1 or (p.zero_stage == 3 and self.replica_size > 1):  # rank 0 alone holds no whole model
             self.logger.write("train.sample_at_end: skipped, the weights are sharded under this layout; "
                               f"sample the checkpoint instead (setdlm sample --checkpoint {self.run_dir})")
             return

@@ -145,7 +145,7 @@ def mounts(tmp_path):
 # node ids, which pytest 9 no longer allows; `pytest_xdist_make_scheduler` below takes its place.)
 SHARED_GROUPS = {
     "parity_runs": ("test_parallel_parity", "test_recompute_parallel", "test_lora_parallel"),
-    "tiny_run": ("test_checkpoint_safety", "test_eval_overlong", "test_init_from_checkpoint"),
+    "tiny_run": ("test_checkpoint_safety", "test_eval_overlong", "test_init_from_checkpoint", "test_context_parallel_runs"),
     "served": ("test_serve_api", "test_chat_template", "test_serve_clients", "test_serve_hostile", "test_serve_load",
                "test_trace_page"),
     "random_gpt2_run": ("test_eval_reports", "test_option_refusals"),

@@ -49,10 +49,11 @@ def check_compatible(meta: dict, cfg, path: Path, tokenizer=None) -> None:
                               "start another run (run.name) for another model")
 
 
-def same_layout(meta: dict, tp: int, pp: int, dp: int, zero_stage: int) -> bool:
-    """Whether the checkpoint was saved under this TP x PP x DP layout and ZeRO stage."""
+def same_layout(meta: dict, tp: int, pp: int, dp: int, zero_stage: int, cp: int = 1) -> bool:
+    """Whether the checkpoint was saved under this TP x PP x CP x DP layout and ZeRO stage."""
     saved = meta["layout"]
-    return (saved["tp"], saved["pp"], saved["dp"], saved.get("zero_stage", 0)) == (tp, pp, dp, zero_stage)
+    return ((saved["tp"], saved["pp"], saved.get("cp", 1), saved["dp"], saved.get("zero_stage", 0))
+            == (tp, pp, cp, dp, zero_stage))
 
 
 def set_scheduler_step(scheduler, step: int) -> None:

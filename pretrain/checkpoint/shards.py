@@ -141,6 +141,7 @@ def check_complete(ckpt: Path, layout: dict, ema: bool) -> None:
     zero_pp_rank_D_mp_rank_XX_optim_states.pt per data-parallel rank under ZeRO >= 1, and the EMA file
     of every model-parallel rank when the run kept an EMA."""
     tp, pp, dp, zero = _int(layout, "tp"), _int(layout, "pp"), _int(layout, "dp"), _int(layout, "zero_stage")
+    dp *= _int(layout, "cp")  # ZeRO partitions over the replica set: dp x cp ranks (pretrain/parallel.py)
     mps = [f"{m:02d}" for m in range(tp * pp)]
     if zero >= 3:
         need = [f"zero_pp_rank_{d}_mp_rank_{m}_{kind}_states.pt" for m in mps for d in range(dp) for kind in ("model", "optim")]
