@@ -4,33 +4,36 @@
     spec = families.get(recipe.objective.name)   # ConfigError naming the valid names if unknown
     spec.layout(seq_len, objective).tokens_in    # 2L for the two-stream families
 
-Adding a family: a module beside these with a FamilySpec subclass and its SPEC, and that SPEC added to
-REGISTERED (one line); tests/test_family_contract.py then checks it like every other family
+Adding a family: a module beside these with a FamilySpec subclass and its SPEC, and the module's name
+added to MODULES (one line); tests/test_family_contract.py then checks it like every other family
 (docs/architecture.md, "Adding a family").
 """
 
 from __future__ import annotations
 
+import importlib
+
 from common.schema import ConfigError
 
-from . import ar
-from . import bd3lm
-from . import mdlm
-from . import setdlm
 from .spec import DECODING_MODES, INFERENCE_MASKS, FamilySpec, Layout
 
-REGISTERED: tuple[FamilySpec, ...] = (
-    setdlm.SPEC,  # the default first
-    bd3lm.SPEC,
-    mdlm.SPEC,
-    ar.SPEC,
+# The family modules of this package, one per line, the default first: each defines SPEC.
+MODULES = (
+    "setdlm",
+    "bd3lm",
+    "mdlm",
+    "ar",
 )
 
-# The specs by constant, for code that means one family (the reference's releases, benchmarks).
-SETDLM = setdlm.SPEC
-BD3LM = bd3lm.SPEC
-MDLM = mdlm.SPEC
-AR = ar.SPEC
+
+def _spec_of(module: str) -> FamilySpec:
+    spec = getattr(importlib.import_module(f"{__name__}.{module}"), "SPEC", None)
+    if not isinstance(spec, FamilySpec):
+        raise ValueError(f"model/families/{module}.py: SPEC must be a FamilySpec instance, got {spec!r}")
+    return spec
+
+
+REGISTERED: tuple[FamilySpec, ...] = tuple(_spec_of(m) for m in MODULES)
 DEFAULT = REGISTERED[0]  # objective.name and sampling.family when none is given
 
 
@@ -46,6 +49,12 @@ def _index(specs) -> dict[str, FamilySpec]:
 
 
 _BY_NAME = _index(REGISTERED)
+
+# The specs by constant, for code that means one family (the reference's releases, benchmarks).
+SETDLM = _BY_NAME["setdlm"]
+BD3LM = _BY_NAME["bd3lm"]
+MDLM = _BY_NAME["mdlm"]
+AR = _BY_NAME["ar"]
 
 
 def names() -> tuple[str, ...]:
@@ -72,5 +81,5 @@ def from_reference_name(word: str) -> FamilySpec | None:
     return None
 
 
-__all__ = ["FamilySpec", "Layout", "REGISTERED", "DEFAULT", "DECODING_MODES", "INFERENCE_MASKS", "names", "get",
+__all__ = ["FamilySpec", "Layout", "MODULES", "REGISTERED", "DEFAULT", "DECODING_MODES", "INFERENCE_MASKS", "names", "get",
            "from_reference_name"]
