@@ -215,7 +215,8 @@ jobs = torch.load(sys.argv[1])
 out = {}
 for name, job in jobs.items():
     m = AutoModelForMaskedLM.from_pretrained(job["dir"], trust_remote_code=True).eval()
-    r = {"traits": (m.config.inference_mask, m.config.decoding)}
+    sd = getattr(m.config, "set_diffusion", {})  # an export of format 1 has no traits
+    r = {"traits": (sd.get("inference_mask"), sd.get("decoding"))}
     with torch.no_grad():
         r["logits"] = m(job["ids"], position_ids=job["pos"], attention_mask=job["mask"]).logits
         r["default"] = m(job["plain"]).logits  # the inference mask of config.json

@@ -37,9 +37,10 @@ def _v1_to_v2(record: dict) -> dict:
     if not isinstance(record.get("set_diffusion"), dict):
         return record
     sd = dict(record["set_diffusion"])
-    spec = families.get(sd.get("family") or families.DEFAULT.name, "config.json: set_diffusion.family")
-    for key, value in spec.inference_traits().items():
-        sd.setdefault(key, value)
+    family = sd.get("family") or families.DEFAULT.name
+    if family in families.names():  # else check_export_config names the unknown family
+        for key, value in families.get(family).inference_traits().items():
+            sd.setdefault(key, value)
     return {**record, "set_diffusion": sd}
 
 
