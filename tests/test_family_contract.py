@@ -22,7 +22,6 @@ test runs the contract so in its scratch copy).
 
 from __future__ import annotations
 
-import io
 import json
 import os
 import re
