@@ -47,8 +47,10 @@ assert NAMES, f"SETDLM_CONTRACT_ONLY={ONLY} names no registered family ({', '.jo
 ARCHS = ({}, {"norm": "rmsnorm", "activation": "swiglu", "n_heads": 4, "n_kv_heads": 2, "qk_norm": True,
               "bias": False, "tie_embeddings": False, "ffn_hidden": 48},
          {"bias": False, "tie_embeddings": False, "n_layers": 2}, {"tie_embeddings": False, "head_bias": True, "n_heads": 4})
+# init_std 0.5: peaked enough for thresholds to matter, never saturated (probabilities of exactly 1.0 in
+# float32 tie between positions, and the package and the export may round them apart)
 TINY = {"n_layers": 1, "hidden": 32, "n_heads": 2, "ffn_hidden": 64, "max_seq_len": 32, "vocab_pad_multiple": 8,
-        "init_std": 1.0, "dropout": 0.0}
+        "init_std": 0.5, "dropout": 0.0}
 SEQ = 16
 
 
@@ -243,7 +245,7 @@ def _decode_cases(spec, prompts, infill, limit: int) -> dict:
     """Greedy cases per family: {key: (SamplingConfig overrides, set_diffusion_generate kwargs)}."""
     from model.sampling import Infill
 
-    cases = {"plain": ({}, {}), "threshold": ({"threshold": 0.3}, {"threshold": 0.3})}
+    cases = {"plain": ({}, {}), "threshold": ({"threshold": 0.5}, {"threshold": 0.5})}
     steps_key = {"block": "steps_per_block", "full_sequence": "steps"}.get(spec.decoding)
     if steps_key:  # fewer steps than positions: several commits per step
         cases["steps"] = ({steps_key: 2}, {"steps": 2})
