@@ -71,7 +71,7 @@ def render_card(config: dict, *, name: str, recipe: dict | None = None, training
             "print(tok.decode(out.sequences[0]), out.tokens_per_step[0])"]
     out += ["", "# logits at given positions under a given attention pattern or mask (True = may attend):",
             "ids = torch.tensor([prompt])",
-            'logits = model(ids, position_ids=torch.arange(ids.shape[1])[None], attention_type="causal").logits',
+            f'logits = model(ids, position_ids=torch.arange(ids.shape[1])[None], attention_type="{spec.inference_mask}").logits',
             "```", ""]
     out.append(spec.card_usage or DECODING_USAGE[spec.decoding])
     arch = [("parameters", f"{params / 1e6:.1f}M" if params else None),
