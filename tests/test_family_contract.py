@@ -499,6 +499,15 @@ def add_toy_family(repo: Path) -> None:
     reg.write_text("".join(lines[:end] + ['    "mdlm_elbo",\n'] + lines[end:]))
 
 
+def test_the_docs_list_what_the_toy_family_touches():
+    """docs/architecture.md "Adding a family" names exactly the three places add_toy_family writes."""
+    doc = (REPO / "docs" / "architecture.md").read_text().split("### Adding a family", 1)[1].split("###", 1)[0]
+    steps = re.findall(r"^(\d)\. (.*)$", doc, re.M)
+    assert [n for n, _ in steps] == ["1", "2", "3"], steps
+    assert "`model/objectives/xyz.py`" in steps[0][1] and "`model/families/xyz.py`" in steps[1][1]
+    assert '`"xyz",` in `MODULES` in `model/families/__init__.py`' in steps[2][1]
+
+
 @pytest.mark.slow
 def test_a_toy_family_added_the_documented_way_passes_the_contract(tmp_path):
     if ONLY:
