@@ -76,7 +76,7 @@ def test_untied_safetensors_release_and_the_other_families(fx, tmp_path):
     bb = fx["bb_untied"]
     ids = torch.randint(0, 50257, (2, 20), generator=torch.Generator().manual_seed(0))
     pos = torch.arange(20).expand(2, 20)
-    for family in ("ar", "bd3lm", "mdlm"):
+    for family in ("ar", "bd3lm", "mdlm"):  # the reference's released families besides SW-SetDLM, not the registry
         d = rf.write_release(tmp_path / f"gsm8k-{family}", bb, rf.release_config(family, L, block=8),
                              safetensors=family == "mdlm")
         run = import_reference(d, tmp_path / f"run-{family}", base_model=str(fx["base_untied"]), log=lambda s: None)

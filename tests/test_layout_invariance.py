@@ -22,13 +22,14 @@ import torch
 
 from distributed_run import run_distributed
 from helpers import read_metrics, run_as_of, write_recipe
+from model import families
 from pretrain.config import load_config
 from pretrain.checkpoint.consolidate import main as consolidate_main
 from pretrain.trainer import Trainer
 
 pytestmark = pytest.mark.slow
 
-OBJECTIVES = ("ar", "mdlm", "bd3lm", "setdlm")
+OBJECTIVES = families.names()
 REL = 1e-5
 ATOL = 3e-5  # weights: one Adam step moves a weight by up to lr = 3e-3; reduction order differs by layout
 

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from model import families
 from model.sampling import SamplingConfig, generate
 from model.sampling.processors import (accept_top1, accept_top_k, choose, presence, repetition_penalty,
                                        top_k_filter, top_p_filter)
@@ -55,7 +56,7 @@ def test_acceptance_rules():
     assert accept_top_k(conf, active, torch.tensor([1, 1]), 0.15).tolist() == [[True, True, False, False], [False] * 4]
 
 
-@pytest.mark.parametrize("family", ["setdlm", "bd3lm", "mdlm", "ar"])
+@pytest.mark.parametrize("family", families.names())
 def test_seeded_sampling_is_reproducible(one_thread, family):
     model = tiny_model(seed=3)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]

@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from model import families
 from model.sampling import Infill, SamplingConfig, generate
 from model.sampling.session import Session
 from model.sampling.testing import CharTokenizer, tiny_model
@@ -11,9 +12,11 @@ from model.sampling.testing import CharTokenizer, tiny_model
 PROMPTS = [[1, 2, 3], Infill([4, 5], 6, [7, 8, 9]), [11], [12, 13, 14, 15, 16, 17, 18, 19], Infill([20], 9, []),
            [21, 22], [23, 24, 25, 26], Infill([27, 28, 29, 30, 31], 4, [32]), [33, 34, 35, 36, 37, 38], [40]]
 SPANS = [12, None, 5, 9, None, 14, 3, None, 10, 7]
-FAMILIES = [("setdlm", dict(window=4, threshold=0.6)), ("setdlm", dict(window=4)),
-            ("setdlm", dict(window=4, threshold=0.6, adaptive_window=True, window_max=8)),
-            ("bd3lm", dict(block_size=4, threshold=0.6)), ("mdlm", dict(threshold=0.6)), ("ar", {})]
+# Every family with the settings its sampler reads (window, block size, a threshold; each ignores the
+# others'), and SW-SetDLM's own variants: one token per step, an adaptive window.
+FAMILIES = [(name, dict(window=4, block_size=4, threshold=0.6)) for name in families.names()] + [
+    (families.SETDLM.name, dict(window=4)),
+    (families.SETDLM.name, dict(window=4, threshold=0.6, adaptive_window=True, window_max=8))]
 
 
 @pytest.fixture(scope="module")

@@ -5,11 +5,12 @@ import pytest
 
 from helpers import killed_and_resumed, read_metrics, write_recipe
 from launch.cli import main as cli_main
+from model import families
 from pretrain.config import load_config
 from pretrain.trainer import Trainer
 
 
-@pytest.mark.parametrize("objective", ["ar", "mdlm", "bd3lm", "setdlm"])
+@pytest.mark.parametrize("objective", families.names())
 def test_every_objective_reduces_validation_nll(tmp_path, model_parallel, objective):
     recipe = write_recipe(tmp_path / "r.yaml")
     cfg = load_config(recipe, [f"objective.name={objective}", f"run.out_dir={tmp_path}", "train.max_steps=30",
