@@ -12,13 +12,14 @@ from common.schema import ConfigError
 from model import flex
 from model.config import ModelConfig, ObjectiveConfig
 from model.context_parallel import STREAMS, ContextParallel, RankLayout, check_layout, chunk_positions, to_stream_order
+from model import families
 from model.masks import build_mask, with_key_padding
 from model.objectives import build_objective
 
 L = 16
 BLOCK = 2
 KINDS = list(STREAMS)
-FAMILY_KIND = {"ar": "causal", "mdlm": "bidirectional", "bd3lm": "block_diffusion", "setdlm": "set_causal"}
+FAMILY_KIND = {name: families.get(name).mask_kind for name in families.names()}
 
 
 def _layouts(kind: str, cp: int) -> list[RankLayout]:

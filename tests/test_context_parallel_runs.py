@@ -33,11 +33,12 @@ import pytest
 import torch
 
 from distributed_run import run_distributed
+from model import families
 from helpers import read_metrics, run_as_of, write_recipe
 
 pytestmark = pytest.mark.slow
 
-FAMILIES = ("ar", "mdlm", "bd3lm", "setdlm")
+FAMILIES = families.names()
 SEQ, GLOBAL, MICRO, STEPS, VOCAB, SEED = 16, 4, 2, 2, 250, 11
 MODEL = dict(n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, norm="rmsnorm", activation="swiglu",
              qk_norm=True, bias=False, tie_embeddings=True)
