@@ -11,6 +11,7 @@ from common.schema import ConfigError, Field, section
 
 from .. import families
 from ..config import CACHE_ORDERS
+from .processors import REPETITION_PENALTY_RANGE, TEMPERATURE_FLOOR
 
 FAMILIES = families.names()
 # The SW-SetDLM window when neither the config nor the model gives one: D = 4, the set size of the
@@ -55,11 +56,13 @@ class SamplingConfig:
     steps: int | None = Field(None, ge=1, description="MDLM denoising steps over the span (null: its length)")
     remasking: Literal[REMASKING] = Field("confidence", description=(
         "MDLM: unmask the most confident positions, or uniformly random ones (ancestral order)"))
-    temperature: float = Field(0.0, ge=0.0, description="0: greedy (argmax); otherwise sampled")
+    temperature: float = Field(0.0, ge=0.0, description=(
+        "0: greedy (argmax); otherwise sampled (below processors.TEMPERATURE_FLOOR, 1e-5: greedy)"))
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens (0: off)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus: smallest set with this probability (1: off)")
-    repetition_penalty: float = Field(1.0, gt=0.0, description=(
-        "CTRL-style penalty on tokens present (positive logits / p, negative * p; 1: off)"))
+    repetition_penalty: float = Field(1.0, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1], description=(
+        "CTRL-style penalty on tokens present (positive logits / p, negative * p; 1: off; within "
+        "processors.REPETITION_PENALTY_RANGE, 1e-6 to 1e6, so logits stay finite)"))
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description=(
         "OpenAI's: subtracted from the logit of every token the output already holds (0: off)"))
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description=(
@@ -116,7 +119,8 @@ class SamplingConfig:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        """Argmax decoding: temperature 0, or below TEMPERATURE_FLOOR (the limit of sampling as it goes to 0)."""
+        return self.temperature < TEMPERATURE_FLOOR
 
     @property
     def window_size(self) -> int:
