@@ -336,6 +336,8 @@ async def _stream(request, srv: Server, pl, job, inbox: asyncio.Queue, ids: Ids,
                 "code": None}}
             await resp.write(sse(body))
             await resp.write_eof()
+            if msg[0] == "expired":
+                srv.scheduler.cancel(job)  # its rows leave their slots: the decode loop can stop
             return resp, None
         i = msg[1]
         if msg[0] == "step":

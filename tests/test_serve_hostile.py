@@ -3,6 +3,7 @@ wrong, a catastrophic stop regex stalls nothing, values the server cannot honour
 the field, and past --max-waiting requests get 429 with Retry-After (a bounded load test)."""
 
 import asyncio
+import json
 import threading
 import time
 
@@ -192,3 +193,60 @@ def test_overload_gets_429_with_retry_after_and_health_says_so(served):
         assert never.status_code == 400 and never.json()["error"]["param"] == "n"
     finally:
         srv.close()
+
+
+HEALTH_S, SMALL_S = 2.0, 10.0  # the acceptance check's 1 s and 5 s with room for a shared 2-core machine
+
+
+def test_heavy_bodies_stall_nothing(server, served):
+    """The shape of the acceptance check serve-heavy-bodies (benchmarks/bench_serve.py --heavy-bodies runs
+    it with its own numbers): 8 clients send a 4 MB body at once (4 completion prompts, 4 chat
+    messages) while /health and /metrics are polled and a small completion is sent alongside. Every
+    poll answers within HEALTH_S, the small completion ends within SMALL_S with its output alone, each
+    heavy body is a 400 naming its field (tokenised only up to the model's positions), and temperature
+    or repetition_penalty 1e-300 get 200 (greedy: the temperature-0 output) or a 400 naming the field."""
+    text = ("The quick brown fox jumps over the lazy dog. " * 93_000)[: 4 << 20]
+    heavy = [json.dumps({"prompt": text, "max_tokens": 4}).encode()] * 4 + \
+        [json.dumps({"messages": [{"role": "user", "content": text}], "max_tokens": 4}).encode()] * 4
+    small = {"prompt": "The for statement", "max_tokens": 8, "temperature": 0}
+    polls, answers = [], {}
+
+    async def run():
+        stop = asyncio.Event()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            async def watch():
+                while not stop.is_set():
+                    for path in ("/health", "/metrics"):
+                        t0 = time.monotonic()
+                        async with session.get(server.url + path) as r:
+                            await r.read()
+                            assert r.status == 200
+                        polls.append(time.monotonic() - t0)
+                    await asyncio.sleep(0.05)
+
+            async def post(path, data: bytes, delay: float = 0.0):
+                await asyncio.sleep(delay)
+                t0 = time.monotonic()
+                async with session.post(server.url + path, data=data, headers={"Content-Type": "application/json"}) as r:
+                    return r.status, await r.json(), time.monotonic() - t0
+
+            watcher = asyncio.create_task(watch())
+            answers["heavy"] = await asyncio.gather(*(post(CHAT if i >= 4 else C, b) for i, b in enumerate(heavy)),
+                                                    post(C, json.dumps(small).encode(), 0.2))
+            stop.set()
+            await watcher
+
+    asyncio.run(run())
+    *big, little = answers["heavy"]
+    assert len(polls) >= 4 and max(polls) < HEALTH_S, sorted(polls)[-3:]
+    assert little[0] == 200 and little[2] < SMALL_S, little
+    alone = httpx.post(server.url + C, json=small, timeout=60).json()
+    assert little[1]["choices"][0]["text"] == alone["choices"][0]["text"]
+    for i, (status, body, _) in enumerate(big):
+        param = "messages" if i >= 4 else "prompt"
+        assert status == 400 and body["error"]["param"] == param, body
+        assert body["error"]["message"].startswith(f"{param}: more than 64 prompt tokens exceed the model's 64 positions")
+    tiny_t = httpx.post(server.url + C, json={**small, "temperature": 1e-300, "seed": 3}, timeout=60)
+    assert tiny_t.status_code == 200 and tiny_t.json()["choices"][0]["text"] == alone["choices"][0]["text"]
+    tiny_p = httpx.post(server.url + C, json={**small, "setdlm": {"repetition_penalty": 1e-300}}, timeout=60)
+    assert tiny_p.status_code == 400 and tiny_p.json()["error"]["param"] == "setdlm.repetition_penalty", tiny_p.text
