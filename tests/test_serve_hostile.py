@@ -250,3 +250,75 @@ def test_heavy_bodies_stall_nothing(server, served):
     assert tiny_t.status_code == 200 and tiny_t.json()["choices"][0]["text"] == alone["choices"][0]["text"]
     tiny_p = httpx.post(server.url + C, json={**small, "setdlm": {"repetition_penalty": 1e-300}}, timeout=60)
     assert tiny_p.status_code == 400 and tiny_p.json()["error"]["param"] == "setdlm.repetition_penalty", tiny_p.text
+
+
+def _with_template(served, template: str):
+    """`served` whose tokenizer carries the chat template `template` (not yet checked)."""
+    import copy
+    import dataclasses
+
+    tok = copy.copy(served.tokenizer)
+    tok.chat_template = template
+    return dataclasses.replace(served, tokenizer=tok, chat=None, chat_error=None, chat_checked=False)
+
+
+@pytest.mark.slow
+def test_a_failing_chat_template_is_checked_at_start_and_remembered(served, monkeypatch):
+    """A template that fails a short chat is found when the server starts; every chat request is then a 400
+    naming `messages` at once, without rendering it again; completions are served as usual."""
+    from data_pipeline.template_worker import TemplateWorker
+
+    renders = []
+    real = TemplateWorker.render
+    monkeypatch.setattr(TemplateWorker, "render", lambda self, *a, **k: renders.append(1) or real(self, *a, **k))
+    srv = ThreadServer(_with_template(served, "{{ raise_exception('this template is broken') }}"))
+    try:
+        assert renders and srv.server.served.chat_error is not None  # checked before listening
+        checked = len(renders)
+        for _ in range(3):
+            r = httpx.post(srv.url + CHAT, json={"messages": [{"role": "user", "content": "hi"}]}, timeout=60)
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["param"] == "messages" and "this template is broken" in err["message"]
+        assert len(renders) == checked  # never rendered again
+        assert httpx.post(srv.url + C, json={"prompt": "A class", "max_tokens": 2}, timeout=60).status_code == 200
+    finally:
+        srv.close()
+
+
+@pytest.mark.slow
+def test_slow_chat_renders_have_their_own_pool_and_time_limit(served, monkeypatch):
+    """A template that loops on some messages (it passes the start-up check): 3 such chats at once end
+    with a 400 naming `messages` after the per-request limit (1 s here), while a completion sent beside
+    them is answered at once and a normal chat is answered too (rendered by a free or restarted worker)."""
+    from serve import app
+
+    monkeypatch.setattr(app, "CHAT_RENDER_SECONDS", 1.0)
+    looping = ("{% for m in messages %}{% if m.content == 'loop' %}{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}"
+               "{% endfor %}{% endif %}"
+               "{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+    srv = ThreadServer(_with_template(served, looping))
+    took = {}
+
+    async def run():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            async def post(name, path, body, delay=0.0):
+                await asyncio.sleep(delay)
+                t0 = time.monotonic()
+                async with session.post(srv.url + path, json=body) as r:
+                    took[name] = (r.status, await r.json(), time.monotonic() - t0)
+
+            loop = {"messages": [{"role": "user", "content": "loop"}], "max_tokens": 2}
+            await asyncio.gather(*(post(f"loop{i}", CHAT, loop) for i in range(3)),
+                                 post("plain", C, {"prompt": "A class", "max_tokens": 4, "temperature": 0}, 0.2),
+                                 post("chat", CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                                      0.2))
+
+    try:
+        asyncio.run(run())
+    finally:
+        srv.close()
+    for i in range(3):
+        status, body, _ = took[f"loop{i}"]
+        assert status == 400 and body["error"]["param"] == "messages" and "1 s" in body["error"]["message"], body
+    assert took["plain"][0] == 200 and took["plain"][2] < max(took[f"loop{i}"][2] for i in range(3)), took
+    assert took["chat"][0] == 200, took["chat"]
