@@ -111,7 +111,8 @@ def test_a_temperature_below_the_floor_is_greedy_and_penalties_stay_finite(one_t
     cfg = SamplingConfig(max_new_tokens=10, window=4, threshold=0.8)
     greedy = [o.tokens for o in generate(model, prompts, cfg)]
     assert [o.tokens for o in generate(model, prompts, cfg, temperature=1e-300, seed=1)] == greedy
-    assert SamplingConfig(temperature=TEMPERATURE_FLOOR / 2).greedy and not SamplingConfig(temperature=TEMPERATURE_FLOOR).greedy
+    assert SamplingConfig(temperature=TEMPERATURE_FLOOR / 2).greedy
+    assert not SamplingConfig(temperature=TEMPERATURE_FLOOR).greedy
     for bad in (1e-300, REPETITION_PENALTY_RANGE[0] / 2, REPETITION_PENALTY_RANGE[1] * 2):
         with pytest.raises(ValueError, match="sampling.repetition_penalty"):
             SamplingConfig(repetition_penalty=bad)
@@ -122,4 +123,5 @@ def test_a_temperature_below_the_floor_is_greedy_and_penalties_stay_finite(one_t
         assert torch.isfinite((adjusted / c.temperature).softmax(-1)).all()
         tok, conf = choose(adjusted, c, torch.Generator().manual_seed(0))
         assert tok.item() in (0, 2) and torch.isfinite(conf).all()
-        assert len(generate(model, prompts, cfg, temperature=TEMPERATURE_FLOOR, repetition_penalty=p, seed=1)[0].tokens) == 10
+        out = generate(model, prompts, cfg, temperature=TEMPERATURE_FLOOR, repetition_penalty=p, seed=1)
+        assert len(out[0].tokens) == 10

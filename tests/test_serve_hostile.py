@@ -227,7 +227,8 @@ def test_heavy_bodies_stall_nothing(server, served):
             async def post(path, data: bytes, delay: float = 0.0):
                 await asyncio.sleep(delay)
                 t0 = time.monotonic()
-                async with session.post(server.url + path, data=data, headers={"Content-Type": "application/json"}) as r:
+                headers = {"Content-Type": "application/json"}
+                async with session.post(server.url + path, data=data, headers=headers) as r:
                     return r.status, await r.json(), time.monotonic() - t0
 
             watcher = asyncio.create_task(watch())
@@ -245,7 +246,8 @@ def test_heavy_bodies_stall_nothing(server, served):
     for i, (status, body, _) in enumerate(big):
         param = "messages" if i >= 4 else "prompt"
         assert status == 400 and body["error"]["param"] == param, body
-        assert body["error"]["message"].startswith(f"{param}: more than 64 prompt tokens exceed the model's 64 positions")
+        assert body["error"]["message"].startswith(f"{param}: more than 64 prompt tokens exceed the model's 64 "
+                                                   "positions")
     tiny_t = httpx.post(server.url + C, json={**small, "temperature": 1e-300, "seed": 3}, timeout=60)
     assert tiny_t.status_code == 200 and tiny_t.json()["choices"][0]["text"] == alone["choices"][0]["text"]
     tiny_p = httpx.post(server.url + C, json={**small, "setdlm": {"repetition_penalty": 1e-300}}, timeout=60)
@@ -293,8 +295,8 @@ def test_slow_chat_renders_have_their_own_pool_and_time_limit(served, monkeypatc
     from serve import app
 
     monkeypatch.setattr(app, "CHAT_RENDER_SECONDS", 1.0)
-    looping = ("{% for m in messages %}{% if m.content == 'loop' %}{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}"
-               "{% endfor %}{% endif %}"
+    looping = ("{% for m in messages %}{% if m.content == 'loop' %}"
+               "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}{% endif %}"
                "{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
     srv = ThreadServer(_with_template(served, looping))
     took = {}

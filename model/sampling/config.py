@@ -60,7 +60,8 @@ class SamplingConfig:
         "0: greedy (argmax); otherwise sampled (below processors.TEMPERATURE_FLOOR, 1e-5: greedy)"))
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens (0: off)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus: smallest set with this probability (1: off)")
-    repetition_penalty: float = Field(1.0, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1], description=(
+    repetition_penalty: float = Field(1.0, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1],
+                                      description=(
         "CTRL-style penalty on tokens present (positive logits / p, negative * p; 1: off; within "
         "processors.REPETITION_PENALTY_RANGE, 1e-6 to 1e6, so logits stay finite)"))
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description=(
