@@ -67,10 +67,12 @@ class Server:
         work, wait = asyncio.ensure_future(aw), asyncio.ensure_future(expired.wait())
         try:
             await asyncio.wait({work, wait}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
+        finally:  # expired, or this handler cancelled (its client went away): stop waiting for the work
             wait.cancel()
-        if not work.done():
-            work.cancel()  # the intake's own task goes on (shielded) and gives its bytes back when done
+            late = not work.done()
+            if late:
+                work.cancel()  # the intake's own task goes on (shielded) and gives its bytes back when done
+        if late:
             raise shut_down()
         return work.result()
 

@@ -233,15 +233,17 @@ def test_streamed_text_with_a_stop_regex_equals_the_full_text(server, served):
     assert text == full["text"]
 
 
-def test_the_lm_eval_command_of_the_docs(server, client, tmp_path):
-    """docs/serve.md's `lm_eval --model local-completions --model_args ...` (its model and model_args, the
-    URL and model name made this server's) on a local generation task: lm-eval finds /tokenizer_info,
-    tokenises through /tokenize (no hub tokenizer named after the model) and sends token prompts; each
-    answer is the server's own completion of the text."""
+def test_the_lm_eval_command_of_the_docs(server, client):
+    """docs/serve.md's `lm_eval --model local-completions --model_args ...`: its model and model_args (the
+    URL and model name made this server's) built as the command builds them (lm-eval's registry and
+    argument string), then a generation task's requests: lm-eval finds /tokenizer_info, tokenises
+    through /tokenize (no hub tokenizer named after the model) and sends token prompts; each answer is
+    the server's own completion of the text."""
     import re
 
-    lm_eval = pytest.importorskip("lm_eval")
-    from lm_eval.tasks import TaskManager
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+    from lm_eval.api.registry import get_model
 
     from helpers import REPO
 
@@ -249,17 +251,12 @@ def test_the_lm_eval_command_of_the_docs(server, client, tmp_path):
     model = cmd.group(1)
     args = cmd.group(2).replace("http://127.0.0.1:8000", server.url).replace("model=quickstart", "model=tiny")
     assert model == "local-completions" and "tokenizer" not in args  # the command as documented, nothing added
+    lm = get_model(model).create_from_arg_string(args, {"batch_size": 1, "max_batch_size": None, "device": None})
+    assert lm.tokenizer_backend == "remote" and lm.tokenized_requests  # found /tokenizer_info
     prompts = ["The for statement", "A class"]
-    (tmp_path / "data.jsonl").write_text("".join(json.dumps({"question": p, "answer": "x"}) + "\n" for p in prompts))
-    (tmp_path / "smoke.yaml").write_text(json.dumps({
-        "task": "setdlm_serve_smoke", "dataset_path": "json", "test_split": "test",
-        "dataset_kwargs": {"data_files": {"test": str(tmp_path / "data.jsonl")}, "cache_dir": str(tmp_path / "hf")},
-        "output_type": "generate_until", "doc_to_text": "{{question}}", "doc_to_target": "{{answer}}",
-        "generation_kwargs": {"until": ["\n\n"], "max_gen_toks": 8, "do_sample": False},
-        "metric_list": [{"metric": "exact_match"}]}))
-    res = lm_eval.simple_evaluate(model=model, model_args=args, tasks=["setdlm_serve_smoke"], log_samples=True,
-                                  task_manager=TaskManager(include_path=str(tmp_path), include_defaults=False))
-    got = [s["resps"][0][0] for s in sorted(res["samples"]["setdlm_serve_smoke"], key=lambda s: s["doc_id"])]
+    until = {"until": ["\n\n"], "max_gen_toks": 8, "do_sample": False}
+    got = lm.generate_until([Instance("generate_until", {}, (p, dict(until)), i) for i, p in enumerate(prompts)],
+                            disable_tqdm=True)
     want = [client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0,
                                       stop=["\n\n", "<|endoftext|>"]).choices[0].text for p in prompts]
     assert got == want and all(want)
