@@ -24,7 +24,8 @@ with the output when each step decodes the whole prefix again.
 `--body-mb` MB at once (a completion prompt of that size; then the same as one chat message), while
 /health is polled every 50 ms and, 0.2 s after they start, a small greedy completion is sent; then
 `temperature` and `setdlm.repetition_penalty` of 1e-300. It prints the slowest and median /health
-answer, how long the small completion took, what the heavy bodies got, and the two statuses. The
+answer, how long the small completion took, what the heavy bodies got, the two statuses and the
+server's peak resident memory. The
 check passes when /health always answers within 1 s, the small completion within 5 s, and neither
 1e-300 request gets a 500.
 """
@@ -261,14 +262,25 @@ def main(argv=None) -> int:
     return 0
 
 
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident memory (VmHWM), in MB; NaN where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return float("nan")
+
+
 def heavy_main(args) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         ckpt = Path(args.checkpoint) if args.checkpoint else default_checkpoint(tmp)
         proc, url = start_server(ckpt, args.max_batch, tmp / "serve.log")
         try:
-            load = os.getloadavg()[0]
-            rows = [asyncio.run(heavy_bodies(url, args.clients, args.body_mb, chat)) for chat in (False, True)]
+            load, rows = os.getloadavg()[0], []
+            for chat in (False, True):
+                rows.append(asyncio.run(heavy_bodies(url, args.clients, args.body_mb, chat)))
+                rows[-1]["rss"] = peak_rss_mb(proc.pid)
             load = max(load, os.getloadavg()[0])
         finally:
             proc.terminate()
@@ -277,13 +289,13 @@ def heavy_main(args) -> int:
           f"{args.clients} clients x {args.body_mb:g} MB bodies at once, /health polled every 50 ms, a small "
           f"16-token completion sent 0.2 s after them\n")
     print("| heavy body | /health slowest (s) | /health median (s) | polls | small completion (s) | heavy bodies got | "
-          "slowest heavy answer (s) | temperature / repetition_penalty 1e-300 |")
-    print("|---|---|---|---|---|---|---|---|")
+          "slowest heavy answer (s) | temperature / repetition_penalty 1e-300 | server peak RSS so far (MB) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     ok = True
     for r in rows:
         print(f"| {r['kind']} | {r['health_max']:.3f} | {r['health_p50']:.3f} | {r['polls']} | {r['small']:.2f} "
               f"({r['small_status']}) | {', '.join(map(str, r['heavy']))} | {r['heavy_s']:.2f} | "
-              f"{' / '.join(map(str, r['tiny']))} |")
+              f"{' / '.join(map(str, r['tiny']))} | {r['rss']:.0f} |")
         ok &= r["health_max"] < 1.0 and r["small"] < 5.0 and r["small_status"] == 200 and 500 not in r["tiny"]
     print(f"\nserve-heavy-bodies: {'pass' if ok else 'FAIL'}")
     return 0 if ok else 1
