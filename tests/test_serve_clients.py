@@ -76,6 +76,15 @@ def test_logprobs_with_alternatives_are_the_engines(client, served):
     assert all(bytes(c.bytes) == c.token.encode() for c in content)
 
 
+def test_logprobs_0_gives_each_tokens_own_logprob(client):
+    """Completions' `logprobs: 0`: no alternatives, but each `top_logprobs` entry holds the chosen token
+    (OpenAI's rule: the sampled token is always there), as lm-eval's greedy check reads it."""
+    r = client.completions.create(model="tiny", prompt="A class", max_tokens=5, temperature=0, logprobs=0)
+    lp = r.choices[0].logprobs
+    assert len(lp.top_logprobs) == 5
+    assert all(top == {t: v} for top, t, v in zip(lp.top_logprobs, lp.tokens, lp.token_logprobs)), lp.top_logprobs
+
+
 def test_penalties_and_logit_bias_decode_as_the_engine(served, server):
     space = served.tokenizer.encode(" ")[0]
     for fields, kw in [({"frequency_penalty": 1.5, "presence_penalty": 0.5}, dict(frequency_penalty=1.5, presence_penalty=0.5)),

@@ -68,10 +68,14 @@ UNSUPPORTED = [  # values the server cannot honour: 400 naming the field
      "messages.0.content"),
     (CHAT, {"messages": [{"role": "tool", "content": "x", "tool_call_id": "c"}]}, "messages.0.role"),
     (CHAT, {"messages": [{"role": "user", "content": None}]}, "messages.0.content"),
+    (C, {"prompt": "x", "setdlm": {"stop_regex": ""}}, "setdlm.stop_regex"),  # was accepted and ignored
+    (C, {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),  # without stream
+    (C, {"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),  # SamplingConfig's range
+    (C, {"prompt": "x", "setdlm": {"repetition_penalty": 1e-300}}, "setdlm.repetition_penalty"),
 ]
 
 
-@pytest.mark.parametrize("path,body,param", UNSUPPORTED, ids=[u[2] for u in UNSUPPORTED])
+@pytest.mark.parametrize("path,body,param", UNSUPPORTED, ids=[f"{i}-{u[2]}" for i, u in enumerate(UNSUPPORTED)])
 def test_values_the_server_cannot_honour_name_the_field(server, path, body, param):
     r = httpx.post(server.url + path, json=body, timeout=60)
     assert r.status_code == 400 and r.json()["error"]["param"] == param, r.text
