@@ -11,7 +11,9 @@ positions by dropping the oldest cached tokens, model/sampling) and for MDLM the
 model's S_max (`setdlm.window`). Every other number a request holds is bounded by the model before
 anything is allocated (`check_numbers`): token ids (in prompts and `logit_bias`) inside the vocabulary,
 widths (`setdlm.window`, `block_size`, ...) within the model's positions, step counts within the
-output budget.
+output budget. A prompt is tokenised only as far as the model's positions reach (`encode`), in a way
+that lets the event loop's thread run meanwhile; a chat is rendered by `render_chat` with the
+tokenizer's template, checked once (`chat_template`: a failing one is remembered and refused).
 """
 
 from __future__ import annotations

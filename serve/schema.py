@@ -1,20 +1,22 @@
 """Request bodies of /v1/completions, /v1/chat/completions, /tokenize and /detokenize: typed, strict,
 one error naming the field.
 
-Every field of OpenAI's two APIs is accepted. The ones the server honours are typed with OpenAI's
-ranges (`max_tokens`, `temperature`, `top_p`, `stop`, `seed`, `n`, `stream`, `stream_options`,
-`presence_penalty`, `frequency_penalty`, `logit_bias`, `logprobs`, `top_logprobs`, `echo`; chat
-content parts, `name`, the `developer` role); the ones it has no use for (`user`, `metadata`,
-`prompt_cache_key`, ...) are accepted and ignored; the rest are accepted at their default or neutral
-value (`best_of` = n, `suffix` empty, `tools` empty, `response_format` text, `store` false, ...) and any
+Every field of OpenAI's two APIs is accepted. The ones the server honours are typed (`max_tokens`,
+`temperature`, `top_p`, `stop`, `seed`, `n`, `stream`, `stream_options`, `presence_penalty`,
+`frequency_penalty`, `logit_bias`, `logprobs`, `top_logprobs`, `echo`; chat content parts, `name`, the
+`developer` role), a number with the range of the SamplingConfig field it becomes (`sampler`: one
+source for the sampler's bounds) within OpenAI's own (`temperature` at most 2, `n` at most 16); the
+ones it has no use for (`user`, `metadata`, `prompt_cache_key`, ...) are accepted and ignored; the
+rest are accepted at their default or neutral value (`best_of` = n, `suffix` empty, `tools` empty, `response_format` text, `store` false, ...) and any
 other value is refused naming the field (`NEUTRAL`). Our extensions sit under one key, `setdlm`
 (docs/serve.md). Every model forbids unknown fields and coerces nothing (`"8"` is not an integer), so
 a typo or a wrong type is an HTTP 400 naming the field (`setdlm.window: Input should be a valid
 integer`) rather than a silently ignored option.
 
-`load_body` turns the raw bytes into JSON with the limits a hostile body needs: NaN and infinities,
-nesting deeper than `MAX_DEPTH` and invalid Unicode (a lone surrogate such as "\\ud800" is valid
-JSON but no text) are a 400 naming where they are.
+`read_body` turns the raw bytes into a request with the limits a hostile body needs, the cheap checks
+first (`precheck`: the number of outputs and the length of token prompts, before anything walks the
+whole body): NaN and infinities, nesting deeper than `MAX_DEPTH` and invalid Unicode (a lone
+surrogate such as "\\ud800" is valid JSON but no text) are a 400 naming where they are.
 """
 
 from __future__ import annotations
