@@ -17,6 +17,8 @@ import asyncio
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
 
+from aiohttp import web
+
 SMALL_BODY = 64 << 10  # bytes: a body up to this size is parsed in the small-body pool
 MAX_BODY = 4 << 20  # the largest body (aiohttp's client_max_size: a larger one is a 413)
 BUDGET = 24 << 20  # bytes of bodies the server holds at once (read, parsed, tokenised)
@@ -103,7 +105,9 @@ class Intake:
         ends. Cancelling the caller (its client went away) stops the wait, not the task: its threads
         cannot be stopped, so it keeps the room until they are done."""
         n = request.content_length
-        n = MAX_BODY if n is None or n > MAX_BODY else max(int(n), 1)  # unknown length: the most it may be
+        if n is not None and n > MAX_BODY:  # refused from its header, before it waits or is read
+            raise web.HTTPRequestEntityTooLarge(max_size=MAX_BODY, actual_size=n)
+        n = MAX_BODY if n is None else max(int(n), 1)  # unknown length (chunked): the most it may be
         await self.budget.acquire(n)
 
         async def held():

@@ -328,3 +328,23 @@ def test_slow_chat_renders_have_their_own_pool_and_time_limit(served, monkeypatc
         assert status == 400 and body["error"]["param"] == "messages" and "1 s" in body["error"]["message"], body
     assert took["plain"][0] == 200 and took["plain"][2] < max(took[f"loop{i}"][2] for i in range(3)), took
     assert took["chat"][0] == 200, took["chat"]
+
+
+def test_cheap_checks_come_before_walking_the_body(server, monkeypatch):
+    """700,000 tiny prompts, or one prompt of 2 million token ids: refused naming `n` / `prompt` from the
+    counts alone, before anything walks the body (check_text, the model's validation); a body over 4 MiB
+    is a 413 from its Content-Length."""
+    from serve import schema
+
+    def walked(body):
+        raise AssertionError("the body was walked before the cheap checks")
+
+    monkeypatch.setattr(schema, "check_text", walked)
+    r = raw(server, C, b'{"prompt": [' + b",".join([b'"x"'] * 700_000) + b"]}")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+    assert r.json()["error"]["message"] == "n: 700000 prompts x n=1 is more than 64 outputs in one request"
+    r = raw(server, C, b'{"prompt": [' + b",".join([b"5"] * 2_000_000) + b"]}")
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith(
+        "prompt: 2000000 prompt tokens exceed the model's 64 positions"), r.text
+    monkeypatch.undo()
+    assert raw(server, C, b'{"prompt": "' + b"x" * (5 << 20) + b'"}').status_code == 413
