@@ -104,7 +104,8 @@ def test_a_temperature_below_the_floor_is_greedy_and_penalties_stay_finite(one_t
     """temperature 1e-300 decodes greedily (float32 logits divided by it are inf and NaN, which failed
     the sampler); a repetition penalty outside REPETITION_PENALTY_RANGE is refused naming the field, and
     at either end of the range, with a temperature at the floor, logits of 1e4 still give a distribution."""
-    from model.sampling.processors import REPETITION_PENALTY_RANGE, TEMPERATURE_FLOOR, adjust
+    from model.sampling.config import REPETITION_PENALTY_RANGE, TEMPERATURE_FLOOR
+    from model.sampling.processors import adjust
 
     model = tiny_model(seed=3)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]

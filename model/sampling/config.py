@@ -11,13 +11,16 @@ from common.schema import ConfigError, Field, section
 
 from .. import families
 from ..config import CACHE_ORDERS
-from .processors import REPETITION_PENALTY_RANGE, TEMPERATURE_FLOOR
 
 FAMILIES = families.names()
 # The SW-SetDLM window when neither the config nor the model gives one: D = 4, the set size of the
 # paper's OWT and GSM8K models (from_objective replaces it with the trained model's D).
 DEFAULT_WINDOW = 4
 REMASKING = ("confidence", "random")
+# The floors that keep logits finite (processors.py): a temperature below TEMPERATURE_FLOOR decodes
+# greedily (vLLM's threshold for greedy sampling, too); a repetition penalty lies in REPETITION_PENALTY_RANGE.
+TEMPERATURE_FLOOR = 1e-5
+REPETITION_PENALTY_RANGE = (1e-6, 1e6)  # [min, max] of a CTRL-style penalty (1: off)
 
 
 class SamplingError(Error):
@@ -57,13 +60,13 @@ class SamplingConfig:
     remasking: Literal[REMASKING] = Field("confidence", description=(
         "MDLM: unmask the most confident positions, or uniformly random ones (ancestral order)"))
     temperature: float = Field(0.0, ge=0.0, description=(
-        "0: greedy (argmax); otherwise sampled (below processors.TEMPERATURE_FLOOR, 1e-5: greedy)"))
+        "0: greedy (argmax); otherwise sampled (below TEMPERATURE_FLOOR, 1e-5: greedy)"))
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens (0: off)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus: smallest set with this probability (1: off)")
     repetition_penalty: float = Field(1.0, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1],
                                       description=(
         "CTRL-style penalty on tokens present (positive logits / p, negative * p; 1: off; within "
-        "processors.REPETITION_PENALTY_RANGE, 1e-6 to 1e6, so logits stay finite)"))
+        "REPETITION_PENALTY_RANGE, 1e-6 to 1e6, so logits stay finite)"))
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description=(
         "OpenAI's: subtracted from the logit of every token the output already holds (0: off)"))
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description=(

@@ -7,11 +7,11 @@ truncated, renormalised) distribution when sampling. Log-probabilities (`token_l
 the adjusted logits, before temperature and truncation. MASK and vocabulary padding are already -inf
 in the model's logits and stay impossible.
 
-Floors keep every number finite: a temperature below `TEMPERATURE_FLOOR` decodes greedily (the limit
-of sampling as the temperature goes to 0; dividing float32 logits by 1e-300 gives inf and NaN), and
-the repetition penalty is bounded to `REPETITION_PENALTY_RANGE` (SamplingConfig refuses other values,
-naming the field): within it, a logit divided or multiplied by the penalty, then divided by a
-temperature at the floor, stays finite for any logit below 1e27 in magnitude.
+Floors keep every number finite (config.py): a temperature below `TEMPERATURE_FLOOR` decodes greedily
+(`cfg.greedy`: the limit of sampling as the temperature goes to 0; dividing float32 logits by 1e-300
+gives inf and NaN), and the repetition penalty is bounded to `REPETITION_PENALTY_RANGE` (SamplingConfig
+refuses other values, naming the field): within it, a logit divided or multiplied by the penalty,
+then divided by a temperature at the floor, stays finite for any logit below 1e27 in magnitude.
 """
 
 from __future__ import annotations
@@ -19,8 +19,6 @@ from __future__ import annotations
 import torch
 
 NEG_INF = float("-inf")
-TEMPERATURE_FLOOR = 1e-5  # below it: greedy (vLLM's threshold for greedy sampling, too)
-REPETITION_PENALTY_RANGE = (1e-6, 1e6)  # [min, max] of a CTRL-style penalty (1: off)
 
 
 def presence(tokens: torch.Tensor, vocab: int) -> torch.Tensor:
