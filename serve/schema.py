@@ -172,7 +172,7 @@ class StreamOptions(_Strict):
 class _Common(_Strict):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
-    # OpenAI's range (0-2) within the sampler's (>= 0; below its floor, 1e-5, greedy: model/sampling/processors.py)
+    # OpenAI's range (0-2) within the sampler's (>= 0; below its floor, 1e-5, greedy: model/sampling/config.py)
     temperature: Annotated[float, Field(le=2)] = sampler("temperature", 1.0)
     top_p: float = sampler("top_p", 1.0)
     stop: Any = Field(None, validate_default=True)
