@@ -131,8 +131,9 @@ class Session:
         def guarded(logits: torch.Tensor, confidence: bool = True):
             top = logits.detach().amax(-1)  # NaN where a NaN is, +inf where one is, -inf where nothing is possible
             bad = ~torch.isfinite(top).all(-1)
-            logits = logits.masked_fill(bad[:, None, None], 0.0)
-            self._unusable = bad if self._unusable is None else self._unusable | bad
+            if bool(bad.any()):  # one read of B flags (a session reads the device back every step anyway)
+                logits = logits.masked_fill(bad[:, None, None], 0.0)
+                self._unusable = bad if self._unusable is None else self._unusable | bad
             return choose(logits, confidence)
 
         return guarded
