@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from comm_counter import CommCounter
 from distributed_run import run_distributed
 from pretrain.checkpoint.consolidate import consolidate
 from pretrain.checkpoint.shards import merge
@@ -59,6 +60,9 @@ EXTRA = {
     "qwen_lora": {"train": {"lora": {"rank": 4, "alpha": 8.0, "random_base": True}}},
     "gpt_lora": {"train": {"lora": {"rank": 4, "alpha": 8.0, "random_base": True}}},
     "qwen_lorasp": {"train": {"lora": {"rank": 4, "alpha": 8.0, "random_base": True}}, "parallel": {"sequence_parallel": True}},
+    # tests/test_comm_plan.py: an embedding above ZeRO-3's persistence threshold (1e5 elements), gathered per
+    # micro-batch
+    "qwen_z3wide": {"model": {"vocab_size": 4000, "mask_id": 3999}},
 }
 for _name in EXTRA:
     MODELS[_name] = MODELS[_name.split("_")[0]]
@@ -134,7 +138,10 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
     for step in range(STEPS):
         full = global_inputs(objective, step)
         micro = [_rows(full, i, i + MICRO) for i in range(mine.start, mine.stop, MICRO)]
+        COUNTER.clear()
         m, gnorm = stepper.train_step(micro)
+        if step == COUNTED_STEP:  # what this rank's collectives moved in one step (tests/test_comm_plan.py)
+            write_counts(out / f"{variant}-{layout}.comm{dist.get_rank()}.json", COUNTER, cfg)
         red = stepper.reduce(m)
         result["losses"].append(red["loss_sum"] / red["loss_count"])
         result["grad_norms"].append(None if gnorm is None else float(gnorm))  # the engine's norm: a tensor
@@ -167,6 +174,31 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
     dist.barrier()
 
 
+# The collectives of every rank are counted (tests/comm_counter.py) and those of step COUNTED_STEP (the
+# second: the first also holds one-time work) written per rank, with the rank's groups, for
+# tests/test_comm_plan.py to compare with the plan's count.
+COUNTER = CommCounter()
+COUNTED_STEP = 1
+
+
+def write_counts(path: Path, counter: CommCounter, cfg) -> None:
+    from megatron.core import parallel_state as ps
+
+    groups = {"tp": ps.get_tensor_model_parallel_group(), "pp": ps.get_pipeline_model_parallel_group(),
+              "dp": ps.get_data_parallel_group(with_context_parallel=True), "cp": ps.get_context_parallel_group()}
+    if ps.get_pipeline_model_parallel_world_size() > 1 and ps.is_rank_in_embedding_group():
+        groups["embedding"] = ps.get_embedding_group()
+    calls: dict = {}
+    for r in counter.records:
+        key = (r.op, r.ranks, r.nbytes, r.dtype)
+        calls[key] = calls.get(key, 0) + 1
+    path.write_text(json.dumps({
+        "rank": torch.distributed.get_rank(), "world": torch.distributed.get_world_size(), "recipe": cfg.to_dict(),
+        "groups": {k: torch.distributed.get_process_group_ranks(g) for k, g in groups.items()},
+        "stage": ps.get_pipeline_model_parallel_rank(),
+        "calls": [[op, list(ranks), nbytes, dtype, n] for (op, ranks, nbytes, dtype), n in calls.items()]}))
+
+
 def _rows(inputs, a: int, b: int):
     """Rows [a, b) of a prepared batch (the mask is shared by all rows)."""
     from model.objectives import ModelInputs
@@ -184,6 +216,7 @@ def train_layouts(out: Path, pairs: list) -> None:
 
     ensure_process_group()
     _skip_cpu_shm_op()
+    COUNTER.install()  # before DeepSpeed's communication backend exists (it keeps references to the functions)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for variant, layout in pairs:
@@ -209,9 +242,9 @@ LORA_CASES = [
     ("qwen_lora", "tp2pp1z0"), ("qwen_lora", "tp1pp2z0"), ("qwen_lora", "tp1pp1z1"), ("qwen_lora", "tp1pp1z2"),
     ("qwen_lora", "tp1pp1z3"), ("qwen_lorasp", "tp2pp1z0"), ("gpt_lora", "tp2pp1z0"), ("gpt_lora", "tp1pp1z1"),
 ]
-RUNS = {  # processes -> every (variant, layout) the three test modules compare, each run once
+RUNS = {  # processes -> every (variant, layout) the four test modules compare, each run once
     1: pairs([*VARIANTS, "qwen_bf16", "qwen_lora", "gpt_lora"], ["ref"]),
-    2: pairs([*VARIANTS, "qwen_bf16"], TWO) + [c[:2] for c in RECOMPUTE_CASES] + LORA_CASES,
+    2: pairs([*VARIANTS, "qwen_bf16"], TWO) + [c[:2] for c in RECOMPUTE_CASES] + LORA_CASES + [("qwen_z3wide", "tp1pp1z3")],
     4: pairs([*VARIANTS, "qwen_bf16"], FOUR),
 }
 
