@@ -154,6 +154,10 @@ class ParallelConfig:
     cp: int = Field(1, ge=1, description=(
         "context-parallel size: each sequence's tokens split over cp ranks (head-tail chunks of both streams); "
         "tp * cp * pp divides the world size; gradients and ZeRO reduce over dp x cp"))
+    overlap_comm: bool = Field(False, description=(
+        "DeepSpeed's zero_optimization.overlap_comm for ZeRO-1/2: the gradient reduction runs beside the backward "
+        "(ZeRO-2: every micro-batch's; ZeRO-1: the last one's) at the cost of a second gradient bucket (0.93 GiB "
+        "in bf16); ZeRO-3 always overlaps; not with pipeline parallelism"))
 
 
 @section("logging")
@@ -219,6 +223,12 @@ class RecipeConfig:
             raise ConfigError("train.lora: adapters train on a frozen base, and without train.init_from that base is "
                               "random weights; set train.init_from (a Hugging Face directory or a setdlm run), or "
                               "train.lora.random_base: true to train on a random base on purpose")
+        if p.overlap_comm and p.zero_stage not in (1, 2):
+            raise ConfigError(f"parallel.overlap_comm: overlaps ZeRO-1/2's gradient reduction with the backward; "
+                              f"parallel.zero_stage={p.zero_stage} has none to overlap (ZeRO-3 always overlaps); set it to false")
+        if p.overlap_comm and p.pp > 1:
+            raise ConfigError(f"parallel.overlap_comm: reduces gradients in DeepSpeed's backward hooks, which the pipeline "
+                              f"schedule (parallel.pp={p.pp}) runs outside of; set it to false with pp > 1")
         if p.sequence_parallel and p.tp < 2:
             raise ConfigError(f"parallel.sequence_parallel: needs tensor parallelism (parallel.tp >= 2, got {p.tp}); "
                               "set it to false or raise parallel.tp")
@@ -235,11 +245,20 @@ class RecipeConfig:
         self.objective.validate(self.data.seq_len)
         if p.pp > self.model.n_layers:
             raise ConfigError(f"parallel.pp: {p.pp} stages for {self.model.n_layers} layers")
+        if p.cp > 1:
+            L = self.data.seq_len
+            if L % (2 * p.cp):
+                raise ConfigError(f"parallel.cp: data.seq_len={L} must be divisible by 2 * cp = {2 * p.cp} (each rank "
+                                  "holds two of 2 * cp equal chunks of every sequence)")
+            if self.objective.family.blocked_mask and (L // (2 * p.cp)) % self.objective.block_size:
+                raise ConfigError(f"parallel.cp: chunks of data.seq_len / (2 * cp) = {L // (2 * p.cp)} tokens must be a "
+                                  f"multiple of objective.block_size={self.objective.block_size}")
         if p.sequence_parallel:
-            tokens = self.objective.family.layout(self.data.seq_len).tokens_in
+            tokens = self.objective.family.layout(self.data.seq_len).tokens_in // p.cp
             if tokens % p.tp:
-                raise ConfigError(f"parallel.sequence_parallel: {tokens} tokens per sequence through the model are not "
-                                  f"divisible by parallel.tp={p.tp}; choose data.seq_len so that they are")
+                raise ConfigError(f"parallel.sequence_parallel: {tokens} tokens per sequence through the model"
+                                  + (f" on each of cp={p.cp} ranks" if p.cp > 1 else "")
+                                  + f" are not divisible by parallel.tp={p.tp}; choose data.seq_len so that they are")
 
     def _check_lora_rank(self) -> None:
         from model.lora import rank_limit

@@ -63,6 +63,8 @@ EXTRA = {
     # tests/test_comm_plan.py: an embedding above ZeRO-3's persistence threshold (1e5 elements), gathered per
     # micro-batch
     "qwen_z3wide": {"model": {"vocab_size": 4000, "mask_id": 3999}},
+    # DeepSpeed's overlap_comm (the gradient reduction beside the backward, ZeRO-1/2)
+    "qwen_overlap": {"parallel": {"overlap_comm": True}},
 }
 for _name in EXTRA:
     MODELS[_name] = MODELS[_name.split("_")[0]]
@@ -235,6 +237,7 @@ RECOMPUTE_CASES = [
     ("qwen_full", "tp2pp1z0", 1e-5), ("qwen_full", "tp1pp2z0", 1e-5), ("qwen_full", "tp1pp1z3", 1e-5),
     ("gpt_selective", "tp2pp1z0", 1e-5), ("gpt_selective", "tp1pp2z0", 1e-5),
     ("qwen_compile", "tp2pp1z0", 1e-4), ("qwen_sp", "tp2pp1z0", 1e-5),
+    ("qwen_overlap", "tp1pp1z1", 1e-5), ("qwen_overlap", "tp1pp1z2", 1e-5),
 ]
 # tests/test_lora_parallel.py: variant, layout; the reference is the variant's own one-process run
 # (qwen_lorasp: qwen_lora's)
