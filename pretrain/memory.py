@@ -11,6 +11,7 @@ from model.shapes import model_params
 
 GIB = 1024**3
 REDUCE_BUCKET = 500_000_000  # DeepSpeed's zero_optimization.reduce_bucket_size default (elements)
+ZERO3_LIVE = 1_000_000_000  # DeepSpeed's stage3_max_live_parameters default (elements)
 
 
 # -- parameter counts per stage -----------------------------------------------------------------------
@@ -233,7 +234,9 @@ def estimate_memory(cfg, world_size: int, *, precision: str | None = None, devic
             acts += (T + n_out) * b * m.hidden * act_bytes  # the final norm's input and the head's input
             # fp32 logits and the cross-entropy's saved softmax on the predicted tokens (one micro-batch)
             logits = 2 * n_out * b * m.padded_vocab_size / p.tp * 4
-        out.append(StageMemory(sp.stage, sp.layers, n, n_train, n * bpp["weights"], n_train * bpp["grads"] + buckets,
+        # ZeRO-3 gathers full parameters while a module runs: at most DeepSpeed's stage3_max_live_parameters
+        live = min(n, ZERO3_LIVE) * act_bytes if p.zero_stage == 3 else 0.0
+        out.append(StageMemory(sp.stage, sp.layers, n, n_train, n * bpp["weights"] + live, n_train * bpp["grads"] + buckets,
                                n_train * bpp["optimizer"], acts, logits, in_flight))
     return out
 
