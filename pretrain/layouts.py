@@ -63,21 +63,22 @@ def layout_of(cfg, tp, cp, pp, zero, sp, overlap, micro, mode):
     return out
 
 
-def candidates(cfg, world_size: int, hw: Hardware, *, precision: str = "bf16", usable: float = 0.9) -> list[Candidate]:
-    """Every layout of `cfg` on `world_size` GPUs that fits, fastest first."""
+def candidates(cfg, world_size: int, hw: Hardware, *, precision: str = "bf16", usable: float = 0.9, tps=TPS,
+               cps=CPS, pps=PPS, zeros=ZEROS, micro_batches=MICRO) -> list[Candidate]:
+    """Every layout of `cfg` on `world_size` GPUs that fits, fastest first (the grid: module docstring)."""
     out = []
     budget = usable * hw.memory_gib * GIB
-    for tp in TPS:
+    for tp in tps:
         if tp > hw.gpus_per_node:
             continue
-        for cp in CPS:
-            for pp in PPS:
+        for cp in cps:
+            for pp in pps:
                 if world_size % (tp * cp * pp):
                     continue
-                for zero in ZEROS:
+                for zero in zeros:
                     for sp in ((False, True) if tp > 1 else (False,)):
                         for overlap in ((False, True) if zero in (1, 2) and pp == 1 else (False,)):
-                            for micro in MICRO:
+                            for micro in micro_batches:
                                 c = _fit(cfg, world_size, hw, precision, budget, tp, cp, pp, zero, sp, overlap, micro)
                                 if c is not None:
                                     out.append(c)
