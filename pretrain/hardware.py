@@ -110,8 +110,10 @@ def resolve_hardware(name: str | None = None) -> Hardware:
 def preset_of_device(device_name: str) -> str | None:
     """The preset of a CUDA device name (`torch.cuda.get_device_name()`), None when none matches."""
     name = device_name.upper()
+    if "GH200" in name or "PCIE" in name or "NVL" in name:  # other parts: other rates
+        return None
     for key in ("h200", "h100"):
-        if key.upper() in name and "PCIE" not in name and "NVL" not in name:
+        if key.upper() in name:
             return key
     return None
 
