@@ -6,8 +6,8 @@ neighbour, the tied-embedding group): its payload per call in the convention of 
 (an all-reduce's tensor, an all-gather's gathered result, a reduce-scatter's full input, a send's
 tensor) and its calls per step. `sent` is what one rank sends under ring algorithms: 2 (n-1)/n of the
 payload for an all-reduce over n ranks, (n-1)/n for an all-gather or reduce-scatter, all of it for a
-send. tests/test_comm_plan.py counts the calls and payloads of real gloo runs (TP, TP + SP, ZeRO 0-3,
-PP; CP where the runtime has it) and compares them with these.
+send. tests/test_comm_plan.py counts the calls and payloads of real gloo runs (TP, TP + SP, full
+recomputation, LoRA, ZeRO 0-3, PP; CP where the runtime has it) and compares them with these.
 
 What each axis moves, per micro-batch of b sequences of T tokens through the model on this rank (T/cp
 under context parallelism), hidden size h, activations in the training dtype (a bytes):
@@ -19,11 +19,14 @@ under context parallelism), hidden size h, activations in the training dtype (a 
   projections' outputs), backward 2 all-gathers (the output gradients) + 2 reduce-scatters (the input
   gradients) + 2 all-gathers that re-gather the QKV and fc1 inputs for their weight gradients (megatron
   saves only this rank's slice): 10 half-collectives of [T, b, h], not the 8 of four all-reduces.
-  Full activation checkpointing runs the forward's collectives again in the backward. Plus the
+  Full activation checkpointing runs the forward's collectives again in the backward, up to the last
+  tensor the backward needs (fc2's input: the MLP output's reduction is not run again). Plus the
   embedding's all-reduce (and under SP its scatter's backward all-gather and the final gather), the
   head's input-gradient all-reduce over the predicted tokens, the vocab-parallel cross-entropy's
   three fp32 all-reduces, and the all-reduced gradients of replicated weights used on split tensors
-  (norms under SP, QK-norm);
+  (norms under SP, QK-norm). Under LoRA (model/lora.py) the adapters add rank-wide collectives, and the
+  frozen base drops the weight-gradient re-gather, the replicated weights' gradients and, with the
+  embedding frozen, the first block's input gradient;
 - context parallelism (two-stream CP, docs/parallelism.md): per block, an all-gather of K and V over
   the L clean-stream tokens forward (the only keys that cross ranks under `set_causal` and
   `block_diffusion`; all L tokens for MDLM and AR), kv_heads / tp heads of head_dim each, and a
@@ -37,8 +40,10 @@ under context parallelism), hidden size h, activations in the training dtype (a 
   `use_multi_rank_bucket_allreduce` all-reduces each bucket, then keeps its partition) and all-gathers
   the updated weights after the optimizer step; ZeRO-2 does the same reduction on every micro-batch
   (gradients are partitioned as they are produced); ZeRO-3 all-gathers every parameter above
-  DeepSpeed's persistence threshold (1e5 elements) in the forward and again in the backward of every
-  micro-batch and reduce-scatters the gradients of every micro-batch.
+  DeepSpeed's persistence threshold (1e5 elements) when a module needs it, in the forward and again in
+  the backward of every micro-batch unless it is reused within DeepSpeed's max reuse distance
+  (`zero3_gathers`), reduce-scatters the gradients of every micro-batch, and all-gathers the persistent
+  parameters once after the optimizer step.
 
 Not counted: the step's scalar reductions (loss and token sums, the gradient norm, ZeRO's overflow
 check; a few hundred bytes), which tests/test_comm_plan.py allows for.
