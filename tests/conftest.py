@@ -89,8 +89,8 @@ def random_gpt2_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def parity_runs(tmp_path_factory):
     """Every multi-process parity run (tests/test_parallel_parity.py RUNS: the plain layouts, and the
-    recompute, compile, sequence-parallel, LoRA and overlap variants, each counting its collectives), launched once for the four modules that
-    compare them; the folder holding their results."""
+    recompute, compile, sequence-parallel, LoRA and overlap variants, each counting its collectives),
+    launched once for the four modules that compare them; the folder holding their results."""
     from test_parallel_parity import run_all
 
     out = tmp_path_factory.mktemp("parity")
