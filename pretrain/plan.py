@@ -139,6 +139,13 @@ def plan(cfg, world_size: int, *, device: str = "cuda", gpus_per_node: int | Non
             "params_total": parameter_count(m)}
 
 
+def _bytes(x: float) -> str:
+    for unit, size in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if x >= size:
+            return f"{x / size:,.2f} {unit}"
+    return f"{x:,.0f} B"
+
+
 def _gib(x: float) -> str:
     return f"{x / GIB:8.2f}"
 
@@ -217,23 +224,26 @@ def format_plan(cfg, info: dict, *, max_ranks: int = 128) -> str:
     c = info["comm"]
     where = {"tp": st.inside["tp"], "cp": st.inside["cp"], "pp": st.inside["pp"], "dp": st.inside["replica"]}
     w("communication per step and GPU (bytes sent under ring algorithms, pretrain/comm.py): " + ", ".join(
-        f"{name} {v / 1e9:,.2f} GB ({'NVLink' if where[axis] else 'network'})"
+        f"{name} {_bytes(v)} ({'NVLink' if where[axis] else 'network'})"
         for (axis, name), v in zip(AXES.items(), c.values()) if v or axis in ("tp", "dp")))
     w("")
     w(f"step time on {info['world']} x {hw.name} (pretrain/steptime.py; --hardware, SETDLM_ overrides): "
       f"{hw.peak_tflops:g} TFLOP/s bf16 peak x {hw.matmul_efficiency:g} for matmuls, x {hw.attention_efficiency:g} "
       f"for attention; NVLink {hw.nvlink_gbps:g} GB/s, network {hw.internode_gbps:g} GB/s per GPU; HBM {hw.hbm_tbps:g} TB/s")
-    notes = {"compute": f"matmuls {st.matmul:.2f} s + attention {st.attention:.2f} s"
+    unit, scale = ("s", 1.0) if st.total >= 1 else ("ms", 1e3)
+    notes = {"compute": f"matmuls {st.matmul * scale:.2f} {unit} + attention {st.attention * scale:.2f} {unit}"
                         + (", recomputation included" if info["checkpointing"] != "none" else ""),
              "memory-bound": "pointwise ops, logits, gradient accumulation, optimizer step",
              "TP/SP comm": "exposed; the backward re-gather counted" if info["sequence_parallel"] else "exposed",
              "CP comm": "K/V all-gather forward, gradient reduce-scatter backward",
              "PP bubble + sends": f"(pp-1)/(m+pp-1) = {info['bubble']:.1%} of the pipeline",
-             "DP/ZeRO comm": f"exposed, of {st.dp_total:.2f} s"}
+             "DP/ZeRO comm": f"exposed, of {st.dp_total * scale:.2f} {unit}"}
     for name, secs in st.split():
-        w(f"  {name:<18} {secs:8.3f} s  {100 * secs / st.total:5.1f}%  {notes[name]}")
-    w(f"  {'step':<18} {st.total:8.3f} s          {st.tokens_per_s:,.0f} tokens/s | MFU {st.mfu:.1%} (model FLOPs / "
+        w(f"  {name:<18} {secs * scale:8.3f} {unit:<2} {100 * secs / st.total:5.1f}%  {notes[name]}")
+    w(f"  {'step':<18} {st.total * scale:8.3f} {unit:<2}        {st.tokens_per_s:,.0f} tokens/s | MFU {st.mfu:.1%} (model FLOPs / "
       f"(step x GPUs x peak))" + (f", HFU {st.hfu:.1%}" if st.hfu != st.mfu else ""))
+    if st.total < 0.05:
+        w("  (kernel launches and Python time are not in the model: a step this short is bound by them)")
     for warning in info["warnings"]:
         w(f"warning: {warning}")
     w("dry run: nothing was started")
