@@ -91,7 +91,7 @@ def stage_micro_batch(cfg, stage, hw: Hardware, precision: str, device: str) -> 
     """(matmul s, attention s, memory-bound s) of one micro-batch on one rank of pipeline stage `stage`."""
     m, p, t = cfg.model, cfg.parallel, cfg.train
     mode = getattr(t, "activation_checkpointing", "none")
-    first, last = stage.stage == 0, stage.stage == p.pp - 1
+    last = stage.stage == p.pp - 1
     n = len(stage.layers)
     mm, at = sequence_flops(m, cfg.objective.name, cfg.data.seq_len, cfg.objective.block_size, mode, n_layers=n,
                             head=last)
