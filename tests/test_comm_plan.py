@@ -13,6 +13,7 @@ that has a CP group of more than one rank; until the CP runtime adds such runs, 
 
 from __future__ import annotations
 
+import functools
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -47,9 +48,14 @@ def counted(path: Path) -> tuple[dict, dict, dict]:
 
 
 def planned(d: dict) -> tuple[dict, dict]:
-    cfg = from_dict(d["recipe"])
+    return _planned(json.dumps(d["recipe"], sort_keys=True), d["world"], d["stage"])
+
+
+@functools.lru_cache(maxsize=None)  # the ranks of one stage of one run share it
+def _planned(recipe: str, world: int, stage: int) -> tuple[dict, dict]:
+    cfg = from_dict(json.loads(recipe))
     precision = cfg.train.precision if cfg.train.precision != "auto" else "fp32"
-    plan = step_collectives(cfg, d["world"], precision, stage=d["stage"])
+    plan = step_collectives(cfg, world, precision, stage=stage)
     payload, sent = defaultdict(float), defaultdict(float)
     for c in plan:
         payload[(c.axis, c.op)] += c.payload
@@ -73,6 +79,7 @@ def compare(path: Path) -> list[str]:
 
 
 def comm_files(out: Path, *, cp: bool) -> list[Path]:
+    """The comm files of the runs with (`cp`) or without a context-parallel group."""
     files = sorted(out.glob("*.comm*.json"))
     return [f for f in files if (len(json.loads(f.read_text())["groups"]["cp"]) > 1) == cp]
 
