@@ -83,10 +83,16 @@ def _dtype(x) -> str:
     return "?"
 
 
+_RANKS: dict[int, tuple] = {}  # id(group) -> (group, its global ranks): the group is kept, so its id stays its own
+
+
 def _group_ranks(group) -> tuple:
     if group is None:
         return tuple(range(dist.get_world_size()))
-    return tuple(dist.get_process_group_ranks(group))
+    hit = _RANKS.get(id(group))
+    if hit is None or hit[0] is not group:
+        hit = _RANKS[id(group)] = (group, tuple(dist.get_process_group_ranks(group)))
+    return hit[1]
 
 
 def ring_bytes(op: str, n: int, nbytes: float) -> float:
