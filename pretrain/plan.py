@@ -162,9 +162,13 @@ def format_plan(cfg, info: dict, *, max_ranks: int = 128) -> str:
       + (" + overlap_comm" if getattr(cfg.parallel, "overlap_comm", False) else "") + " | "
       f"{info['gpus_per_node']} GPUs per node -> {math.ceil(info['world'] / info['gpus_per_node'])} node(s)")
     if cp > 1:
-        w(f"context parallel: each sequence's {cfg.objective.family.layout(cfg.data.seq_len).tokens_in} tokens in "
-          f"{2 * cp} chunks, rank r of a CP group holding chunks r and {2 * cp - 1}-r of both streams; the "
-          f"{cfg.data.seq_len} exchanged keys' K/V are all-gathered forward and their gradients reduce-scattered backward")
+        fam = cfg.objective.family
+        L = cfg.data.seq_len
+        streams = "both streams'" if fam.two_stream else "the sequence's"
+        w(f"context parallel: {streams} {L} positions cut into {2 * cp} chunks of {L // (2 * cp)}, rank r of a CP "
+          f"group holding chunks r and {2 * cp - 1}-r; the K/V of the {L} "
+          + ("clean-stream keys" if fam.two_stream else "keys") + " are all-gathered forward and their gradients "
+          "reduce-scattered backward")
     w(f"batch: global {t.global_batch} sequences = micro-batch {t.micro_batch} x accumulation {info['accum']} x DP {dp}"
       + (f" | pipeline bubble (pp-1)/(m+pp-1) = {info['bubble']:.1%}" if pp > 1 else ""))
     w("")
