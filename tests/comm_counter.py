@@ -7,9 +7,10 @@
     counter.sent_per_rank(ranks)            # the bytes one rank of that group sends under ring algorithms
 
 Every collective and point-to-point function of `torch.distributed` is wrapped (all_reduce, all_gather,
-all_gather_into_tensor, _all_gather_base, reduce_scatter, reduce_scatter_tensor, _reduce_scatter_base,
-reduce, broadcast, all_to_all(_single), gather, scatter, send / recv / isend / irecv,
-batch_isend_irecv, all_reduce_coalesced). Each call is recorded once with the group's global ranks
+all_gather_into_tensor / all_gather_single (torch 2.13's name), _all_gather_base, reduce_scatter,
+reduce_scatter_tensor / reduce_scatter_single, _reduce_scatter_base, reduce, broadcast,
+all_to_all(_single), gather, scatter, send / recv / isend / irecv, batch_isend_irecv,
+all_reduce_coalesced); a name this torch lacks is skipped. Each call is recorded once with the group's global ranks
 and the collective's *logical* payload:
 
     all_reduce, reduce, broadcast            the tensor's bytes
@@ -46,16 +47,18 @@ WRAPPED = {
     "all_reduce": ("all_reduce", "tensor"), "all_reduce_coalesced": ("all_reduce", "list"),
     "reduce": ("reduce", "tensor"), "broadcast": ("broadcast", "tensor"),
     "all_gather": ("all_gather", "out"), "all_gather_into_tensor": ("all_gather", "out"),
-    "_all_gather_base": ("all_gather", "out"), "gather": ("gather", "gather"),
+    "all_gather_single": ("all_gather", "out"), "_all_gather_base": ("all_gather", "out"),
+    "gather": ("gather", "gather"),
     "reduce_scatter": ("reduce_scatter", "in"), "reduce_scatter_tensor": ("reduce_scatter", "in"),
-    "_reduce_scatter_base": ("reduce_scatter", "in"), "scatter": ("scatter", "scatter"),
+    "reduce_scatter_single": ("reduce_scatter", "in"), "_reduce_scatter_base": ("reduce_scatter", "in"),
+    "scatter": ("scatter", "scatter"),
     "all_to_all": ("all_to_all", "in"), "all_to_all_single": ("all_to_all", "in"),
     "send": ("send", "p2p"), "isend": ("send", "p2p"), "recv": ("recv", "p2p"), "irecv": ("recv", "p2p"),
     "batch_isend_irecv": ("p2p", "ops"),
 }
 # argument position of the payload for "tensor"/"p2p" (first), "out" (first), "in" (second) calls
-_IN_POS = {"reduce_scatter": 1, "reduce_scatter_tensor": 1, "_reduce_scatter_base": 1, "all_to_all": 1,
-           "all_to_all_single": 1}
+_IN_POS = {"reduce_scatter": 1, "reduce_scatter_tensor": 1, "reduce_scatter_single": 1, "_reduce_scatter_base": 1,
+           "all_to_all": 1, "all_to_all_single": 1}
 
 
 @dataclass
