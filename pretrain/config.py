@@ -141,6 +141,10 @@ class ParallelConfig:
     tp: int = Field(1, ge=1, description="tensor-parallel size (megatron-core layers); divides heads and ffn_hidden")
     pp: int = Field(1, ge=1, description="pipeline stages (1F1B schedule); tp * pp divides the world size")
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage over the data-parallel group")
+    overlap_comm: bool = Field(False, description=(
+        "DeepSpeed's zero_optimization.overlap_comm for ZeRO-1/2: the gradient reduction runs beside the backward "
+        "(ZeRO-2: every micro-batch's; ZeRO-1: the last one's) at the cost of a second gradient bucket (0.93 GiB "
+        "in bf16); ZeRO-3 always overlaps; not with pipeline parallelism"))
     sequence_parallel: bool = Field(False, description=(
         "megatron sequence parallelism over the TP group (needs tp >= 2; norms/dropout on T/tp tokens)"))
     world_size: int | None = Field(None, ge=1, le=1 << 20, description=(
@@ -154,10 +158,6 @@ class ParallelConfig:
     cp: int = Field(1, ge=1, description=(
         "context-parallel size: each sequence's tokens split over cp ranks (head-tail chunks of both streams); "
         "tp * cp * pp divides the world size; gradients and ZeRO reduce over dp x cp"))
-    overlap_comm: bool = Field(False, description=(
-        "DeepSpeed's zero_optimization.overlap_comm for ZeRO-1/2: the gradient reduction runs beside the backward "
-        "(ZeRO-2: every micro-batch's; ZeRO-1: the last one's) at the cost of a second gradient bucket (0.93 GiB "
-        "in bf16); ZeRO-3 always overlaps; not with pipeline parallelism"))
 
 
 @section("logging")
@@ -205,6 +205,10 @@ class RecipeConfig:
             if p.cp == 1:
                 raise ConfigError(f"parallel.tp/parallel.pp: tp*pp = {p.tp}*{p.pp} does not divide the world size {world_size}")
             raise ConfigError(f"parallel.cp: tp*cp*pp = {p.tp}*{p.cp}*{p.pp} does not divide the world size {world_size}")
+        if p.cp > 1 and (self.data.seq_len % (2 * p.cp) or (self.objective.family.blocked_mask and (
+                self.data.seq_len // (2 * p.cp)) % self.objective.block_size)):
+            raise ConfigError(f"parallel.cp: data.seq_len={self.data.seq_len} must cut into 2 * cp = {2 * p.cp} equal "
+                              "chunks (for BD3-LM, of whole objective.block_size blocks)")
         if p.pp > 1 and p.zero_stage > 1:
             raise ConfigError(f"parallel.zero_stage: ZeRO-{p.zero_stage} cannot be combined with pipeline parallelism (parallel.pp={p.pp}); use zero_stage 0 or 1")
         if p.tp > 1 and p.zero_stage == 3:
@@ -245,20 +249,11 @@ class RecipeConfig:
         self.objective.validate(self.data.seq_len)
         if p.pp > self.model.n_layers:
             raise ConfigError(f"parallel.pp: {p.pp} stages for {self.model.n_layers} layers")
-        if p.cp > 1:
-            L = self.data.seq_len
-            if L % (2 * p.cp):
-                raise ConfigError(f"parallel.cp: data.seq_len={L} must be divisible by 2 * cp = {2 * p.cp} (each rank "
-                                  "holds two of 2 * cp equal chunks of every sequence)")
-            if self.objective.family.blocked_mask and (L // (2 * p.cp)) % self.objective.block_size:
-                raise ConfigError(f"parallel.cp: chunks of data.seq_len / (2 * cp) = {L // (2 * p.cp)} tokens must be a "
-                                  f"multiple of objective.block_size={self.objective.block_size}")
         if p.sequence_parallel:
-            tokens = self.objective.family.layout(self.data.seq_len).tokens_in // p.cp
+            tokens = self.objective.family.layout(self.data.seq_len).tokens_in
             if tokens % p.tp:
-                raise ConfigError(f"parallel.sequence_parallel: {tokens} tokens per sequence through the model"
-                                  + (f" on each of cp={p.cp} ranks" if p.cp > 1 else "")
-                                  + f" are not divisible by parallel.tp={p.tp}; choose data.seq_len so that they are")
+                raise ConfigError(f"parallel.sequence_parallel: {tokens} tokens per sequence through the model are not "
+                                  f"divisible by parallel.tp={p.tp}; choose data.seq_len so that they are")
 
     def _check_lora_rank(self) -> None:
         from model.lora import rank_limit
