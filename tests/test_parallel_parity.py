@@ -201,6 +201,44 @@ def write_counts(path: Path, counter: CommCounter, cfg) -> None:
         "calls": [[op, list(ranks), nbytes, dtype, n] for (op, ranks, nbytes, dtype), n in calls.items()]}))
 
 
+# Context-parallel cases of the CP runtime's own tests (tests/test_context_parallel_runs.py `run_case`),
+# counted like the layouts above for tests/test_comm_plan.py, in the 4-process launch: where that runtime
+# exists. TP x CP with sequence parallelism, ZeRO-1 over dp x cp, full recomputation of a one-stream family.
+CP_COUNTED = ("setdlm-tp2cp2pp1z0sp", "bd3lm-tp1cp2pp1z1", "mdlm-tp1cp2pp1z0ac")
+
+
+def cp_runtime() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("model.context_parallel") is not None
+
+
+def run_cp_case(case: str, out: Path) -> None:
+    """One of the CP runtime's cases, its second optimizer step's collectives written per rank."""
+    import torch.distributed as dist
+
+    import test_context_parallel_runs as cpr
+    from pretrain.config import from_dict
+    from pretrain.pipeline import StepRunner
+
+    cfg = from_dict(cpr.recipe(*cpr.parse(case)))
+    original, steps = StepRunner.train_step, []
+
+    def counted(self, micro):
+        COUNTER.clear()
+        result = original(self, micro)
+        if len(steps) == COUNTED_STEP:
+            write_counts(out / f"{case}.comm{dist.get_rank()}.json", COUNTER, cfg)
+        steps.append(case)
+        return result
+
+    StepRunner.train_step = counted
+    try:
+        cpr.run_case(case, out)
+    finally:
+        StepRunner.train_step = original
+
+
 def _rows(inputs, a: int, b: int):
     """Rows [a, b) of a prepared batch (the mask is shared by all rows)."""
     from model.objectives import ModelInputs
@@ -222,7 +260,10 @@ def train_layouts(out: Path, pairs: list) -> None:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for variant, layout in pairs:
-        run_layout(layout, variant, out)
+        if variant == "cp":
+            run_cp_case(layout, out)
+        else:
+            run_layout(layout, variant, out)
 
 
 def pairs(variants, layouts) -> list[tuple[str, str]]:
@@ -248,7 +289,7 @@ LORA_CASES = [
 RUNS = {  # processes -> every (variant, layout) the four test modules compare, each run once
     1: pairs([*VARIANTS, "qwen_bf16", "qwen_lora", "gpt_lora"], ["ref"]),
     2: pairs([*VARIANTS, "qwen_bf16"], TWO) + [c[:2] for c in RECOMPUTE_CASES] + LORA_CASES + [("qwen_z3wide", "tp1pp1z3")],
-    4: pairs([*VARIANTS, "qwen_bf16"], FOUR),
+    4: pairs([*VARIANTS, "qwen_bf16"], FOUR) + ([("cp", case) for case in CP_COUNTED] if cp_runtime() else []),
 }
 
 
