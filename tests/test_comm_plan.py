@@ -29,17 +29,25 @@ pytestmark = pytest.mark.slow
 SLACK = 1024  # bytes per group and collective kind: the step's scalar all-reduces (float64 norms, counts, flags)
 
 
+def labels(groups: dict) -> dict:
+    """axis -> its name in the comparison: axes whose groups are the same ranks (the replica group and the
+    CP group when dp = 1) share one name, since a collective on those ranks belongs to either."""
+    return {axis: "+".join(sorted(a for a, g in groups.items() if g == ranks and a != "embedding"))
+            for axis, ranks in groups.items() if axis != "embedding"}
+
+
 def counted(path: Path) -> tuple[dict, dict, dict]:
     """(the rank's record, {(axis, op): payload}, {axis: ring bytes sent}) of one comm file."""
     d = json.loads(path.read_text())
-    by_ranks = {tuple(v): k for k, v in d["groups"].items() if len(v) > 1 and k != "embedding"}
+    name = labels({k: v for k, v in d["groups"].items() if len(v) > 1})
+    by_ranks = {tuple(d["groups"][axis]): label for axis, label in name.items()}
     emb = tuple(d["groups"].get("embedding", ()))
     payload, sent = defaultdict(float), defaultdict(float)
     for op, ranks, nbytes, _dtype, n in d["calls"]:
         ranks = tuple(ranks)
         if op == "recv":  # the sender counts it
             continue
-        axis = "pp" if op == "send" else by_ranks.get(ranks, f"group {list(ranks)}")
+        axis = name.get("pp", "pp") if op == "send" else by_ranks.get(ranks, f"group {list(ranks)}")
         if op == "all_reduce" and ranks == emb:
             axis = "embedding"
         payload[(axis, op)] += nbytes * n
@@ -48,7 +56,15 @@ def counted(path: Path) -> tuple[dict, dict, dict]:
 
 
 def planned(d: dict) -> tuple[dict, dict]:
-    return _planned(json.dumps(d["recipe"], sort_keys=True), d["world"], d["stage"])
+    payload, sent = _planned(json.dumps(d["recipe"], sort_keys=True), d["world"], d["stage"])
+    name = labels({k: v for k, v in d["groups"].items() if len(v) > 1})
+    rename = lambda axis: name.get(axis, axis)  # noqa: E731
+    out_payload, out_sent = defaultdict(float), defaultdict(float)
+    for (axis, op), v in payload.items():
+        out_payload[(rename(axis), op)] += v
+    for axis, v in sent.items():
+        out_sent[rename(axis)] += v
+    return out_payload, out_sent
 
 
 @functools.lru_cache(maxsize=None)  # the ranks of one stage of one run share it
@@ -60,7 +76,7 @@ def _planned(recipe: str, world: int, stage: int) -> tuple[dict, dict]:
     for c in plan:
         payload[(c.axis, c.op)] += c.payload
         sent[c.axis] += c.sent
-    return payload, sent
+    return dict(payload), dict(sent)
 
 
 def compare(path: Path) -> list[str]:
