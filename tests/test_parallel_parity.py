@@ -7,6 +7,8 @@ one process), with gradient clipping active. Losses, gradient norms and the vali
 with the one-process run within 1e-5 relative, and the weights within PARAM_ATOL; each layout's
 sharded checkpoint must consolidate to the one-process weights and Adam moments. A bf16
 run of TP=2, PP=2 (ZeRO 0 and 1) checks DeepSpeed's bf16 optimizers' gradient norms under those layouts.
+Every run also counts what its collectives move in one step (tests/comm_counter.py), which
+tests/test_comm_plan.py compares with the dry run's count.
 """
 
 from __future__ import annotations
