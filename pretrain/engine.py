@@ -113,7 +113,8 @@ def deepspeed_config(cfg, world_size: int, precision: str = "fp32") -> dict:
         # model-parallel rank; bf16: their fp32 copies lose the tensor-parallel and pipeline-replica
         # marks, so TP shards are counted on one rank only): we clip ourselves there (clip_gradients).
         "gradient_clipping": t.grad_clip if p.zero_stage > 0 else 0.0,
-        "zero_optimization": {"stage": p.zero_stage},
+        # parallel.overlap_comm: ZeRO-1/2 reduce beside the backward (ZeRO-3 keeps DeepSpeed's default, on)
+        "zero_optimization": {"stage": p.zero_stage, **({"overlap_comm": p.overlap_comm} if p.zero_stage in (1, 2) else {})},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**12,
         "wall_clock_breakdown": False,
