@@ -294,6 +294,8 @@ def _refresh_weights(engine, entries: list[Param], zero: int, step: int) -> None
                 if end > start:
                     flat, _ = p._z3_optimizer._get_fp32_opt_state_partition(p, release_swap_buffers=False)
                     p.ds_tensor.view(-1)[:end - start].copy_(flat[:end - start])
+        if hasattr(inner, "checkpoint_event_epilogue"):  # what DeepSpeed runs after its own load: the small
+            inner.checkpoint_event_epilogue()  # "persistent" parameters gathered from the new slices
     base = getattr(inner, "optimizer", inner)
     for st in getattr(base, "state", {}).values():
         if isinstance(st, dict) and "step" in st:
