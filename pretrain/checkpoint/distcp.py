@@ -25,11 +25,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import pickle
+import zipfile
 from pathlib import Path
 from typing import Iterable
 
 import torch
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.api import CheckpointException  # a BaseException: caught by name
 from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner, DefaultSavePlanner
 from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex, TensorProperties,
                                                    TensorStorageMetadata)
@@ -210,7 +212,23 @@ def read_metadata(ckpt: Path) -> Metadata:
 
 
 class SafeReader(FileSystemReader):
-    """FileSystemReader with the allow-listed metadata read (tensor items: torch.load(weights_only=True))."""
+    """FileSystemReader with the allow-listed metadata read (tensor items: torch.load(weights_only=True));
+    a refused or damaged item is a CheckpointError naming its file."""
+
+    def read_data(self, plan, planner):
+        from ..safe_load import _unpickling_error
+
+        files = sorted({self.storage_data[r.storage_index].relative_path for r in plan.items})
+        where = ", ".join(str(Path(self.path) / f) for f in files[:2]) or str(self.path)
+        try:
+            return super().read_data(plan, planner)
+        except CheckpointError:
+            raise
+        except pickle.UnpicklingError as e:
+            raise _unpickling_error(where, e) from None
+        except (EOFError, OSError, RuntimeError, ValueError, KeyError, IndexError, TypeError, AssertionError,
+                zipfile.BadZipFile) as e:
+            raise CheckpointError(f"{where}: truncated or damaged ({type(e).__name__}); use another step") from None
 
     def read_metadata(self, *args, **kwargs) -> Metadata:
         md = read_metadata(Path(self.path))
@@ -232,11 +250,14 @@ def check_files(ckpt: Path, md: Metadata) -> None:
             raise CheckpointError(f"{Path(ckpt) / METADATA}: names a data file outside the checkpoint ({path!r})")
         need[path] = max(need.get(path, 0), int(info.offset) + int(info.length))
     missing = sorted(f for f in need if not (Path(ckpt) / f).is_file())
-    short = sorted(f for f in need if f not in missing and (Path(ckpt) / f).stat().st_size < need[f])
-    if missing or short:
-        what = (f"{', '.join(missing[:3])} missing" if missing else f"{', '.join(short[:3])} cut short")
-        raise CheckpointError(f"checkpoint {ckpt}: incomplete: {what} ({len(need)} data files, one per rank that "
-                              "saved); copy the whole checkpoint directory, or use another step")
+    if missing:
+        raise CheckpointError(f"checkpoint {ckpt}: incomplete: {', '.join(missing[:3])} missing ({len(need)} data "
+                              "files, one per rank that saved); copy the whole checkpoint directory, or use another step")
+    for f in sorted(need):
+        size = (Path(ckpt) / f).stat().st_size
+        if size < need[f]:
+            raise CheckpointError(f"{Path(ckpt) / f}: " + ("empty file (0 bytes)" if not size else
+                                  f"truncated ({size} of {need[f]} bytes)") + ": the checkpoint is damaged; use another step")
 
 
 def tensor_shapes(md: Metadata) -> dict[str, tuple[int, ...]]:
@@ -259,19 +280,31 @@ def load(state: dict[str, Chunked], ckpt: Path, *, process_group=None, no_dist: 
                  no_dist=no_dist)
     except CheckpointError:
         raise
-    except Exception as e:  # noqa: BLE001 - DCP wraps a rank's failure (a damaged file) in CheckpointException
+    except (Exception, CheckpointException) as e:  # noqa: BLE001 - DCP wraps a rank's failure (a damaged file)
+        inner = _inner(e)
+        if isinstance(inner, CheckpointError):
+            raise CheckpointError(str(inner)) from None
         raise CheckpointError(f"checkpoint {ckpt}: cannot be read ({first_cause(e)})") from None
+
+
+def _inner(e: BaseException) -> BaseException:
+    """The first failing rank's own exception inside DCP's CheckpointException (else `e`)."""
+    failures = getattr(e, "failures", None)
+    if isinstance(failures, dict) and failures:
+        inner = failures[min(failures)]
+        inner = inner[0] if isinstance(inner, tuple) else getattr(inner, "exc", inner)
+        if isinstance(inner, BaseException):
+            return inner
+    return e
 
 
 def first_cause(e: BaseException) -> str:
     """One line for a DCP failure: the first rank's own exception (DCP's CheckpointException keeps one per
     rank), else `e`."""
-    failures = getattr(e, "failures", None)
-    if isinstance(failures, dict) and failures:
-        rank = min(failures)
-        inner = failures[rank]
-        inner = getattr(inner, "exc", inner)
-        return f"rank {rank}: {type(inner).__name__}: {str(inner).splitlines()[0][:200] if str(inner) else ''}"
+    inner = _inner(e)
+    if inner is not e:
+        text = str(inner).strip().splitlines()
+        return f"rank {min(e.failures)}: {type(inner).__name__}: {text[0][:200] if text else ''}"
     text = str(e).strip().splitlines()
     return f"{type(e).__name__}: {text[0][:200] if text else ''}"
 

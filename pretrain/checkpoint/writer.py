@@ -35,6 +35,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import AsyncStager
 
 from common.errors import StorageError
@@ -118,7 +119,7 @@ class Saver:
             try:
                 future = dcp.async_save(staged, storage_writer=distcp.writer(tmp), planner=distcp.ChunkSavePlanner(),
                                         process_group=self.group, async_stager=_Staged())
-            except Exception as e:  # noqa: BLE001 - a failure to start is a failed write
+            except (Exception, CheckpointException) as e:  # noqa: BLE001 - a failure to start is a failed write
                 self._finish(pending, e)
             else:
                 future.add_done_callback(lambda f: self._finish(pending, f.exception()))
@@ -128,7 +129,7 @@ class Saver:
 
                 dcp.save(staged, storage_writer=distcp.writer(tmp), planner=distcp.ChunkSavePlanner(),
                          process_group=self.group)
-            except Exception as e:  # noqa: BLE001
+            except (Exception, CheckpointException) as e:  # noqa: BLE001 - a failed write, reported by wait()
                 self._finish(pending, e)
             else:
                 self._finish(pending, None)
@@ -232,13 +233,7 @@ def _flag_device():
 def _cause(error: BaseException) -> BaseException:
     """The exception a failed DCP write stands for: the first failing rank's own (an OSError of a full
     disk), which DCP's CheckpointException wraps."""
-    failures = getattr(error, "failures", None)
-    if isinstance(failures, dict) and failures:
-        inner = failures[min(failures)]
-        inner = inner[0] if isinstance(inner, tuple) else inner
-        if isinstance(inner, BaseException):
-            return inner.with_traceback(None)
-    return error.with_traceback(None)
+    return distcp._inner(error).with_traceback(None)
 
 
 def save(engine, root: Path, step: int, *, meta: dict, extra: dict, ema=None, keep_last: int = 0, rank: int = 0,
