@@ -197,11 +197,11 @@ class Trainer:
                                        f"read from {path} by every rank", *notes]
             else:
                 self.notes += notes
-        elif kind == "deepspeed" and same:  # format 1, the same layout: DeepSpeed's own loader
+        elif kind == "deepspeed" and same and not versions.weight_renames(saved_meta):
+            # format 1, the same layout and the same weight names: DeepSpeed's own loader
             meta, extra, ema = resume.load(self.engine, path, rank=self.rank, mp_rank=self.mp_rank)
             if self.ema is not None and ema is not None:
-                self.ema.load_state_dict(versions.current_names(ema, saved_meta) if "shadow" not in ema else
-                                         {**ema, "shadow": versions.current_names(ema["shadow"], saved_meta)})
+                self.ema.load_state_dict(ema)
         else:  # format 1 under another layout, or an imported run: the full state, then this rank's part
             meta, extra, notes = resume.load_relayout(self.engine, path, ema=self.ema)
             resume.set_scheduler_step(self.scheduler, meta["step"])

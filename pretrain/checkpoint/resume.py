@@ -165,7 +165,8 @@ def load_relayout(engine, path: Path, *, ema) -> tuple[dict, dict, list[str]]:
     if cons.is_file():
         state = safe_load(cons, mmap=True)
         if isinstance(state, dict) and isinstance(state.get("module"), dict):
-            state = {**state, "module": versions.current_names(state["module"], meta)}
+            state = {**state, **{k: versions.current_names(state[k], meta) for k in ("module", "ema")
+                                 if isinstance(state.get(k), dict)}}
     else:
         from .consolidate import consolidated_state
 
