@@ -139,6 +139,12 @@ def _deepspeed_owns(p) -> bool:
 def save_state(engine, ema=None) -> dict[str, Chunked]:
     """This rank's pieces of every tensor of the checkpoint (views: `distcp.stage` copies them)."""
     out: dict[str, Chunked] = {}
+    entries = params(engine.module)
+    if _zero_stage(engine) in (1, 2):  # each fragment's views of the moments, (re)linked as DeepSpeed links them
+        from .relayout import _init_flat_optimizer_states
+
+        _init_flat_optimizer_states(engine.optimizer, optimizer_step(engine) or 0,
+                                    [e.p for e in entries if e.p.requires_grad])
 
     def add(key: str, e: Param, flat: torch.Tensor, start: int) -> None:
         out.setdefault(key, Chunked(e.global_shape, torch.float32)).add_flat(e.local_shape, e.offset, flat, start)
@@ -150,7 +156,7 @@ def save_state(engine, ema=None) -> dict[str, Chunked]:
         else:
             out.setdefault(key, Chunked(e.global_shape, torch.float32))
 
-    for e in params(engine.module):
+    for e in entries:
         if e.copy:
             continue
         p = e.p
