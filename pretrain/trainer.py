@@ -152,6 +152,7 @@ class Trainer:
                                 publish_hook=self._published(best))
         where = self.ckpt_root / rundir.tag_for(self.step)
         if "ckpt/write_s" in stats:
+            stats["ckpt/write_step"] = self.step
             self.logger.write(f"saved checkpoint {where}")
         else:
             self.logger.write(f"saving checkpoint {where.name} in the background (the step loop waited "
@@ -322,11 +323,12 @@ class Trainer:
             new_best = best is not None and best.improves(metrics)
             preempted = handler.should_stop(self.step, every=t.preemption_check_every)
             self.saver.poll(self.step, every=t.preemption_check_every)  # a finished background write (or its failure)
+            metrics.update(self._finished_writes())
             if preempted or self.step % t.save_every == 0 or self.step == t.max_steps or new_best:
                 # the last step and a preemption wait for the write: nothing may exit before it is published
-                metrics.update(self.save(block=preempted or self.step == t.max_steps,
-                                         best=best if new_best else None))
-            metrics.update(self._finished_writes())
+                stats = self.save(block=preempted or self.step == t.max_steps, best=best if new_best else None)
+                metrics.update(self._finished_writes())  # the write this save waited for, if any
+                metrics.update(stats)  # this save's: ckpt/blocking_s (and ckpt/write_s when it waited for it)
             if metrics:
                 last.update(metrics)
                 self.logger.log(self.step, {**carry, **metrics}, print_line="train/loss" in metrics or "val/nll" in metrics)
