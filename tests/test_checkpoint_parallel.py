@@ -150,3 +150,33 @@ def test_no_whole_model_file_and_every_rank_wrote_its_part(runs):
             assert max(sizes) < sum(sizes), (name, sizes)
         md = read_metadata(ckpt)
         assert {k.split("/")[0] for k in md.state_dict_metadata} == {"model", "optim", "ema"}
+
+
+def test_load_model_reads_a_sharded_checkpoint_in_a_plain_process(runs, tmp_path):
+    """load_model reads the TP=2 x DP=2 ZeRO-1 checkpoint in a plain interpreter with megatron-core and
+    DeepSpeed unimportable (no launcher variables, no process group): the weights are the checkpoint's
+    EMA, it decodes, torch.distributed stays uninitialised and os.environ unchanged."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from helpers import REPO, cli_env
+
+    code = (
+        "import os, sys, torch\n"
+        "for name in ('megatron', 'megatron.core', 'deepspeed'):\n"
+        "    sys.modules[name] = None\n"
+        "import pretrain.checkpoint.inference, model.sampling\n"
+        "before = dict(os.environ)\n"
+        "m, tok, cfg = pretrain.checkpoint.inference.load_model(sys.argv[1])\n"
+        "out = model.sampling.generate(m, [tok.encode('The')], model.sampling.SamplingConfig(family='setdlm',\n"
+        "    window=4, max_new_tokens=4), mask_id=cfg.model.mask_id, tokenizer=tok)[0]\n"
+        "assert len(out.tokens) == 4 and not torch.distributed.is_initialized() and dict(os.environ) == before\n"
+        "torch.save(m.state_dict(), sys.argv[2])\n")
+    r = subprocess.run([sys.executable, "-c", code, str(runs / "tp2dp2"), str(tmp_path / "w.pt")], cwd=REPO,
+                       env=cli_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    got = torch.load(tmp_path / "w.pt", weights_only=True)
+    want = _state(runs / "tp2dp2")
+    assert set(want["ema"]) <= set(got) and all(torch.equal(got[k], want["ema"][k]) for k in want["ema"])
