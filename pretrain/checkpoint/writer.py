@@ -79,8 +79,9 @@ class Saver:
         self.finished: list[Finished] = []  # writes that ended since the caller last took them (`take`)
         self._cache: dict = {}  # staging buffers, reused by every save
         # DCP's collectives of a background write run in its thread: a group of their own (gloo: they
-        # move only small plans and results), never the one the training's collectives use
-        self.group = dist.new_group(backend="gloo") if dist.is_initialized() else None
+        # move only small plans and results), never the one the training's collectives use; made at the
+        # first save (every rank saves). A write in the step loop uses the default group.
+        self.group = None
 
     # -- saving --------------------------------------------------------------------------------------------
     def save(self, engine, ema, step: int, *, meta: dict, extra: dict, block: bool = False,
@@ -116,6 +117,8 @@ class Saver:
         if self.background:
             import torch.distributed.checkpoint as dcp
 
+            if self.group is None and dist.is_initialized():
+                self.group = dist.new_group(backend="gloo")
             try:
                 future = dcp.async_save(staged, storage_writer=distcp.writer(tmp), planner=distcp.ChunkSavePlanner(),
                                         process_group=self.group, async_stager=_Staged())
@@ -127,8 +130,7 @@ class Saver:
             try:
                 import torch.distributed.checkpoint as dcp
 
-                dcp.save(staged, storage_writer=distcp.writer(tmp), planner=distcp.ChunkSavePlanner(),
-                         process_group=self.group)
+                dcp.save(staged, storage_writer=distcp.writer(tmp), planner=distcp.ChunkSavePlanner())
             except (Exception, CheckpointException) as e:  # noqa: BLE001 - a failed write, reported by wait()
                 self._finish(pending, e)
             else:
