@@ -175,7 +175,7 @@ def load_foreign(path) -> tuple[object, list[str]]:
     stubs = [(type(f"Inert_{i}", (Inert,), {"qualname": n}), n) for i, n in enumerate(names)]
     with torch.serialization.safe_globals([*SAFE_GLOBALS, *stubs]):
         try:
-            obj = _REAL_LOAD(str(p), map_location="cpu", weights_only=True)
+            obj = _REAL_LOAD(str(p), map_location="cpu", weights_only=True, mmap=True)  # a whole model
         except pickle.UnpicklingError as e:  # a global the scan above did not see: refused, as by load()
             raise _unpickling_error(str(p), e) from None
         except (EOFError, RuntimeError, zipfile.BadZipFile) as e:

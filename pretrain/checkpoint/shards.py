@@ -33,7 +33,7 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def _load(path: Path):
-    return safe_load(path, map_location="cpu")
+    return safe_load(path, map_location="cpu", mmap=True)  # a TP=1 model file is the whole model
 
 
 def _part(state, key: str, path: Path):
