@@ -105,9 +105,9 @@ def consolidate(path, *, out=None, optimizer: bool = True, overwrite: bool = Tru
 def main(argv: list[str] | None = None) -> int:
     """`setdlm convert consolidate` (errors are reported by common.cli.run_command)."""
     parser = ArgumentParser(prog="setdlm convert consolidate",
-                            description="Merge a sharded (TP/PP/DP, ZeRO 0-3) checkpoint into one state dict.")
+                            description="Merge a checkpoint of any layout (TP/PP/DP, ZeRO 0-3) into one state dict (a one-file export).")
     parser.add_argument("--checkpoint", required=True, help="run directory (newest checkpoint), RUN:best / RUN:STEP, its checkpoints/ folder, or one checkpoint")
-    parser.add_argument("--out", help="output file (default: CHECKPOINT/consolidated.pt, read by load_model and re-layout)")
+    parser.add_argument("--out", help="output file (default: CHECKPOINT/consolidated.pt: a one-file export; training does not need it)")
     parser.add_argument("--no-optimizer", action="store_true", help="leave out the Adam moments (weights and EMA only)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     args = parser.parse_args(argv)
