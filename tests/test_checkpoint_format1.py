@@ -71,6 +71,7 @@ def test_load_model_reads_it(run, version):
     assert tok.decode(tok.encode("for x in y")) == "for x in y"
 
 
+@pytest.mark.slow
 def test_it_exports_and_the_export_imports_back(run, tmp_path):
     from pretrain.checkpoint.inference import load_model
     from pretrain.convert.export import export_checkpoint
@@ -86,6 +87,7 @@ def test_it_exports_and_the_export_imports_back(run, tmp_path):
                for k in b if torch.is_tensor(b[k]))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layout", ["same", "zero0"])
 def test_resume_continues_the_uninterrupted_run(run, model_parallel, layout):
     """Step 3 after resuming at step 2 is the uninterrupted run's step 3: exactly through DeepSpeed's
@@ -110,6 +112,7 @@ def test_resume_continues_the_uninterrupted_run(run, model_parallel, layout):
     assert not list(run.rglob("consolidated.pt"))
 
 
+@pytest.mark.slow
 def test_a_renamed_weight_migrates_by_its_map(run, model_parallel, monkeypatch):
     """A make-believe history: format 1 called the final norm `ln_f`. The fixture's files are rewritten
     with that name; without the conversion map they are refused (the weights do not match the model),

@@ -15,6 +15,8 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from helpers import REPO, cli_env
 
 MIB = 2**20
@@ -71,6 +73,7 @@ def measure(path: str) -> dict:
             "n_whole": len(whole)}
 
 
+@pytest.mark.slow
 def test_a_rank_reads_its_shard_with_a_bounded_buffer(tmp_path):
     code = (f"import sys, json; sys.path.insert(0, {str(REPO / 'tests')!r}); from test_checkpoint_memory import measure; "
             f"print('RESULT', json.dumps(measure({str(tmp_path / 'ckpt')!r})))")
