@@ -94,7 +94,9 @@ def _writing(run: Path) -> bool:
 
 @pytest.fixture
 def recipe(tmp_path) -> Path:
-    return write_recipe(tmp_path / "r.yaml", train={"max_steps": 8, "save_every": 2, "eval_every": 0, "log_every": 1,
+    chars = REPO / "tests" / "fixtures" / "checkpoint_format1" / "format1" / "tokenizer"  # small checkpoints
+    return write_recipe(tmp_path / "r.yaml", data={"tokenizer": str(chars), "add_mask_token": True},
+                        train={"max_steps": 8, "save_every": 2, "eval_every": 0, "log_every": 1,
                                                     "ema": 0.5, "keep_last": 3, "sample_at_end": False})
 
 
