@@ -146,10 +146,14 @@ class Trainer:
         """Save a checkpoint of this step (every rank): the step loop waits for the snapshot, the files are
         written in the background unless `block` (the last step, a preemption) or train.async_save is off.
         `best` (train.keep_best) records it as the best once it is published. Returns the ckpt/ metrics."""
+        t0 = time.perf_counter()
+        self.saver.wait()  # a write still in flight: the loop waits for it (and counts it in ckpt/blocking_s)
+        finished = self._finished_writes()
         self._count_tokens()
         extra = {"rng": rng.rng_state(), "data": self.train_loader.state_dict(), "step": self.step}
-        stats = self.saver.save(self.engine, self.ema, self.step, meta=self.meta(), extra=extra, block=block,
-                                publish_hook=self._published(best))
+        stats = {**finished, **self.saver.save(self.engine, self.ema, self.step, meta=self.meta(), extra=extra,
+                                               block=block, publish_hook=self._published(best))}
+        stats["ckpt/blocking_s"] = time.perf_counter() - t0
         where = self.ckpt_root / rundir.tag_for(self.step)
         if "ckpt/write_s" in stats:
             stats["ckpt/write_step"] = self.step
@@ -326,9 +330,7 @@ class Trainer:
             metrics.update(self._finished_writes())
             if preempted or self.step % t.save_every == 0 or self.step == t.max_steps or new_best:
                 # the last step and a preemption wait for the write: nothing may exit before it is published
-                stats = self.save(block=preempted or self.step == t.max_steps, best=best if new_best else None)
-                metrics.update(self._finished_writes())  # the write this save waited for, if any
-                metrics.update(stats)  # this save's: ckpt/blocking_s (and ckpt/write_s when it waited for it)
+                metrics.update(self.save(block=preempted or self.step == t.max_steps, best=best if new_best else None))
             if metrics:
                 last.update(metrics)
                 self.logger.log(self.step, {**carry, **metrics}, print_line="train/loss" in metrics or "val/nll" in metrics)
