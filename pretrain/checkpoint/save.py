@@ -64,9 +64,9 @@ def clean_partial(root: Path) -> None:
 
 # -- space -------------------------------------------------------------------------------------------
 def estimate_bytes(n_params: int, *, precision: str, ema: bool) -> int:
-    """What a checkpoint of `n_params` parameters holds on disk: the weights (fp32, or bf16 plus fp32
-    master weights), Adam's two fp32 moments and the fp32 EMA, over all ranks."""
-    per_param = (2 + 4 if precision == "bf16" else 4) + 8 + (4 if ema else 0)
+    """What a checkpoint of `n_params` parameters holds on disk, over all ranks: the fp32 weights (the
+    fp32 masters, whatever `precision` trains in), Adam's two fp32 moments and the fp32 EMA."""
+    per_param = 4 + 8 + (4 if ema else 0)
     return int(n_params * per_param)
 
 
