@@ -151,11 +151,11 @@ class Trainer:
         finished = self._finished_writes()
         self._count_tokens()
         extra = {"rng": rng.rng_state(), "data": self.train_loader.state_dict(), "step": self.step}
-        stats = {**finished, **self.saver.save(self.engine, self.ema, self.step, meta=self.meta(), extra=extra,
-                                               block=block, publish_hook=self._published(best))}
-        stats["ckpt/blocking_s"] = time.perf_counter() - t0
+        own = self.saver.save(self.engine, self.ema, self.step, meta=self.meta(), extra=extra, block=block,
+                              publish_hook=self._published(best))
+        stats = {**finished, **own, "ckpt/blocking_s": time.perf_counter() - t0}
         where = self.ckpt_root / rundir.tag_for(self.step)
-        if "ckpt/write_s" in stats:
+        if "ckpt/write_s" in own:  # written before returning
             stats["ckpt/write_step"] = self.step
             self.logger.write(f"saved checkpoint {where}")
         else:
