@@ -9,6 +9,7 @@ the real CLI. While that checkpoint is being written:
   next start) and the resumed run repeats the killed run's steps exactly;
 - SIGTERM waits for the write in flight, then saves and exits: both checkpoints are published;
 - every save logs ckpt/blocking_s, and the end of each write ckpt/write_s, in metrics.jsonl.
+One run is killed, then the same command resumes it and is stopped by SIGTERM.
 
 (A disk that fills during the background write: tests/test_storage_faults.py.)
 """
@@ -86,71 +87,67 @@ def _wait_until(done, proc: subprocess.Popen, what: str, timeout: float = 300) -
         time.sleep(0.05)
 
 
-def _writing(run: Path) -> bool:
-    """The slow checkpoint is being written: its temporary folder holds part of rank 0's data file."""
+def _writing(run: Path, since: float = 0.0) -> bool:
+    """The slow checkpoint is being written: its temporary folder holds part of rank 0's data file
+    (written after time `since`: not the part a killed run left)."""
     data = run / "checkpoints" / f".tmp-step_{SLOW_STEP:08d}" / "__0_0.distcp"
-    return data.is_file() and data.stat().st_size > 0
+    try:
+        return data.stat().st_size > 0 and data.stat().st_mtime >= since
+    except OSError:
+        return False
 
 
 @pytest.fixture
 def recipe(tmp_path) -> Path:
     chars = REPO / "tests" / "fixtures" / "checkpoint_format1" / "format1" / "tokenizer"  # small checkpoints
     return write_recipe(tmp_path / "r.yaml", data={"tokenizer": str(chars), "add_mask_token": True},
-                        train={"max_steps": 8, "save_every": 2, "eval_every": 0, "log_every": 1,
-                                                    "ema": 0.5, "keep_last": 3, "sample_at_end": False})
+                        train={"max_steps": 1000, "save_every": 2, "eval_every": 0, "log_every": 1, "ema": 0.5,
+                               "keep_last": 3, "sample_at_end": False})
 
 
-def test_kill_during_the_background_write_keeps_the_previous_checkpoint(recipe, tmp_path):
+def test_kill_then_sigterm_during_background_writes(recipe, tmp_path):
     out, run = tmp_path / "runs", tmp_path / "runs" / "tiny"
+    root = run / "checkpoints"
+
+    # 1. SIGKILL while step 4 is written; training went on meanwhile (step 5 is logged)
     proc = _start(recipe, out)
     try:
-        # training goes on while step 4 is written: step 5 is logged with the write still in flight
         _wait_until(lambda: 5 in _rows(run) and _writing(run), proc, "step 5 during the step-4 write")
-        assert (run / "checkpoints" / "latest").read_text() == "step_00000002"
+        assert (root / "latest").read_text() == "step_00000002"
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=60)
     finally:
         proc.kill()
     killed = _rows(run)
-    assert (run / "checkpoints" / "latest").read_text() == "step_00000002"
-    assert (run / "checkpoints" / ".tmp-step_00000004").is_dir()  # the write the kill cut short
-    assert not (run / "checkpoints" / "step_00000004").exists()
+    assert (root / "latest").read_text() == "step_00000002"
+    assert (root / ".tmp-step_00000004").is_dir() and not (root / "step_00000004").exists()  # cut short
     # each save's row has the time the loop waited; the first row after a write ended, its duration
     assert "ckpt/blocking_s" in killed[2] and "ckpt/blocking_s" in killed[4]
     ended = [s for s in killed if killed[s].get("ckpt/write_step") == 2]
     assert len(ended) == 1 and ended[0] > 2 and killed[ended[0]]["ckpt/write_s"] > 0, killed
     assert not any(r.get("ckpt/write_step") == 4 for r in killed.values())  # step 4's write never ended
 
-    again = setdlm("pretrain", "--config", recipe, "--out", out)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert "resumed at step 2" in again.stdout + again.stderr
-    rows = read_metrics(run)
-    for step in (3, 4, 5):
-        assert rows[step]["train/loss"] == killed[step]["train/loss"], step
-    assert sorted(rows) == list(range(1, 9))
-    root = run / "checkpoints"
-    assert (root / "latest").read_text() == "step_00000008" and not list(root.glob(".tmp-*"))
-    assert rows[8]["ckpt/write_step"] == 8 and rows[8]["ckpt/write_s"] <= rows[8]["ckpt/blocking_s"]
-
-
-def test_sigterm_waits_for_the_write_in_flight(recipe, tmp_path):
-    out, run = tmp_path / "runs", tmp_path / "runs" / "tiny"
-    proc = _start(recipe, out, "train.max_steps=1000", "train.save_every=4")
+    # 2. the same command resumes from step 2 (the partial step 4 removed) and repeats the killed run's
+    #    steps exactly; SIGTERM while its own step-4 write is in flight waits for it, saves, exits 0
+    started = time.time()
+    proc = _start(recipe, out)
     try:
-        _wait_until(lambda: 5 in _rows(run) and _writing(run), proc, "step 5 during the step-4 write")
+        _wait_until(lambda: 5 in _rows(run) and _writing(run, since=started), proc, "step 5 during the step-4 write")
         proc.send_signal(signal.SIGTERM)
         text, _ = proc.communicate(timeout=300)
     finally:
         proc.kill()
     assert proc.returncode == 0, text[-3000:]
+    assert "resumed at step 2" in text, text[-3000:]
+    rows = read_metrics(run)
+    for step in (3, 4, 5):
+        assert rows[step]["train/loss"] == killed[step]["train/loss"], step
     saved = int(text.split("preemption signal received: saved at step ")[1].split(",")[0])
-    root = run / "checkpoints"
     assert saved > SLOW_STEP and (root / "latest").read_text() == f"step_{saved:08d}"
     for step in (SLOW_STEP, saved):
         assert (root / f"step_{step:08d}" / "COMPLETE").is_file(), step
     assert f"saved checkpoint {root / 'step_00000004'} (written in the background" in text, text[-3000:]
     assert not list(root.glob(".tmp-*"))
-    rows = read_metrics(run)
+    assert sorted(rows) == list(range(1, saved + 1))  # one row per step
     assert rows[saved]["ckpt/write_step"] == saved
-    waited = rows[saved]["ckpt/blocking_s"]
-    assert waited >= rows[saved]["ckpt/write_s"]  # it waited for step 4's write, then wrote its own
+    assert rows[saved]["ckpt/blocking_s"] >= rows[saved]["ckpt/write_s"]  # it waited for its write
