@@ -34,6 +34,7 @@ from common.storage import free_bytes, human_bytes, is_write_failure, tree_bytes
 
 from ..safe_load import CheckpointError
 from . import rundir
+from .shards import shard_info  # noqa: F401 - its home was here (callers import it from save)
 
 TMP_PREFIX = ".tmp-"
 PRUNED = TMP_PREFIX + "pruned-"
