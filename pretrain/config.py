@@ -102,6 +102,10 @@ class TrainConfig:
         "signal is honoured within this many steps, so keep them shorter than Slurm's --signal lead time; one "
         "process checks every step"))
     keep_last: int = Field(2, ge=0, description="complete checkpoints kept (0: keep all)")
+    async_save: bool = Field(True, description=(
+        "write checkpoints in the background: the step loop waits only for the copy of this rank's share of the "
+        "checkpoint to host memory (a buffer kept between saves), training goes on while the files are written "
+        "(false: write in the step loop)"))
     keep_best: bool = Field(False, description=(
         "also keep the checkpoint with the best train.best_metric (RUN/checkpoints/best, outside keep_last); "
         "select it with --checkpoint RUN:best"))

@@ -116,7 +116,8 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
 
     from model.objectives import build_objective, summarize
     from pretrain.parallel import ensure_model_parallel
-    from pretrain.checkpoint.save import save, shard_info
+    from pretrain.checkpoint.shards import shard_info
+    from pretrain.checkpoint.writer import save
     from pretrain.config import from_dict
     from pretrain.engine import build_engine, zero3_init
     from pretrain.parallelize import build_stage, prepare_model
@@ -171,8 +172,7 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
             pass
     if not variant.endswith("bf16"):  # a real sharded checkpoint, for the consolidation checks
         meta = {"step": STEPS, "tokens_seen": 0, "layout": {"world": world, "tp": tp, "pp": pp, "dp": dp, "zero_stage": zero}}
-        save(engine, out / f"ckpt-{variant}-{layout}", STEPS, meta=meta, extra={}, ema_state=None, keep_last=1,
-             mp_rank=dist.get_rank(group=parallel_state.get_model_parallel_group()), dp_rank=dp_rank, rank=dist.get_rank())
+        save(engine, out / f"ckpt-{variant}-{layout}", STEPS, meta=meta, extra={}, keep_last=1, rank=dist.get_rank())
     if dist.get_rank() == 0:
         (out / f"{variant}-{layout}.json").write_text(json.dumps(result))
     dist.barrier()
@@ -344,14 +344,12 @@ def consolidated(out: Path, name: str) -> dict:
 
 def check_consolidation(out: Path, variant: str, layout: str, zero: int) -> None:
     """The layout's sharded checkpoint consolidates to the one-process state: weights, and the Adam
-    moments (ZeRO-0: client optimizer; ZeRO-1/2: flat partitions; ZeRO-3 checkpoints give weights only)."""
+    moments (ZeRO-0: client optimizer; ZeRO-1/2: flat partitions; ZeRO-3: per-parameter slices)."""
     ref, got = consolidated(out, f"{variant}-ref"), consolidated(out, f"{variant}-{layout}")
     assert set(got["module"]) == set(ref["module"]), set(got["module"]) ^ set(ref["module"])
     worst = max(((got["module"][k] - ref["module"][k]).abs().max().item(), k) for k in ref["module"]
                 if torch.is_tensor(ref["module"][k]))
     assert worst[0] <= PARAM_ATOL, (variant, layout, "consolidated weights differ", worst)
-    if zero == 3:
-        return
     assert got["optimizer"] is not None and got["optimizer"]["step"] == ref["optimizer"]["step"], (variant, layout)
     for key in ("exp_avg", "exp_avg_sq"):
         r, g = ref["optimizer"][key], got["optimizer"][key]
@@ -368,13 +366,14 @@ def test_layouts_match_one_process(parity_runs, nproc, layouts):
         check_bf16(parity_runs, layout)
 
 
-# Each layout's checkpoint with one shard file removed: consolidation (and load_model, which merges
-# shards in memory) refuses it, naming the missing file, instead of writing a smaller model.
+# Each layout's checkpoint with one rank's data file removed (format 2: one file per rank): consolidation
+# (and load_model, which reads the same files) refuses it, naming the missing file, instead of writing a
+# smaller model.
 MISSING = {
-    "TP shard": ("tp2pp1z0", "mp_rank_01_model_states.pt"),
-    "PP stage": ("tp1pp2z0", "mp_rank_01_model_states.pt"),
-    "ZeRO-1 partition": ("tp1pp1z1", "zero_pp_rank_1_mp_rank_00_optim_states.pt"),
-    "ZeRO-3 partition": ("tp1pp1z3", "zero_pp_rank_1_mp_rank_00_model_states.pt"),
+    "TP shard": ("tp2pp1z0", "__1_0.distcp"),
+    "PP stage": ("tp1pp2z0", "__1_0.distcp"),
+    "ZeRO-1 partition": ("tp1pp1z1", "__1_0.distcp"),
+    "ZeRO-3 partition": ("tp1pp1z3", "__1_0.distcp"),
 }
 
 
