@@ -117,7 +117,7 @@ def test_train_peak_tflops_is_what_mfu_divides_by(tmp_path, model_parallel, caps
     assert "train.peak_tflops" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("name", ["ar", "mdlm", "setdlm", "bd3lm"])
+@pytest.mark.parametrize("name", families.names())
 @pytest.mark.parametrize("recompute", ["none", "selective", "full"])
 def test_pipeline_stage_shares_add_up_to_the_step(name, recompute):
     """The step-time model's per-stage (matmul, attention) split (sequence_flops) sums to train_step_flops."""
