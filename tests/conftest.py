@@ -89,8 +89,8 @@ def random_gpt2_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def parity_runs(tmp_path_factory):
     """Every multi-process parity run (tests/test_parallel_parity.py RUNS: the plain layouts, and the
-    recompute, compile, sequence-parallel and LoRA variants), launched once for the three modules that
-    compare them; the folder holding their results."""
+    recompute, compile, sequence-parallel, LoRA and overlap variants, each counting its collectives),
+    launched once for the four modules that compare them; the folder holding their results."""
     from test_parallel_parity import run_all
 
     out = tmp_path_factory.mktemp("parity")
@@ -144,8 +144,8 @@ def mounts(tmp_path):
 # fixtures without being in its group. (xdist's own `loadgroup` reads `xdist_group` marks by rewriting
 # node ids, which pytest 9 no longer allows; `pytest_xdist_make_scheduler` below takes its place.)
 SHARED_GROUPS = {
-    "parity_runs": ("test_parallel_parity", "test_recompute_parallel", "test_lora_parallel"),
-    "tiny_run": ("test_checkpoint_safety", "test_eval_overlong", "test_init_from_checkpoint"),
+    "parity_runs": ("test_parallel_parity", "test_recompute_parallel", "test_lora_parallel", "test_comm_plan"),
+    "tiny_run": ("test_checkpoint_safety", "test_eval_overlong", "test_init_from_checkpoint", "test_context_parallel_runs"),
     "served": ("test_serve_api", "test_chat_template", "test_serve_clients", "test_serve_hostile", "test_serve_load",
                "test_trace_page"),
     "random_gpt2_run": ("test_eval_reports", "test_option_refusals"),

@@ -25,6 +25,30 @@ TINY_RECIPE = {
 }
 
 
+# A word-level vocabulary of 32 ids (EOS 0, MASK 31): tokenizers' own WordLevel model, for exports and
+# fixtures that must stay small (the GPT-2 embedding alone is 50258 rows).
+TINY_WORDS = ("the a of and to in is was it he she they cat dog sat on mat ran far red blue big small one two "
+              "three . , !").split()
+
+
+def tiny_tokenizer(directory: Path | None = None):
+    """A data_pipeline Tokenizer over TINY_WORDS (whitespace-split words, unknown words as <unk>), saved
+    to `directory` when given (load_tokenizer(directory) reads it back)."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from data_pipeline.tokenizer import Tokenizer
+
+    vocab = {w: i for i, w in enumerate(("<eos>", "<unk>", *TINY_WORDS, "<mask>"))}
+    backend = Backend(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##")  # words joined by spaces
+    tok = Tokenizer(backend, name="tiny-words", mask_id=vocab["<mask>"], eos_id=vocab["<eos>"])
+    if directory is not None:
+        tok.save(directory)
+    return tok
+
+
 def write_recipe(path: Path, **sections) -> Path:
     recipe = {k: dict(v) for k, v in TINY_RECIPE.items()}
     for name, values in sections.items():

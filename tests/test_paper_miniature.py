@@ -214,7 +214,7 @@ def test_pipeline_pieces_write_every_claim_id(tmp_path, model_parallel, one_thre
     assert [c["id"] for c in data["claims"]] == ["frontier", "infill", "cache_ablation", "gradient_variance",
                                                "likelihood_order"]
     assert all(c["verdict"] in mc.VERDICTS for c in data["claims"])
-    assert set(data["reasoning"]["accuracy"]) == {"ar", "setdlm", "bd3lm", "mdlm"}
+    assert set(data["reasoning"]["accuracy"]) == {pm.AR, pm.SW, pm.BD3, pm.MD}
     assert all(0.0 <= a <= 1.0 for a in data["reasoning"]["accuracy"].values())
     assert len(data["commit"]) == 40
     rows = {(r["model"], r["setting"]): r for r in data["settings"]}

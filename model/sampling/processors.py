@@ -6,6 +6,12 @@ of its chosen token: under softmax(adjusted logits) when greedy, under the proce
 truncated, renormalised) distribution when sampling. Log-probabilities (`token_logprobs`) are those of
 the adjusted logits, before temperature and truncation. MASK and vocabulary padding are already -inf
 in the model's logits and stay impossible.
+
+Floors keep every number finite (config.py): a temperature below `TEMPERATURE_FLOOR` decodes greedily
+(`cfg.greedy`: the limit of sampling as the temperature goes to 0; dividing float32 logits by 1e-300
+gives inf and NaN), and the repetition penalty is bounded to `REPETITION_PENALTY_RANGE` (SamplingConfig
+refuses other values, naming the field): within it, a logit divided or multiplied by the penalty,
+then divided by a temperature at the floor, stays finite for any logit below 1e27 in magnitude.
 """
 
 from __future__ import annotations
