@@ -154,6 +154,20 @@ SHARED_GROUPS = {
 FIXTURE_GROUP = {"parity_runs": "parity_runs", "tiny_run": "tiny_run", "serve_run": "served", "served": "served",
                  "server": "served", "random_gpt2_run": "random_gpt2_run", "slurm": "slurm"}
 GROUP_OF = {module: group for group, modules in SHARED_GROUPS.items() for module in modules}
+# Scopes (a group or a module) sent to the workers first, longest first (test time on two workers,
+# docs/testing.md): xdist would order scopes by their number of tests, which leaves a long module with
+# few tests (a study, a real Slurm job) for the end while the other worker idles. The rest follow in
+# collection order and even out the two workers. A stale entry only costs balance, never a result.
+LONGEST_FIRST = ("slurm", "parity_runs", "served", "tiny_run", "test_lora", "test_gpu_report", "test_layout_invariance",
+                 "test_stock_export", "test_family_contract", "test_finetune_e2e", "test_zero3_init",
+                 "test_checkpoint_parallel", "test_train_mixture", "test_study_families", "test_gsm8k_protocol",
+                 "test_keep_best", "test_validation_rows", "test_convert_tp", "test_run_signals")
+SCOPE_RANK = {scope: i for i, scope in enumerate(LONGEST_FIRST)}
+
+
+def scope_of(module: str) -> str:
+    """The unit a worker takes at once: the module's group, or the module itself."""
+    return GROUP_OF.get(module, module)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -162,6 +176,8 @@ def pytest_collection_modifyitems(config, items):
                       if name in FIXTURE_GROUP and GROUP_OF.get(item.module.__name__) != FIXTURE_GROUP[name]})
     if missing:
         raise pytest.UsageError("tests/conftest.py: " + "; ".join(missing))
+    # longest scopes first (a stable sort: a scope's tests keep their order)
+    items.sort(key=lambda item: SCOPE_RANK.get(scope_of(getattr(item.module, "__name__", "")), len(LONGEST_FIRST)))
 
 
 @pytest.hookimpl(optionalhook=True)  # without pytest-xdist (the GPU image) the hook is never called
@@ -170,11 +186,14 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    config.option.loadscopereorder = False  # the collection's order: LONGEST_FIRST, then the rest
+
     class ModuleGroups(LoadScopeScheduling):
         """xdist's scope scheduling, a scope being a module or the group of SHARED_GROUPS it is in."""
 
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return GROUP_OF.get(os.path.splitext(os.path.basename(path))[0], path)
+            module = os.path.splitext(os.path.basename(path))[0]
+            return GROUP_OF.get(module, path)
 
     return ModuleGroups(config, log)
