@@ -170,7 +170,7 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
 
         with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
             pass
-    if not variant.endswith("bf16"):  # a real sharded checkpoint, for the consolidation checks
+    if variant in VARIANTS or "lora" in variant:  # a real sharded checkpoint, for the consolidation checks
         meta = {"step": STEPS, "tokens_seen": 0, "layout": {"world": world, "tp": tp, "pp": pp, "dp": dp, "zero_stage": zero}}
         save(engine, out / f"ckpt-{variant}-{layout}", STEPS, meta=meta, extra={}, keep_last=1, rank=dist.get_rank())
     if dist.get_rank() == 0:
