@@ -158,3 +158,15 @@ def run_as_of(run: Path, dest: Path, step: int) -> Path:
             shutil.rmtree(ckpt)
     (root / "latest").write_text(f"step_{step:08d}")
     return dest
+
+
+def gathered_weights(module, zero3: bool) -> dict:
+    """name -> an fp32 copy of each of `module`'s parameters, whole under ZeRO-3 (a collective: every rank
+    of the data-parallel group calls it)."""
+    params = list(module.named_parameters())
+    if not zero3:
+        return {n: p.detach().float().clone() for n, p in params}
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([p for _, p in params]):
+        return {n: p.detach().float().clone() for n, p in params}

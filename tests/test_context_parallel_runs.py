@@ -34,7 +34,7 @@ import torch
 
 from distributed_run import run_distributed
 from model import families
-from helpers import read_metrics, run_as_of, write_recipe
+from helpers import gathered_weights, read_metrics, run_as_of, write_recipe
 
 pytestmark = pytest.mark.slow
 
@@ -185,14 +185,7 @@ def run_case(case: str, out: Path | None) -> dict:
     engine.module.eval()
     red = stepper.reduce(stepper.eval_step(micro_batches(objective, 0, VAL, dp_rank, dp, bound=True)))
     result["val_nll"] = summarize(red)["nll"]
-    params = list(engine.module.named_parameters())
-    if zero == 3:
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters([p for _, p in params]):
-            state = {n: p.detach().float().clone() for n, p in params}
-    else:
-        state = {n: p.detach().float().clone() for n, p in params}
+    state = gathered_weights(engine.module, zero == 3)
     if cp > 1:  # the CP ranks of a replica hold the same weights
         flat = torch.cat([v.flatten() for v in state.values()])
         every = [torch.empty_like(flat) for _ in range(cp)]

@@ -23,6 +23,7 @@ import torch
 
 from comm_counter import CommCounter
 from distributed_run import run_distributed
+from helpers import gathered_weights
 from pretrain.checkpoint.consolidate import consolidate
 from pretrain.checkpoint.shards import merge
 
@@ -154,22 +155,10 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
     val = global_inputs(objective, 99)
     red = stepper.reduce(stepper.eval_step([_rows(val, i, i + MICRO) for i in range(mine.start, mine.stop, MICRO)]))
     result["val_nll"] = summarize(red)["nll"]
+    state = gathered_weights(engine.module, zero == 3) if dp_rank == 0 or zero == 3 else None
     if dp_rank == 0:
-        params = list(engine.module.named_parameters())
-        if zero == 3:
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters([p for _, p in params]):
-                state = {n: p.detach().float().clone() for n, p in params}
-        else:
-            state = {n: p.detach().float().clone() for n, p in params}
         mp = dist.get_rank(group=parallel_state.get_model_parallel_group())
         torch.save({"info": shard_info(engine), "state": state}, out / f"{variant}-{layout}_mp{mp:02d}.pt")
-    elif zero == 3:
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
-            pass
     if variant in VARIANTS or "lora" in variant:  # a real sharded checkpoint, for the consolidation checks
         meta = {"step": STEPS, "tokens_seen": 0, "layout": {"world": world, "tp": tp, "pp": pp, "dp": dp, "zero_stage": zero}}
         save(engine, out / f"ckpt-{variant}-{layout}", STEPS, meta=meta, extra={}, keep_last=1, rank=dist.get_rank())
