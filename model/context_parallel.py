@@ -40,7 +40,6 @@ import torch
 
 from common.schema import ConfigError
 
-from . import flex
 from .masks import build_mask
 
 # mask kind -> (streams through the model, the stream whose K/V are exchanged)
@@ -160,6 +159,8 @@ def _local_mask(layout: RankLayout, device: str) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=64)
 def _local_block_mask(layout: RankLayout, device: str):
+    from . import flex  # here: flex attention imports torch._dynamo (about a second per process otherwise)
+
     rows, cols = layout.token_index().to(device), layout.key_index().to(device)
     base = flex.mask_mod(layout.kind, layout.length, layout.block_size)
 

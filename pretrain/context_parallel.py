@@ -53,9 +53,11 @@ class DistributedContextParallel(ContextParallel):
 
     def __init__(self, group, size: int, rank: int):
         self.group, self.size, self.rank = group, size, rank
+        # compiled blocks leave the collective out of their graphs; applied here rather than as a decorator,
+        # which would import torch._dynamo (about a second) in every process that imports this module
+        self.all_gather = torch.compiler.disable(self._all_gather)
 
-    @torch.compiler.disable
-    def all_gather(self, x: torch.Tensor) -> torch.Tensor:
+    def _all_gather(self, x: torch.Tensor) -> torch.Tensor:
         return _AllGather.apply(x, self.group, self.size)
 
     def __deepcopy__(self, memo):  # a copied model (EMA shadows, tests) shares the process group
