@@ -147,7 +147,7 @@ async def start(served, *, host: str, port: int, max_batch: int, api_key: str | 
     try:  # once, before listening: a failing template is remembered, and chat requests are refused
         await asyncio.get_running_loop().run_in_executor(None, chat_template, served, intake.chat.workers[0])
     except RequestError:
-        pass  # logged by chat_template
+        pass  # chat_template logged it and remembers it as failing: chat requests get a 400, completions are served
     scheduler = Scheduler(served, max_batch=max_batch, metrics=metrics)
     server = Server(served, scheduler, metrics, api_key, max_waiting, intake)
     runner = web.AppRunner(make_app(server), handle_signals=False, handler_cancellation=True,

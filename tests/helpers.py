@@ -170,3 +170,18 @@ def gathered_weights(module, zero3: bool) -> dict:
 
     with deepspeed.zero.GatheredParameters([p for _, p in params]):
         return {n: p.detach().float().clone() for n, p in params}
+
+
+def run_transformers_only(script: str, jobs: dict, tmp: Path, timeout: float = 600) -> dict:
+    """`script` (reads jobs from argv[1], writes results to argv[2] with torch.save) run on `jobs` in a
+    fresh interpreter that sees transformers and the exported files only (no PYTHONPATH to this repo)."""
+    import torch
+
+    torch.save(jobs, tmp / "jobs.pt")
+    (tmp / "hf_script.py").write_text(script)
+    env = cli_env()
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run([sys.executable, str(tmp / "hf_script.py"), str(tmp / "jobs.pt"), str(tmp / "out.pt")],
+                       cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return torch.load(tmp / "out.pt")

@@ -34,7 +34,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from helpers import REPO, cli_env, read_metrics, run_as_of, tiny_tokenizer, write_recipe
+from helpers import REPO, cli_env, read_metrics, run_as_of, run_transformers_only, tiny_tokenizer, write_recipe
 from model import families
 
 ONLY = [n for n in os.environ.get("SETDLM_CONTRACT_ONLY", "").split(",") if n]
@@ -231,14 +231,7 @@ torch.save(out, sys.argv[2])
 
 def run_hf(jobs: dict, tmp: Path) -> dict:
     """`jobs` run by HF_SCRIPT in a process that imports transformers and the exported files only."""
-    torch.save(jobs, tmp / "jobs.pt")
-    (tmp / "hf_script.py").write_text(HF_SCRIPT)
-    env = cli_env()
-    env.pop("PYTHONPATH", None)
-    r = subprocess.run([sys.executable, str(tmp / "hf_script.py"), str(tmp / "jobs.pt"), str(tmp / "out.pt")],
-                       cwd=tmp, env=env, capture_output=True, text=True, timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return torch.load(tmp / "out.pt")
+    return run_transformers_only(HF_SCRIPT, jobs, tmp, timeout=600)
 
 
 def _decode_cases(spec, prompts, infill, limit: int) -> dict:
