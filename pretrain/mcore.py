@@ -14,6 +14,12 @@ is restored before anything else runs (`train.compile` and the decoders compile 
 import of megatron-core elsewhere after this one changes nothing; one before it only costs the time.
 Measured on the 2-core CPU machine (2026-12-05): `import megatron.core` 4.25 s -> 2.6 s; a tiny
 `setdlm pretrain` run 5.9 s -> 4.8 s (docs/testing.md).
+
+The same import also imports `wandb` (megatron-core's dynamic inference context and engine try it at
+module level, to log inference metrics the stack never asks for): about 0.65 CPU s per process. So for
+that import only, `wandb` reads as absent (those two modules then set their `HAVE_WANDB = False`); it is
+restored at once, and the stack's logger (pretrain/logger.py) imports the real `wandb` when a run logs
+to it. Where `wandb` was imported before, nothing changes.
 """
 
 from __future__ import annotations
@@ -29,12 +35,16 @@ def _identity(model=None, **_options):
 
 
 if "megatron.core" not in sys.modules:
-    _compile = torch.compile
+    _compile, _hide_wandb = torch.compile, "wandb" not in sys.modules
     torch.compile = _identity
+    if _hide_wandb:
+        sys.modules["wandb"] = None  # `import wandb` raises ImportError while megatron-core is imported
     try:
         import megatron.core  # noqa: F401
     finally:
         torch.compile = _compile
+        if _hide_wandb and sys.modules.get("wandb", 0) is None:
+            del sys.modules["wandb"]
 
 from megatron.core import parallel_state, tensor_parallel  # noqa: E402
 
