@@ -16,6 +16,7 @@ hash, saving): data_pipeline/tokenizer.py.
 
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -179,10 +180,10 @@ def _load_cached(name_or_path: str, add_mask: bool) -> Tokenizer:
 
 
 def load_tokenizer(name_or_path: str, *, add_mask: bool = False) -> Tokenizer:
-    """Build or load a tokenizer (see the module docstring). Results are cached per process.
-
-    Treat the result as read-only: it is shared between callers.
+    """Build or load a tokenizer (see the module docstring). Results are cached per process; each
+    call returns its own shallow copy, so a caller that sets an attribute (``chat_template``) does
+    not change what the next caller gets. The vocabulary backend is shared: never mutate it.
     """
     if not isinstance(name_or_path, (str, os.PathLike)) or not str(name_or_path):
         raise TokenizerError(f"tokenizer name must be a non-empty string, got {name_or_path!r}")
-    return _load_cached(str(name_or_path), bool(add_mask))
+    return copy.copy(_load_cached(str(name_or_path), bool(add_mask)))

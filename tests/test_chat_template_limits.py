@@ -6,6 +6,7 @@ transformers' own."""
 
 from __future__ import annotations
 
+import copy
 import subprocess
 import sys
 import time
@@ -74,7 +75,7 @@ def test_eval_chat_prompts_and_lm_eval_render_under_the_limit(quick):
     from eval.errors import EvalError
     from eval.lmeval_chat import ChatAPI
 
-    tok = load_tokenizer("gpt2")
+    tok = copy.copy(load_tokenizer("gpt2"))  # the cached tokenizer is shared by the process: never mutate it
     tok.chat_template = LOOP
     with pytest.raises(ChatTemplateError, match="^--prompt-format tokenizer: the chat template of tokenizer 'gpt2': "
                                                 "rendering took longer"):

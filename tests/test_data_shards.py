@@ -322,3 +322,11 @@ def test_resume_through_torch_checkpoint(tmp_path, owt_dir, gpt2):
     resumed = build_loader(cfg, split="train", tokenizer=gpt2, micro_batch=4, dp_rank=0, dp_size=2, seed=3)
     resumed.load_state_dict(torch.load(tmp_path / "extra_rank0.pt", weights_only=True)["data"])
     assert [b["sample_id"].tolist() for _, b in zip(range(20), resumed)] == expect
+
+
+def test_a_caller_changing_its_tokenizer_leaves_the_next_callers_alone():
+    """load_tokenizer caches per process; what one caller sets (a chat template) is its own."""
+    mine = load_tokenizer("gpt2")
+    mine.chat_template = "{{ messages }}"
+    assert load_tokenizer("gpt2").chat_template is None
+    assert load_tokenizer("gpt2").encode("hello world") == mine.encode("hello world")
