@@ -1,23 +1,26 @@
 """The paper-in-miniature's measurements of one trained model (benchmarks/paper_miniature.py runs them):
 accuracy on the reasoning task (`setdlm eval gsm8k --backend direct`, the eval API), infilling, the
-likelihood bound (`eval likelihood`), the gradient variance of token-efficient and naive training at
-fixed weights, and the timed pass (tokens/s at batch 1 after warm-up, median over repeats).
+likelihood bound (`eval likelihood`), the gradient variance of one training estimator at a
+checkpoint, and the timed pass (tokens/s at batch 1 after warm-up, median over repeats).
 
 Gradient variance, as the reference implementation's LogGradientVariance defines it: K gradients
-g_1..g_K of the training loss at the same weights, over the non-embedding parameters (the tied
-output head is the embedding, so it is left out too), give V = sum_k ||g_k - mean(g)||^2 / (K - 1).
-Two estimators of the SW-SetDLM's training gradient, on the same rows:
+g_1..g_K of the training loss, over the non-embedding parameters (the tied output head is the
+embedding, so it is left out too), give V = sum_k ||g_k - mean(g)||^2 / (K - 1). Here the K
+gradients are taken at the same weights (a checkpoint), draw k on batch k of the run's own training
+order (data and noise vary, as between training steps). Two estimators of the any-order SetDLM's
+training gradient:
 
 - token-efficient (the stack's `setdlm` objective): one generation order per row, every
   predictable token predicted from the tokens before it in that order (two-stream layout), loss the
   mean CE over every predicted token;
-- naive masked-only: the same schedule's masking times T_i, one time t ~ U(0, 1) per row; the
-  tokens with T_i < t are masked and predicted in one shot from the revealed ones (T_i >= t), loss the
-  mean CE over the masked tokens only (MDLM's training loss). It runs on the same model and layout:
-  a query sees the revealed clean tokens and itself (a per-row mask), the other queries weigh 0.
+- naive masked-only: the schedule's masking times T_i (uniform on the any-order schedule; the
+  sliding-window schedule's times otherwise), one time t ~ U(0, 1) per row; the tokens with T_i < t
+  are masked and predicted in one shot from the revealed ones (T_i >= t), loss the mean CE over the
+  masked tokens only (MDLM's training loss). It runs on the same model and layout: a query sees the
+  revealed clean tokens and itself (a per-row mask), the other queries weigh 0.
 
-"fresh" draws use batch k of the training order for draw k (data and noise vary, as between training
-steps: the reference's setting); "fixed" draws reuse the first batch (only the noise varies).
+`use_naive_estimator` makes a trainer train with the naive estimator (its validation keeps the
+objective's own bound), so each estimator is measured on its own training run.
 """
 
 from __future__ import annotations
@@ -83,7 +86,10 @@ def naive_inputs(obj, batch: dict, generator):
 
     x, valid, context = obj._batch_masks(batch)
     B, L = x.shape
-    T = obj.schedule.masking_times(B, generator, x.device)
+    if obj.cfg.order == "any_order":
+        T = rand((B, L), generator, x.device, torch.float64)
+    else:
+        T = obj.schedule.masking_times(B, generator, x.device)
     pos = torch.arange(L, dtype=torch.float64, device=x.device).expand(B, L)
     key = torch.where(context, 2.0 + (L - pos) / L, T)  # as model.schedule.sample_order orders them
     key = torch.where(valid, key, -1.0 - pos / L)
@@ -122,8 +128,21 @@ def total_variance(grads: list[torch.Tensor]) -> float:
     return float((g - g.mean(0)).pow(2).sum() / (g.shape[0] - 1))
 
 
-def gradient_variance(run_dir: str, draws: int, batch: int) -> dict:
-    """V of both estimators, for fresh and fixed batches (module docstring); same rows for both."""
+def use_naive_estimator(trainer) -> None:
+    """Train `trainer` (pretrain.trainer.Trainer of a `setdlm` recipe) with the naive masked-only estimator:
+    its training draws come from `naive_inputs`; its validation bound stays the objective's."""
+    obj = trainer.objective
+    own = obj.prepare
+
+    def prepare(batch, generator=None, bound: bool = False):
+        return own(batch, generator, bound=True) if bound else naive_inputs(obj, batch, generator)
+
+    obj.prepare = prepare
+
+
+def gradient_variance(run_dir: str, estimator: str, draws: int, batch: int) -> dict:
+    """V of `estimator` ("token_efficient" or "naive") at the run's latest checkpoint, over `draws`
+    batches of its training order (module docstring)."""
     from data_pipeline.loader import build_loader
     from model.objectives import build_objective
     from pretrain.checkpoint.inference import load_model
@@ -133,29 +152,22 @@ def gradient_variance(run_dir: str, draws: int, batch: int) -> dict:
     for p in model.parameters():
         p.requires_grad_(True)
     obj = build_objective(cfg.objective, cfg.model, cfg.data.seq_len)
+    prep = {"token_efficient": lambda b, g: obj.prepare(b, g), "naive": lambda b, g: naive_inputs(obj, b, g)}[estimator]
     data = dataclasses.replace(cfg.data, num_workers=0)
     loader = build_loader(data, split="train", tokenizer=tok, micro_batch=batch, seed=cfg.run.seed)
-    batches = []
-    for b in loader:
-        batches.append(b)
-        if len(batches) == draws:
+    grads, tokens = [], []
+    for k, b in enumerate(loader):
+        if k == draws:
             break
-    out = {"draws": draws, "batch": batch, "parameters": "non-embedding", "definition":
-           "sum_k ||g_k - mean g||^2 / (K - 1)"}
-    for mode, rows in (("fresh", batches), ("fixed", [batches[0]] * draws)):
-        res = {}
-        for name, prep in (("token_efficient", lambda b, g: obj.prepare(b, g)), ("naive", lambda b, g: naive_inputs(obj, b, g))):
-            grads, tokens = [], []
-            for k, b in enumerate(rows):
-                gen = torch.Generator().manual_seed(10_000 + k)
-                inp = prep(b, gen)
-                tokens.append(float(inp.loss_weight.sum()))
-                grads.append(grad_vector(model, obj, inp))
-            res[name] = {"variance": total_variance(grads), "mean_grad_norm": float(torch.stack(grads).mean(0).norm()),
-                         "predicted_tokens_per_draw": statistics.fmean(tokens)}
-        res["ratio"] = res["naive"]["variance"] / res["token_efficient"]["variance"]
-        out[mode] = res
-    return out
+        inp = prep(b, torch.Generator().manual_seed(10_000 + k))
+        tokens.append(float(inp.loss_weight.sum()))
+        grads.append(grad_vector(model, obj, inp))
+    mean = torch.stack(grads).double().mean(0)
+    v = total_variance(grads)
+    return {"estimator": estimator, "variance": v, "mean_grad_sq_norm": float(mean.pow(2).sum()),
+            "relative_variance": v / float(mean.pow(2).sum()), "predicted_tokens_per_draw": statistics.fmean(tokens),
+            "draws": draws, "batch": batch, "parameters": "non-embedding",
+            "definition": "sum_k ||g_k - mean g||^2 / (K - 1)"}
 
 
 # -- the timed pass ---------------------------------------------------------------------------------
