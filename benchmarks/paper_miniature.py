@@ -318,14 +318,15 @@ def run_workers(args, size: dict, out: Path) -> None:
 
 # -- the pilot ----------------------------------------------------------------------------------------------
 def pilot(args, size: dict, out: Path) -> dict:
-    """PILOT's models on PILOT_SEEDS, evaluated at each of PILOT's stops (the docstring's schedule choice)."""
+    """PILOT's models on PILOT_SEEDS, trained stop by stop (each resuming the last) and evaluated at each;
+    the first stop at which every one passes its gate is the recorded run's step count (the docstring's
+    schedule choice), else the last stop. Stops once that is known."""
     path = out / "pilot.json"
-    got = read_json(path, {})
-    for seed in PILOT_SEEDS:
-        for slug in PILOT["models"]:
-            for stop in PILOT["stops"]:
+    for stop in PILOT["stops"]:
+        for seed in PILOT_SEEDS:
+            for slug in PILOT["models"]:
                 key = f"{run_name(slug, seed)}/step_{stop}"
-                if key in got:
+                if key in read_json(path, {}):
                     continue
                 cmd = [sys.executable, __file__, "--pilot-worker", f"{slug}@{seed}@{stop}", "--out", str(out),
                        "--threads", str(args.threads)]
@@ -336,9 +337,11 @@ def pilot(args, size: dict, out: Path) -> dict:
                 got[key].update(wall_s=c.wall, load=list(os.getloadavg()))
                 write_json(path, got)
                 print(f"[miniature] pilot {key}: exact match {got[key]['accuracy']:.3f}", flush=True)
-    passed = [s for s in PILOT["stops"] if all(got[f"{run_name(m, seed)}/step_{s}"]["accuracy"] >= GATES[m]
-                                               for m in PILOT["models"] for seed in PILOT_SEEDS)]
-    got["chosen_steps"] = passed[0] if passed else PILOT["stops"][-1]
+        got = read_json(path, {})
+        if all(got[f"{run_name(m, seed)}/step_{stop}"]["accuracy"] >= GATES[m] for m in PILOT["models"]
+               for seed in PILOT_SEEDS):
+            break
+    got["chosen_steps"] = stop
     write_json(path, got)
     return got
 
