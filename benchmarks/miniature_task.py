@@ -29,8 +29,9 @@ The splits (`make_splits`), all drawn from one `random.Random(seed)`:
   answer as the completion, whose tokens alone are predicted. A fixed share (``full_text``) is the
   whole text with only "Question:" as the prompt, so the models also learn to write questions: what
   infilling a number of the question needs. The last ``val`` rows (the trainer's validation split)
-  are all of the first kind, so the validation bound is over answer tokens; ``val.jsonl`` holds them
-  as questions and answers (what the schedule's pilot is scored on, so that it never reads a test set).
+  are all of the first kind, so the validation bound is over answer tokens; ``val.jsonl`` holds the
+  first PILOT_ROWS of them as questions and answers (what the schedule's pilot is scored on, so that
+  it never reads a test set).
 
 The tokenizer (`build_tokenizer`) is a word-level `tokenizers.Tokenizer`: every digit is its own
 token, every word and digit may carry one leading space (" 4", " apples"), punctuation and "####"
@@ -59,6 +60,7 @@ PUNCT = ("+", "-", "=", ".", "?", ":", "\n", " ", "####", " ####")
 EOS, PAD, MASK, UNK = "<|endoftext|>", "<|pad|>", "<|mask|>", "<|unk|>"
 PIECE = r" ?####| ?[A-Za-z]+| ?[0-9]|\n|[^ A-Za-z0-9\n]| "  # how text is cut before the word-level lookup
 HELD_OUT_SHARE = 0.10  # of the possible solution steps, never in training
+PILOT_ROWS = 300  # validation problems val.jsonl holds (the first of them)
 GENERATOR = {"operands": [10, 99], "results": [10, 99], "operations": 2, "ops": ["+", "-"], "names": list(NAMES),
              "objects": list(OBJECTS), "plus_verbs": list(PLUS), "minus_verbs": list(MINUS),
              "held_out_steps": HELD_OUT_SHARE, "format": "prompt_completion"}
@@ -156,7 +158,7 @@ def make_splits(out_dir, *, seed: int, train: int, val: int, test: int, heldout:
             train_rows.append({"prompt": "Question:", "completion": f" {p['question']}\nAnswer: {p['answer']}"})
         else:
             train_rows.append({"prompt": f"Question: {p['question']}\nAnswer:", "completion": f" {p['answer']}"})
-        if len(train_rows) > train:
+        if train < len(train_rows) <= train + PILOT_ROWS:
             rows["val"].append({"question": p["question"], "answer": p["answer"]})
     rows["train"] = train_rows
     paths = {}

@@ -96,8 +96,11 @@ what changed for this version says what it answers):
   per step and as the mean log ratio over the steps, tested over seeds (one-sample t-test); V relative
   to the squared mean gradient is shown beside it.
 - The bound: AR < SW-SetDLM (D = 4) < BD3-LM (B = 4) < MDLM on the validation rows, 4 draws per row.
-- The budget: one process at a time, 2 torch threads, `nice -n 5`, on a shared 2-core machine; the
-  run's wall and CPU seconds and the load average are recorded per model and invocation.
+- The budget: one process at a time, 1 torch thread, `nice -n 5`, on a 2-core machine shared with
+  other work. Measured before sizing it (BD3-LM B=4, load average 15-40): 1 thread took 0.44 CPU
+  seconds and about 1 s of wall time per step, 2 threads about 4 s per step (their threads wait for
+  each other when the cores are oversubscribed). The run's wall and CPU seconds and the load average
+  are recorded per model and invocation.
 
 Timings on a shared 2-core machine are noisy: the load average is recorded beside every one.
 """
