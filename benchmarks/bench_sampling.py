@@ -70,12 +70,18 @@ def parse(argv=None):
     p.add_argument("--compile", action="store_true", help="SamplingConfig.compile (and CUDA graphs on a GPU)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--clock", choices=["auto", "wall", "cpu"], default="auto")
+    p.add_argument("--step-shape", default="tiny", help="step section: model shape")
+    p.add_argument("--step-length", type=int, default=256, help="step section: the model's length L")
+    p.add_argument("--step-prompt", type=int, default=16, help="step section: prompt tokens")
+    p.add_argument("--step-new", type=int, default=224, help="step section: new tokens (MDLM: 32)")
+    p.add_argument("--repeats", type=int, default=7, help="step section: decodes per sampler (the fastest counts)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check the script runs")
     args = p.parse_args(argv)
     if args.quick:
         args.shapes, args.lengths, args.batches, args.new_tokens = "tiny", "64", "1,4", 4
         args.jobs, args.slots, args.job_scale = 12, 4, 0.1
+        args.step_new, args.repeats = 32, 2
     return args
 
 
@@ -87,12 +93,12 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def build_model(shape: str, L: int, device, dtype):
+def build_model(shape: str, L: int, device, dtype, max_len: int | None = None):
     from model.config import ModelConfig
     from model.transformer import Transformer
 
     torch.manual_seed(0)
-    cfg = ModelConfig(**SHAPES[shape], vocab_size=VOCAB, mask_id=VOCAB - 1, dropout=0.0, max_seq_len=max(L, 2048),
+    cfg = ModelConfig(**SHAPES[shape], vocab_size=VOCAB, mask_id=VOCAB - 1, dropout=0.0, max_seq_len=max_len or max(L, 2048),
                       init_std=0.5 if shape == "tiny" else 0.2)
     model = Transformer(cfg).eval().to(device)
     return model.to(torch.bfloat16) if dtype == "bf16" else model
@@ -272,6 +278,121 @@ def profile(args, results):
     table(["shape", "batch", "sampler", "step", "matmul", "attention", "other ops", "host", "matmul share"], rows)
 
 
+def step_samplers():
+    """(name, config, new tokens) of the step section: the acceptance pair (SetDLM at 1 and at 4 tokens per
+    step), BD3-LM at 1 and 4, AR, and MDLM on a short span (it re-runs the whole sequence every step)."""
+    from model.sampling import SamplingConfig
+
+    base = dict(stop_on_eos=False)
+    S, B, A, M = (f.name for f in (families.SETDLM, families.BD3LM, families.AR, families.MDLM))
+    return [("SetDLM w=4 thr=off", SamplingConfig(family=S, window=4, **base), None),
+            ("SetDLM w=4 thr=0", SamplingConfig(family=S, window=4, threshold=0.0, **base), None),
+            ("BD3-LM B=4", SamplingConfig(family=B, block_size=4, **base), None),
+            ("BD3-LM B=4 thr=0", SamplingConfig(family=B, block_size=4, threshold=0.0, **base), None),
+            ("AR", SamplingConfig(family=A, **base), None),
+            ("MDLM (32 new)", SamplingConfig(family=M, **base), 32)]
+
+
+def split_decode(model, prompt, cfg, n_new: int):
+    """(decode seconds, forward seconds, steps, tokens) of one decode at batch 1: decode = the call's time less
+    the prefill (admission); forward = the time inside the model's calls during the steps (the forward:
+    embedding, cache write and mask, blocks, and the head, also where the decoder applies it to the
+    active slots itself); everything else is the decoder's own work."""
+    fwd = [0.0]
+    depth = [0]
+    inner_forward, inner_head = model.forward, model.output_logits
+
+    def timed(fn):
+        def call(*a, **k):
+            if depth[0]:
+                return fn(*a, **k)
+            depth[0] += 1
+            sync(DEVICE)
+            t = CLOCK()
+            try:
+                return fn(*a, **k)
+            finally:
+                sync(DEVICE)
+                fwd[0] += CLOCK() - t
+                depth[0] -= 1
+        return call
+
+    model.forward, model.output_logits = timed(inner_forward), timed(inner_head)
+    pre_fwd = [0.0]
+    try:
+        import dataclasses
+
+        from model.sampling.api import decoder_class
+        from model.sampling.engine import to_requests
+
+        c = dataclasses.replace(cfg, max_new_tokens=n_new)
+        reqs = to_requests([prompt], c, model.cfg.mask_id, model.cfg.vocab_size, None)
+        dec = decoder_class(c.family)(model, reqs, c, mask_id=model.cfg.mask_id, eos_id=None)
+        pre = [0.0]
+        admit = dec.admit
+
+        def timed_admit(*a):
+            f0 = fwd[0]
+            sync(DEVICE)
+            t = CLOCK()
+            admit(*a)
+            sync(DEVICE)
+            pre[0] += CLOCK() - t
+            pre_fwd[0] += fwd[0] - f0
+
+        dec.admit = timed_admit
+        total, outs = _timed_run(dec)
+    finally:
+        del model.forward, model.output_logits  # back to the class's methods
+    out = outs[0]
+    return total - pre[0], fwd[0] - pre_fwd[0], out.steps, len(out.tokens)
+
+
+def _timed_run(dec):
+    sync(DEVICE)
+    t = CLOCK()
+    outs = dec.run()
+    sync(DEVICE)
+    return CLOCK() - t, outs
+
+
+def step_section(args, results):
+    """ms per decoding step split into the forward and the rest, fastest of --repeats decodes, the samplers
+    interleaved (so slow phases of a shared machine hit them alike); the decode-multi-token-step ratio."""
+    L, n_new, n_prompt = args.step_length, args.step_new, args.step_prompt
+    model = build_model(args.step_shape, L, args.device, args.dtype, max_len=L)
+    g = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, VOCAB - 1, (n_prompt,), generator=g).tolist()
+    cases = step_samplers()
+    for _, cfg, n in cases:  # warm-up: one-time costs (the head's transposed copy, allocator)
+        split_decode(model, prompt, cfg, 8)
+    best: dict[str, tuple] = {}
+    for _ in range(args.repeats):
+        for name, cfg, n in cases:
+            dt, fw, steps, toks = split_decode(model, prompt, cfg, n or n_new)
+            if name not in best or dt / steps < best[name][0] / best[name][2]:
+                best[name] = (dt, fw, steps, toks)
+    rows = []
+    for name, cfg, n in cases:
+        dt, fw, steps, toks = best[name]
+        ms, f = dt / steps * 1e3, fw / steps * 1e3
+        rows.append([name, n or n_new, f"{toks / steps:.2f}", steps, f"{ms:.2f}", f"{f:.2f}", f"{ms - f:.2f}",
+                     f"{ms / f:.2f}x"])
+        results.append(dict(section="step", shape=args.step_shape, L=L, prompt=n_prompt, new=n or n_new, sampler=name,
+                            tokens_per_step=toks / steps, steps=steps, step_ms=ms, forward_ms=f, rest_ms=ms - f))
+    sh = SHAPES[args.step_shape]
+    print(f"### ms per decoding step: {args.step_shape} ({sh['n_layers']} x {sh['hidden']}), L = {L}, batch 1, "
+          f"{n_prompt}-token prompt, fastest of {args.repeats} decodes (samplers interleaved); forward = the model's "
+          f"calls (the floor of a step), rest = the decoder's own work")
+    table(["sampler", "new tokens", "tokens/step", "steps", "ms/step", "forward", "rest", "step / forward"], rows)
+    r = {x["sampler"]: x for x in results if x.get("section") == "step"}
+    one, four = r["SetDLM w=4 thr=off"], r["SetDLM w=4 thr=0"]
+    print(f"decode-multi-token-step: SetDLM ms/step at threshold 0 ({four['tokens_per_step']:.1f} tokens/step) / at "
+          f"threshold off ({one['tokens_per_step']:.1f}) = {four['step_ms'] / one['step_ms']:.3f} (target <= 1.05); "
+          f"forward alone {four['forward_ms'] / one['forward_ms']:.3f}, rest {four['rest_ms']:.2f} vs {one['rest_ms']:.2f} ms\n")
+    sys.stdout.flush()
+
+
 def answer_lengths(n: int, seed: int = 0) -> tuple[list[int], list[list[int]], str]:
     """(answer lengths, question token ids, source) for n examples: GSM8K train answers in GPT-2 tokens
     when ../shared/data/gsm8k/train.jsonl exists, else lengths from a log-normal fitted to them
@@ -354,7 +475,8 @@ def main(argv=None) -> int:
     results: list[dict] = []
     with torch.inference_mode():
         for sec in args.sections.split(","):
-            {"scaling": scaling, "cache": cache_vs_recompute, "profile": profile, "job": job}[sec](args, results)
+            {"scaling": scaling, "cache": cache_vs_recompute, "profile": profile, "job": job,
+             "step": step_section}[sec](args, results)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

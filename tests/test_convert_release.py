@@ -87,6 +87,30 @@ def test_untied_safetensors_release_and_the_other_families(fx, tmp_path):
 
 
 @pytest.mark.slow
+def test_imported_bd3lm_release_decodes_prompts_of_every_length_mod_block(fx, tmp_path):
+    """The reference's BD3-LM release format, imported, decoded greedily at B = 4 (one token per step) for
+    prompts of 17, 24 and 31 tokens (the issue's lengths) and of every length mod B: the cached decoder equals
+    the recomputing reference, whose partial prompt block is denoised with the span (docs/sampling.md,
+    BD3-LM; the reference implementation itself, run beside this on such a release, gives the same tokens
+    over its output length)."""
+    from model.sampling import SamplingConfig, generate
+    from model.sampling.reference import generate_reference
+    from pretrain.checkpoint.inference import load_model
+    from pretrain.convert.from_reference import import_reference
+
+    d = rf.write_release(tmp_path / "gsm8k-bd3lm", fx["bb"], rf.release_config("bd3lm", L, block=4))
+    model, _, cfg = load_model(import_reference(d, tmp_path / "run", base_model=str(fx["base"]), log=lambda s: None))
+    assert (cfg.objective.name, cfg.objective.block_size) == ("bd3lm", 4)
+    g = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(0, 50256, (n,), generator=g).tolist() for n in (17, 18, 24, 31)]
+    sc = SamplingConfig(family="bd3lm", block_size=4, max_new_tokens=7, stop_on_eos=False)
+    out = generate(model, prompts, sc)
+    ref = generate_reference(model, prompts, sc)
+    assert [(o.tokens, o.commit_step) for o in out] == [(o.tokens, o.commit_step) for o in ref]
+    assert all(len(o.tokens) == 7 and o.steps == 7 for o in out)
+
+
+@pytest.mark.slow
 def test_truncated_release_keeps_the_layers_the_reference_keeps(fx, tmp_path):
     """num_layers=1 of the 2-layer base: the first layer (keep_top_layers: the last one), renumbered 0."""
     from transformers import Qwen3ForCausalLM

@@ -33,10 +33,12 @@ def test_three_slots_over_ten_prompts_equal_one_by_one(model, family, kw):
     # stop conditions that fire for some rows and not others: EOS = a token one row produces early,
     # a stop string = two characters another row produces
     plain = [o for p, o in zip(PROMPTS, free) if not isinstance(p, Infill)]
-    eos = plain[0].tokens[3]
-    # the first two-character stop string (of another row, not after that row's EOS) that leaves rows
-    # stopping for each of the three reasons: the test needs all three mixed in one batch
-    for j, start in ((j, s) for j in range(1, len(plain)) for s in range(2, 9)):
+    # the first EOS (a token the first row produces, from its 4th on) and two-character stop string (of
+    # another row, not after that row's EOS) that leave rows stopping for each of the three reasons: the
+    # test needs all three mixed in one batch
+    reasons = set()
+    for eos, j, start in ((e, j, s) for e in dict.fromkeys(plain[0].tokens[3:]) for j in range(1, len(plain))
+                          for s in range(2, 9)):
         if eos in plain[j].tokens[:start + 2]:
             continue
         cfg = SamplingConfig(family=family, max_new_tokens=12, stop=[plain[j].text[start:start + 2]], **kw)

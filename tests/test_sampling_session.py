@@ -27,11 +27,10 @@ def _alone(model, cfg, i, stop=None, eos=None):
 
 
 def _stops(model, cfg):
-    """An EOS token (row 0's fourth) and a stop string for row 8 under which some rows stop at EOS,
-    row 8 at its stop string and others at full length."""
+    """An EOS token (the first of row 0's tokens from its fourth on that works) and a stop string for row 8
+    under which some rows stop at EOS, row 8 at its stop string and others at full length."""
     free = [_alone(model, cfg, i) for i in range(len(PROMPTS))]
-    eos = free[0].tokens[3]
-    for s in range(0, 6):
+    for eos, s in ((e, s) for e in dict.fromkeys(free[0].tokens[3:]) for s in range(0, 6)):
         stop = free[8].text[s:s + 2]
         alone = [_alone(model, cfg, i, [stop] if i == 8 else None, eos) for i in range(len(PROMPTS))]
         if {"length", "eos", "stop_string"} <= {o.stop_reason for o in alone}:

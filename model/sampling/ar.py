@@ -33,15 +33,19 @@ class ARDecoder(Decoder):
         self.pend_pos[st] = torch.tensor([[len(r.prefix) - 1] for r in reqs], dtype=torch.long, device=dev)
         self.pend_valid[st] = True
 
+    def prefilled(self, r: Request) -> tuple[list[int], list[int]]:
+        return r.visible[:-1], r.visible_positions[:-1]  # the last prompt token is the first step's pending one
+
     def prefill(self, st, slots, reqs) -> None:
-        ids, pos, valid = self.visible_batch(reqs, left_pad=True, drop_last=True)
+        ids, pos, valid = self.visible_batch(reqs, left_pad=True)
         mask = with_key_padding(build_mask("causal", ids.shape[1], device=self.device), valid)
         self.prefill_cache(st, slots, ids, pos, mask, valid)
         self.set_cached(slots, [len(r.prefix) - 1 for r in reqs])
 
     def device_step(self) -> None:
         pv = self.pend_valid & (self.pend_pos < self.span_end[:, None])
-        self.fit_context(pv.sum(1))
+        if self.drops:
+            self.fit_context(pv.sum(1))
         if self.cpu_head:
             hidden = self.model(self.pend_ids, self.pend_pos, None, cache=self.cache, commit=pv, head=False)
             tok, _ = self.head_choose(hidden, confidence=False)

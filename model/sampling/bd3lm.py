@@ -1,20 +1,32 @@
 """BD3-LM (block diffusion) decoding with a KV cache, batched with ragged progress.
 
-Blocks are the absolute positions [kB, (k+1)B) (as in training) restricted to the span. Each step
-forwards, per row, the B slots of the current block (decoded tokens and MASKs, bidirectional among
-themselves, seeing the cache) after B pending slots: the previous block's tokens when it has just been
-completed (bidirectional among themselves, committed to the cache by this forward). Inside a block
-each step unmasks the k = ceil(masked / steps left) most confident positions plus every position with
-confidence >= threshold. Visible context (the prompt; prefix and suffix for infilling) is prefilled
-into the cache with block-causal attention (tokens see their own and earlier blocks).
+Blocks are the absolute positions [kB, (k+1)B) (as in training). Each step forwards, per row, the
+slots of the current block (bidirectional among themselves, seeing the cache) after B pending slots:
+the previous block's tokens when it has just been completed (bidirectional among themselves,
+committed to the cache by this forward). A block's slots are its span positions (decoded tokens and
+MASKs) and, in the block where the span starts, the prompt tokens before it: a prompt (prefix) that
+ends mid-block is cached in whole blocks only, and its last partial block is denoised with the span's
+first positions, seeing their masks, and committed with them once the block is complete (as training
+and the reference implementation see it). Inside a block each step unmasks the k = ceil(masked /
+steps left) most confident positions plus every position with confidence >= threshold. The rest of
+the visible context (the prompt's whole blocks; and the suffix for infilling) is prefilled into the
+cache with block-causal attention (tokens see their own and earlier blocks).
 """
 
 from __future__ import annotations
 
 import torch
 
+from .engine import Request
 from .processors import accept_top_k
 from .window import WindowDecoder
+
+
+def uncached_tail(r: Request, block_size: int) -> int:
+    """Prompt (prefix) tokens in the block where the span starts: left out of the prefill, denoised
+    with that block and committed with it (0 when the prefix ends on a block boundary or nothing is
+    generated)."""
+    return len(r.prefix) % block_size if r.span else 0
 
 
 class BD3LMDecoder(WindowDecoder):
@@ -42,13 +54,22 @@ class BD3LMDecoder(WindowDecoder):
         eye = torch.eye(pos.shape[1], dtype=torch.bool, device=pos.device)
         return (mask | eye)[:, None]
 
+    def prefilled(self, r: Request) -> tuple[list[int], list[int]]:
+        tail = uncached_tail(r, self.cfg.block_size)
+        if not tail:
+            return r.visible, r.visible_positions
+        k = len(r.prefix) - tail
+        return r.prefix[:k] + r.suffix, r.visible_positions[:k] + r.visible_positions[len(r.prefix):]
+
     def queries(self):
         Bs = self.cfg.block_size
         start = self.todo.int().argmax(1)
         blk = start // Bs
         pos = (blk * Bs)[:, None] + self.offsets
         posc = pos.clamp(max=self.L)
-        in_block = (pos >= self.span_start[:, None]) & (pos < self.span_end[:, None])
+        # the block's span positions, and the uncached prompt tail before the span in its first block
+        lo = self.span_start - self.span_start % Bs
+        in_block = (pos >= lo[:, None]) & (pos < self.span_end[:, None])
         active = in_block & self.todo.gather(1, posc)
         self.block_steps.masked_fill_(blk != self.cur_block, 0)
         self.cur_block.copy_(blk)

@@ -194,11 +194,15 @@ class Decoder:
         self.reset_slots(st, reqs)
         self.prefill(st, slots, reqs)
 
-    def visible_batch(self, reqs: list[Request], left_pad: bool = True, drop_last: bool = False):
-        """Prefill inputs: visible tokens (prefix then suffix) left-padded to the longest (drop_last:
-        without each row's last visible token). Returns ids, positions, valid [n, V] (V may be 0)."""
-        vis = [(r.visible[:-1], r.visible_positions[:-1]) if drop_last else (r.visible, r.visible_positions)
-               for r in reqs]
+    def prefilled(self, r: Request) -> tuple[list[int], list[int]]:
+        """(tokens, positions) of a request's context that its prefill puts in the cache: its visible
+        tokens (prefix then suffix); a family leaves some to its steps (AR the last, BD3-LM a partial block)."""
+        return r.visible, r.visible_positions
+
+    def visible_batch(self, reqs: list[Request], left_pad: bool = True):
+        """Prefill inputs: each request's `prefilled` tokens left-padded to the longest. Returns ids,
+        positions, valid [n, V] (V may be 0)."""
+        vis = [self.prefilled(r) for r in reqs]
         V = max((len(t) for t, _ in vis), default=0)
         n = len(reqs)
         ids = torch.full((n, V), self.mask_id, dtype=torch.long)

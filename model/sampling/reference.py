@@ -148,7 +148,11 @@ class Reference:
         if self.fht is not None and not r.infill and r.span:
             t = self.fht.times(r.span).tolist()
             row.fht = {len(r.prefix) + j: t[j] for j in range(r.span)}
-        self.commit(row, [(t, p, 0) for t, p in zip(r.visible, r.visible_positions)], 0)
+        context = list(zip(r.visible, r.visible_positions))
+        if spec.reference_step == "bd3lm_step" and r.span:  # a partial last prompt block is decoded with the span
+            lo = len(r.prefix) - len(r.prefix) % self.cfg.block_size
+            context = [(t, p) for t, p in context if not lo <= p < len(r.prefix)]
+        self.commit(row, [(t, p, 0) for t, p in context], 0)
         if spec.next_token:  # the engine forwards the prompt's last token at the first step
             row.fwd[-1] = 1
         step = 0
@@ -192,7 +196,8 @@ class Reference:
         blk = start // B
         if getattr(row, "block", None) != blk:
             row.block, row.block_steps = blk, 0
-        slots = [p for p in range(blk * B, (blk + 1) * B) if row.start <= p < row.end]
+        lo = row.start - row.start % B  # the span's first block starts with the prompt's uncached tail
+        slots = [p for p in range(blk * B, (blk + 1) * B) if lo <= p < row.end]
         active = [row.todo(p) for p in slots]
         self.fit(row, step, len(slots))
         c = len(row.committed)

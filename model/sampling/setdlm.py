@@ -1,7 +1,7 @@
 """SW-SetDLM decoding with a KV cache (SETDLM.md section 5), batched with ragged progress.
 
-The step is window.py's: p `pending` slots (tokens accepted last step, packed left in ascending
-position order, or in descending first-hitting time under `cache_order: first_hitting`
+The step is window.py's: p `pending` slots (tokens accepted last step, in ascending position order,
+or packed left in descending first-hitting time under `cache_order: first_hitting`
 (first_hitting.py), causal among themselves, committed to the cache by this forward) followed by w
 query slots (MASK at the masked positions of [start, start + w), each seeing the cache, the valid
 pending tokens and itself; dropped from the cache). p = w with a threshold below 1, p = 1 without one
@@ -73,15 +73,18 @@ class SetDLMDecoder(WindowDecoder):
         return accept
 
     def next_pending(self, tok, pos, accept):
-        """Tokens to commit next step: the accepted ones, packed left in ascending position order (or in
-        descending first-hitting time)."""
+        """Tokens to commit next step: the accepted ones in ascending position order (or in descending
+        first-hitting time). With p = w slots (a threshold) in position order they stay where the queries
+        were: the query slots are in ascending position order already, a rejected one is an invalid
+        pending slot (never attended), and the cache packs the committed ones first in slot order, so
+        nothing is sorted or gathered, whatever the number of commits."""
         if self.p == 1:  # at most one accepted: the first accepted slot (or an invalid one)
             order = accept.to(torch.int8).argmax(1, keepdim=True)
         elif self.fht is not None:
             key = torch.where(accept, self.fht.gather(1, pos.clamp(max=self.L)), float("-inf"))
             order = torch.sort(key, dim=1, descending=True, stable=True).indices[:, : self.p]
         else:
-            order = torch.sort((~accept).to(torch.int8), dim=1, stable=True).indices[:, : self.p]
+            return tok, pos, accept
         return tok.gather(1, order), pos.gather(1, order), accept.gather(1, order)
 
     # -- decoding ---------------------------------------------------------------------------------

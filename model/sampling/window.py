@@ -70,13 +70,14 @@ class WindowDecoder(Decoder):
     def prefill(self, st, slots, reqs) -> None:
         ids, pos, valid = self.visible_batch(reqs, left_pad=True)
         self.prefill_cache(st, slots, ids, pos, self.prefill_mask(pos, valid), valid)
-        self.set_cached(slots, [len(r.visible) for r in reqs])
+        self.set_cached(slots, [len(self.prefilled(r)[0]) for r in reqs])
 
     def device_step(self) -> None:
         p, w = self.p, self.w
         q_ids, q_pos, pos, active, q_keys = self.queries()
         pv = self.pend_valid & (self.pend_pos < self.span_end[:, None])
-        self.fit_context(pv.sum(1) + self.context_tokens(active, q_keys).sum(1))
+        if self.drops:
+            self.fit_context(pv.sum(1) + self.context_tokens(active, q_keys).sum(1))
         ids = torch.cat((self.pend_ids, q_ids), 1)
         positions = torch.cat((self.pend_pos, q_pos), 1)
         keys = torch.cat((pv, q_keys), 1)
