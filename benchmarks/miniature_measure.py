@@ -78,6 +78,72 @@ def likelihood(run_dir: str, out: str, orders: int, batch: int) -> dict:
     return {"nll": m["nll"], "mc_se": se, "orders": m["orders"], "rows": m["sequences"], "tokens": m["tokens"]}
 
 
+# -- teacher-forced result digits --------------------------------------------------------------------
+def digit_probe(run_dir: str, rows: list[dict], batch: int = 64) -> dict:
+    """Accuracy of each result digit of the worked solution (tens and units of both lines) predicted with
+    everything else of the problem clean, in the model's training layout: AR's next token; MDLM with
+    that one token masked; BD3-LM with it masked in its noisy block (clean earlier blocks); SetDLM with
+    it last in the generation order (every other token revealed before it). Greedy (argmax) against
+    the true digit; returns {"tens": ..., "units": ..., "n": digits per kind}."""
+    from model.masks import build_mask
+    from pretrain.checkpoint.inference import load_model
+
+    model, tok, cfg = load_model(run_dir, ema=False)
+    model.eval()
+    name, L, mask_id = cfg.objective.name, cfg.data.seq_len, cfg.model.mask_id
+    eq = tok.token_to_id("=")
+    ex = []  # (ids, position, kind)
+    for r in rows:
+        ctx = tok.encode(f"Question: {r['question']}\nAnswer:")
+        ids = (ctx + tok.encode(" " + r["answer"]) + [tok.eos_id])[:L]
+        for i in range(len(ctx), len(ids) - 2):
+            if ids[i] == eq:
+                ex += [(ids, i + 1, "tens"), (ids, i + 2, "units")]
+    hits = {"tens": 0, "units": 0}
+    with torch.no_grad():
+        for s in range(0, len(ex), batch):
+            chunk = ex[s:s + batch]
+            n = len(chunk)
+            x = torch.full((n, L), tok.pad_id, dtype=torch.long)
+            valid = torch.zeros(n, L, dtype=torch.bool)
+            for j, (ids, _, _) in enumerate(chunk):
+                x[j, :len(ids)] = torch.tensor(ids)
+                valid[j, :len(ids)] = True
+            ps = torch.tensor([p for _, p, _ in chunk])
+            rows_ = torch.arange(n)
+            pos = torch.arange(L).expand(n, L)
+            if name == "ar":
+                m = build_mask("causal", L)[None, None] & valid[:, None, None, :]
+                logits = model(x, pos, m | torch.eye(L, dtype=torch.bool))[rows_, ps - 1]
+            elif name in ("mdlm", "bd3lm"):
+                xt = x.clone()
+                xt[rows_, ps] = mask_id
+                if name == "mdlm":
+                    m = build_mask("bidirectional", L)[None, None] & valid[:, None, None, :]
+                    logits = model(xt, pos, m | torch.eye(L, dtype=torch.bool))[rows_, ps]
+                else:
+                    kv = torch.cat((valid, valid), 1)
+                    m = build_mask("block_diffusion", L, cfg.objective.block_size)[None, None] & kv[:, None, None, :]
+                    logits = model(torch.cat((xt, x), 1), torch.cat((pos, pos), 1), m | torch.eye(2 * L, dtype=torch.bool),
+                                   logits_slice=slice(0, L))[rows_, ps]
+            else:  # setdlm: the target last among the valid tokens; padding after it
+                key = torch.where(valid, -pos.double(), -1e9 - pos.double())
+                key[rows_, ps] = -1e6
+                perm = torch.argsort(key, dim=1, descending=True, stable=True)
+                clean = torch.gather(x, 1, perm)
+                rank = (perm == ps[:, None]).int().argmax(1)
+                query = clean.clone()
+                query[rows_, rank] = mask_id
+                m = build_mask("set_causal", L)
+                logits = model(torch.cat((clean, query), 1), torch.cat((perm, perm), 1), m,
+                               logits_slice=slice(L, 2 * L))[rows_, rank]
+            pred = logits.argmax(-1)
+            for j, (ids, p, kind) in enumerate(chunk):
+                hits[kind] += int(pred[j] == ids[p])
+    per = len(ex) // 2
+    return {"tens": hits["tens"] / per, "units": hits["units"] / per, "n": per}
+
+
 # -- gradient variance ----------------------------------------------------------------------------
 def naive_inputs(obj, batch: dict, generator):
     """Model inputs of naive masked-only training (module docstring) on the SW-SetDLM layout."""

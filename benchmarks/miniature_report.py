@@ -11,7 +11,8 @@ from pathlib import Path
 
 from benchmarks import miniature_claims as mc
 from benchmarks.miniature_spec import (ABLATED, ABLATION, AR, BD3, FRONTIER, GATES, INFILL, INFILL_CLAIM, LIKELIHOOD,
-                                       MD, MODELS, NEW_TOKENS, SW, TEST_SETS, VARIANCE, run_name, seeds, settings)
+                                       MD, MODELS, NEW_TOKENS, PROBE, PROBE_ROWS, SW, TEST_SETS, VARIANCE, run_name,
+                                       seeds, settings)
 from benchmarks.study_doc import machine
 
 REPO = Path(__file__).resolve().parent.parent
@@ -212,6 +213,17 @@ def other_sets(res: dict) -> dict:
     return out
 
 
+def probes(res: dict) -> dict:
+    """Per model: the teacher-forced accuracy of the solution lines' tens and units digits over seeds."""
+    out = {}
+    for slug in PROBE:
+        got = [r["digit_probe"] for r in res.get(slug, {}).values() if "digit_probe" in r]
+        if got:
+            out[slug] = {"label": MODELS[slug]["label"], "tens": mc.seed_summary([g["tens"] for g in got]),
+                         "units": mc.seed_summary([g["units"] for g in got]), "digits": got[0]["n"]}
+    return out
+
+
 def costs(res: dict) -> dict:
     """Wall and CPU seconds of every model's training and measurements, summed."""
     tw = tc = ew = ec = 0.0
@@ -221,7 +233,7 @@ def costs(res: dict) -> dict:
                 tw, tc = tw + t["wall_s"], tc + t["cpu_s"]
             parts = list(r.get("accuracy", {}).values()) + [r[k] for k in ("test_heldout", "test_reworded", "infill",
                                                                           "likelihood") if k in r]
-            parts += list(r.get("gradient_variance", {}).values())
+            parts += list(r.get("gradient_variance", {}).values()) + ([r["digit_probe"]] if "digit_probe" in r else [])
             for p in parts:
                 ew, ec = ew + p.get("wall_s", 0.0), ec + p.get("cpu_s", 0.0)
     return {"train_wall_s": tw, "train_cpu_s": tc, "measure_wall_s": ew, "measure_cpu_s": ec,
@@ -246,7 +258,7 @@ def build(out: Path, size: dict, smoke: bool, phases: list, pilot: dict | None =
         "claims": [{"id": k, "verdict": v["verdict"], "claim": CLAIMS[k][0], "paper": CLAIMS[k][1], **v}
                    for k, v in claims.items()],
         "reasoning": {"task": TASK, "accuracy": {s: b["accuracy"] for s, b in best_accuracy(rows).items()},
-                      "best": best_accuracy(rows), "gates": g, "other_sets": other_sets(res),
+                      "best": best_accuracy(rows), "gates": g, "other_sets": other_sets(res), "digit_probe": probes(res),
                       "test_sets": dict(TEST_SETS)},
         "settings": rows,
         "pilot": pilot,
@@ -405,6 +417,14 @@ def markdown(data: dict, png: str) -> str:
         for o in r["other_sets"].values():
             lines.append(f"| {o['label']} | {o['setting']} | {fmt(o.get('test'), True)} | "
                          f"{fmt(o.get('test_heldout'), True)} | {fmt(o.get('test_reworded'), True)} |")
+    if r.get("digit_probe"):
+        lines += ["", f"Teacher-forced result digits: each tens and units digit of the two solution lines of the first "
+                  f"{PROBE_ROWS} test problems predicted with the rest of the problem clean, in the model's training "
+                  "layout (benchmarks/miniature_measure.py `digit_probe`; chance is about 10% for a units digit).", "",
+                  "| model | tens (%) | per seed | units (%) | per seed |", "|---|---|---|---|---|"]
+        for o in r["digit_probe"].values():
+            lines.append(f"| {o['label']} | {fmt(o['tens'], True)} | {per_seed(o['tens'])} | {fmt(o['units'], True)} | "
+                         f"{per_seed(o['units'])} |")
     lines += ["", "## Frontier", "", f"![frontier]({png})", "",
               f"Decoding: greedy, {NEW_TOKENS} new tokens at most, stop at EOS or `Question:`; SW-SetDLM window w = D; "
               "tokens per forward from the accuracy evaluation (new tokens / decoding steps), tokens/s from the timed "

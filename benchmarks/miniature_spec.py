@@ -35,6 +35,8 @@ INFILL = {"setdlm-d4": {"threshold": 0.9, "window": 8},  # window S_max = 2D, as
 INFILL_CLAIM = ("setdlm-d4", "bd3lm-b4")
 LIKELIHOOD = ("ar", "setdlm-d4", "bd3lm-b4", "mdlm")  # the claimed order of the bound, smallest first
 VARIANCE = {"token_efficient": "aosetdlm", "naive": "aosetdlm-naive"}
+PROBE = ("ar", "setdlm-d4", "bd3lm-b4", "mdlm")  # teacher-forced result digits (miniature_measure.digit_probe)
+PROBE_ROWS = 120  # the first test problems it reads
 TEST_SETS = {"test": "the claims' test set", "test_heldout": "held-out solution steps (composition)",
              "test_reworded": "reworded questions (robustness)"}
 SIZES = {

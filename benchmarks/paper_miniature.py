@@ -21,8 +21,9 @@ kept, so the command can be stopped and started again, and one run can span invo
    `miniature_spec.recipe` writes), stopping at the steps `miniature_spec.stops` names to measure the
    gradient variance, then accuracy on the test problems under each decoding setting (`eval.api.gsm8k`,
    direct backend: the code `setdlm eval gsm8k` runs) and on the held-out and reworded sets at the
-   model's main setting, infilling (`model.sampling.generate` with `Infill`) and the likelihood bound on
-   the validation split (`eval.api.likelihood`; benchmarks/miniature_measure.py). Each result is written
+   model's main setting, infilling (`model.sampling.generate` with `Infill`), the likelihood bound on
+   the validation split (`eval.api.likelihood`) and the teacher-forced result digits (each digit of a
+   solution line predicted with the rest of the problem clean; benchmarks/miniature_measure.py). Each result is written
    as it is made, with the process's wall and CPU seconds;
 3. the timed pass, alone in this process after every model is trained: per model, seed and setting,
    `timed_prompts` test prompts at batch 1, warm-up decodes, then repeated passes, the median pass's
@@ -119,8 +120,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from benchmarks.miniature_spec import (DATA_SEED, EVAL_BATCH, GATES, INFILL, LIKELIHOOD, MODELS, NEW_TOKENS,  # noqa: E402
-                                       PILOT_SEEDS, SEQ_LEN, SIZES, TEST_SETS, VARIANCE, recipe, run_name, seeds,
-                                       settings, stops)
+                                       PILOT_SEEDS, PROBE, PROBE_ROWS, SEQ_LEN, SIZES, TEST_SETS, VARIANCE, recipe,
+                                       run_name, seeds, settings, stops)
 from model import families  # noqa: E402
 
 PILOT = {"models": ("setdlm-d4", "bd3lm-b4"), "stops": (1000, 1500, 2000), "setting": "threshold 0.9"}
@@ -258,6 +259,12 @@ def work(slug: str, seed: int, size: dict, out: Path) -> None:
             res["infill"] = mm.infill(str(run_dir), infill_examples(out), INFILL[slug], EVAL_BATCH)
         res["infill"].update(wall_s=c.wall, cpu_s=c.cpu)
         write_json(res_path, res)
+    if slug in PROBE and "digit_probe" not in res:
+        rows = [json.loads(line) for line in (out / "task" / "test.jsonl").read_text().splitlines()][:PROBE_ROWS]
+        with Clock() as c:
+            res["digit_probe"] = mm.digit_probe(str(run_dir), rows)
+        res["digit_probe"].update(wall_s=c.wall, cpu_s=c.cpu)
+        write_json(res_path, res)
     if slug in LIKELIHOOD and "likelihood" not in res:
         exact = families.get(MODELS[slug]["objective"]["name"]).exact_likelihood
         with Clock() as c:
@@ -282,7 +289,7 @@ def missing(slug: str, seed: int, size: dict, out: Path) -> list[str]:
     res = read_json(out / "results" / f"{run_name(slug, seed)}.json", {})
     want = [f"trained/step_{s}" for s in stops(slug, size)] + [f"accuracy/{label}" for label, _ in settings(slug, size)]
     want += [t for t in TEST_SETS if t != "test" and main_setting(slug, size)]
-    want += ["infill"] * (slug in INFILL) + ["likelihood"] * (slug in LIKELIHOOD)
+    want += ["infill"] * (slug in INFILL) + ["likelihood"] * (slug in LIKELIHOOD) + ["digit_probe"] * (slug in PROBE)
     return [w for w in want if (w.split("/", 1)[1] not in res.get(w.split("/", 1)[0], {}) if "/" in w else w not in res)]
 
 
