@@ -481,8 +481,9 @@ def main(argv=None) -> int:
     record["children_cpu_seconds"] = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
     record["seconds"] = time.perf_counter() - started
     record["load_end"] = list(os.getloadavg())
-    phases.append(record)
-    write_json(out / "phases.json", phases)
+    if not args.report_only:  # an invocation that only writes the report is not part of the run's record
+        phases.append(record)
+        write_json(out / "phases.json", phases)
     path = write_report(out, docs, size, smoke=args.smoke, phases=phases, pilot=read_json(out / "pilot.json"))
     print(f"[miniature] wrote {path} and its .md / .png", flush=True)
     return 0
