@@ -43,7 +43,7 @@ SIZES = {
     "full": dict(seeds={"ar": 3, "setdlm-d4": 5, "bd3lm-b4": 5, "mdlm": 3, "aosetdlm": 3, "aosetdlm-naive": 3},
                  steps=3000, variance_steps=(250, 500, 1000), warmup=100, layers=3, hidden=128, batch=32, lr=2.0e-3,
                  train_rows=40_000, val_rows=500, test_rows=300, heldout_rows=150, reworded_rows=150, full_text=0.25,
-                 models=tuple(MODELS), thresholds=(1.0, 0.9, 0.7, 0.5), mdlm_steps=(32, 16, 8, 4), orders=4,
+                 models=tuple(MODELS), thresholds=(1.0, 0.9, 0.5), mdlm_steps=(32, 8), orders=2,
                  grad_draws=32, timed_prompts=16, timed_warmup=2, timed_repeats=3),
     "smoke": dict(seeds={m: 2 for m in MODELS}, steps=30, variance_steps=(10, 20), warmup=3, layers=1, hidden=32,
                   batch=16, lr=2.0e-3, train_rows=1500, val_rows=64, test_rows=16, heldout_rows=8, reworded_rows=8,
