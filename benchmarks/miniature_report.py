@@ -333,7 +333,9 @@ def plot(data: dict, path: Path) -> None:
         ax.set_xlabel(xlabel)
         ax.set_ylabel("exact match on the test problems (%)")
         ax.grid(alpha=0.3)
-    handles = [Line2D([], [], color="gray", marker=m, ls="", label=s) for s, m in MARKERS.items() if s != "greedy"]
+    present = {r["setting"] for r in data["settings"]}
+    handles = [Line2D([], [], color="gray", marker=m, ls="", label=s) for s, m in MARKERS.items()
+               if s != "greedy" and s in present]
     handles.append(Line2D([], [], color="gray", marker="v", ls="", label="MDLM steps / other"))
     axes[0].legend(fontsize=7, loc="best")
     axes[1].legend(handles=handles, fontsize=7, loc="best", title="setting (large: mean; small: seeds)",
