@@ -297,3 +297,34 @@ def test_pipeline_pieces_write_every_claim_id(tmp_path, model_parallel, one_thre
     text = (out / "paper_miniature.md").read_text()
     assert "![frontier](paper_miniature.png)" in text and "| claim | paper | result here | test | verdict |" in text
     assert str(tmp_path) not in text and (out / "paper_miniature.png").stat().st_size > 1000
+
+
+def test_benchmarks_modules_import_no_circle():
+    """benchmarks/ imports form no cycle (the report once imported the script that imported it)."""
+    import ast
+
+    mods = {p.stem: p for p in (REPO / "benchmarks").glob("*.py")}
+    graph = {}
+    for name, path in mods.items():
+        deps = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("benchmarks"):
+                parts = node.module.split(".")
+                deps |= {parts[1]} if len(parts) > 1 else {a.name for a in node.names}
+            elif isinstance(node, ast.Import):
+                deps |= {a.name.split(".")[1] for a in node.names if a.name.startswith("benchmarks.")}
+        graph[name] = deps & set(mods)
+    state: dict = {}
+
+    def visit(n, stack):
+        state[n] = "open"
+        for d in graph[n]:
+            assert state.get(d) != "open", f"import circle: {' -> '.join(stack + [n, d])}"
+            if d not in state:
+                visit(d, stack + [n])
+        state[n] = "done"
+
+    for n in graph:
+        if n not in state:
+            visit(n, [])
+    assert graph["paper_miniature"] >= {"miniature_spec", "miniature_report"} and "paper_miniature" not in graph["miniature_report"]
