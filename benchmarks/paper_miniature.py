@@ -57,9 +57,13 @@ what changed for this version says what it answers):
   implementation's schedule, for `steps` steps. The first version's cosine decay to 2e-4 over 2000
   steps left SW-SetDLM's third seed and two of BD3-LM B=8's at 7-9%, their loss still falling fastest
   when the schedule ended. The step count comes from the pilot (`--pilot`): SW-SetDLM D=4 and
-  BD3-LM B=4 on seeds 101 and 102, which no claim uses, evaluated at 1000, 1500 and 2000 steps
-  (threshold 0.9) on the validation problems (never on a test set); the recorded run uses the first of these at which every pilot model passes its
-  gate, or 2000 (the budget) if none does. What the pilot gave is in the report (docs/paper_miniature.md).
+  BD3-LM B=4 on seeds 101 and 102, which no claim uses, evaluated every 500 steps from 1000
+  (threshold 0.9) on the validation problems (never on a test set); the recorded run uses the first
+  step count at which every pilot model passes its gate. The pilot was first planned to stop at 2000
+  steps (the budget then); at 2000, SW-SetDLM's seed 101 was at 18% and still rising (7.7% at 1000,
+  5.7% at 1500), BD3-LM's seed 101 at 74%, so it was extended to 3000, the most the budget allows at
+  the measured cost (about 0.38 CPU seconds per step of SW-SetDLM or BD3-LM, one thread). If no stop
+  passes, the run uses 3000. What the pilot gave is in the report (docs/paper_miniature.md).
 - The gate (new): a model enters a claim only if every seed reaches its floor in exact match at the
   model's best setting: AR 90%, SW-SetDLM D=4 50%, BD3-LM B=4 30% (what a model that learned the task
   reaches: the first version's learned seeds were at 83-100%, the failed ones at 7-10%), MDLM and
@@ -128,7 +132,7 @@ from benchmarks.miniature_spec import (DATA_SEED, EVAL_BATCH, GATES, INFILL, LIK
                                        run_name, seeds, settings, stops)
 from model import families  # noqa: E402
 
-PILOT = {"models": ("setdlm-d4", "bd3lm-b4"), "stops": (1000, 1500, 2000), "setting": "threshold 0.9"}
+PILOT = {"models": ("setdlm-d4", "bd3lm-b4"), "stops": (1000, 1500, 2000, 2500, 3000), "setting": "threshold 0.9"}
 
 
 def read_json(path: Path, default=None):
