@@ -80,7 +80,8 @@ what changed for this version says what it answers):
 - Seeds: 5 for SW-SetDLM D=4 and BD3-LM B=4, which three claims compare (over 3 seeds the first
   version's frontier comparison was at z = 1.0 and its infilling one at z = 2.02, p = 0.18 under
   Welch's t, with the seeds split between learned and failed); 3 for AR (the infilling floor and the first link of the bound, far from the others), MDLM,
-  the any-order SetDLM and its naive twin (the budget: 5 of each would add about 1.5 CPU hours).
+  the any-order SetDLM and its naive twin (the budget: 5 of each would add about an hour of CPU
+  time at 3000 steps).
 - Verdicts (new): Welch's t-test on the per-seed values (the seeds' degrees of freedom; a z at 2
   standard errors is anti-conservative with 3 seeds), two-sided, at 0.05, Holm's levels within a
   claim of several comparisons; every comparison records its "test" and "p" (benchmarks/miniature_claims.py).
