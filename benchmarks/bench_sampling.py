@@ -75,6 +75,8 @@ def parse(argv=None):
     p.add_argument("--step-prompt", type=int, default=16, help="step section: prompt tokens")
     p.add_argument("--step-new", type=int, default=224, help="step section: new tokens (MDLM: 32)")
     p.add_argument("--repeats", type=int, default=7, help="step section: decodes per sampler (the fastest counts)")
+    p.add_argument("--step-samplers", default="", help="step section: only the samplers whose name contains one of "
+                                                       "these (comma-separated; e.g. setdlm)")
     p.add_argument("--json", help="also write the results here")
     p.add_argument("--quick", action="store_true", help="tiny sizes, to check the script runs")
     args = p.parse_args(argv)
@@ -363,7 +365,8 @@ def step_section(args, results):
     model = build_model(args.step_shape, L, args.device, args.dtype, max_len=L)
     g = torch.Generator().manual_seed(1)
     prompt = torch.randint(0, VOCAB - 1, (n_prompt,), generator=g).tolist()
-    cases = step_samplers()
+    cases = [c for c in step_samplers() if not args.step_samplers
+             or any(k.strip().lower() in c[0].lower() for k in args.step_samplers.split(","))]
     for _, cfg, n in cases:  # warm-up: one-time costs (the head's transposed copy, allocator)
         split_decode(model, prompt, cfg, 8)
     best: dict[str, tuple] = {}
@@ -386,6 +389,8 @@ def step_section(args, results):
           f"calls (the floor of a step), rest = the decoder's own work")
     table(["sampler", "new tokens", "tokens/step", "steps", "ms/step", "forward", "rest", "step / forward"], rows)
     r = {x["sampler"]: x for x in results if x.get("section") == "step"}
+    if "SetDLM w=4 thr=off" not in r or "SetDLM w=4 thr=0" not in r:
+        return
     one, four = r["SetDLM w=4 thr=off"], r["SetDLM w=4 thr=0"]
     print(f"decode-multi-token-step: SetDLM ms/step at threshold 0 ({four['tokens_per_step']:.1f} tokens/step) / at "
           f"threshold off ({one['tokens_per_step']:.1f}) = {four['step_ms'] / one['step_ms']:.3f} (target <= 1.05); "

@@ -3,6 +3,7 @@
     .venv/bin/python benchmarks/bench_serve.py [--checkpoint RUN] [--rates 1,2,4,8] [--duration 20]
         [--max-batch 8] [--max-tokens 32] [--threshold none|0.5|0] [--stream 0.5]
     .venv/bin/python benchmarks/bench_serve.py --stream-cost 1000 [--checkpoint RUN]
+    .venv/bin/python benchmarks/bench_serve.py --heavy-bodies [--clients 8] [--body-mb 4] [--checkpoint RUN]
 
 Starts `setdlm serve` in its own process on loopback (the client does not share its interpreter),
 then for each rate sends requests with Poisson arrivals (open loop: a slow server does not slow the
@@ -18,6 +19,15 @@ with the engine's step events, then times what a stream does with them on the se
 (serve/streaming.py: the text of each step, the final-text hold-back) over those events, per step and
 in total, for the first and the last hundred steps: the cost of streaming a long output, which grows
 with the output when each step decodes the whole prefix again.
+
+`--heavy-bodies` is the acceptance check `serve-heavy-bodies`: `--clients` clients each send a body of
+`--body-mb` MB at once (a completion prompt of that size; then the same as one chat message), while
+/health is polled every 50 ms and, 0.2 s after they start, a small greedy completion is sent; then
+`temperature` and `setdlm.repetition_penalty` of 1e-300. It prints the slowest and median /health
+answer, how long the small completion took, what the heavy bodies got, the two statuses and the
+server's peak resident memory. The
+check passes when /health always answers within 1 s, the small completion within 5 s, and neither
+1e-300 request gets a 500.
 """
 
 from __future__ import annotations
@@ -53,6 +63,9 @@ def parse(argv=None):
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--stream-cost", type=int, default=0, metavar="N",
                    help="no server: time the stream's text handling over the events of one N-token output")
+    p.add_argument("--heavy-bodies", action="store_true", help="the acceptance check serve-heavy-bodies (above)")
+    p.add_argument("--clients", type=int, default=8, help="--heavy-bodies: clients sending a heavy body at once")
+    p.add_argument("--body-mb", type=float, default=4.0, help="--heavy-bodies: megabytes of each body")
     return p.parse_args(argv)
 
 
@@ -142,6 +155,46 @@ async def run_rate(url, rate: float, args, rng: random.Random) -> dict:
             "forwards": fwd, "rows_per_forward": gen / fwd if fwd else 0.0}
 
 
+async def heavy_bodies(url, clients: int, mb: float, chat: bool) -> dict:
+    """One round of the acceptance check serve-heavy-bodies (module docstring)."""
+    import aiohttp
+
+    text = ("The quick brown fox jumps over the lazy dog. " * (int(mb * 2**20) // 45 + 1))[: int(mb * 2**20) - 100]
+    path, key = ("/v1/chat/completions", {"messages": [{"role": "user", "content": text}]}) if chat else \
+        ("/v1/completions", {"prompt": text})
+    heavy = json.dumps({**key, "max_tokens": 16, "temperature": 0}).encode()
+    health, stop = [], asyncio.Event()
+    async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=600)) as session:
+        async def watch():
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                async with session.get(url + "/health") as r:
+                    await r.read()
+                health.append(time.perf_counter() - t0)
+                await asyncio.sleep(0.05)
+
+        async def post(path, data: bytes, delay: float = 0.0):
+            await asyncio.sleep(delay)
+            t0 = time.perf_counter()
+            async with session.post(url + path, data=data, headers={"Content-Type": "application/json"}) as r:
+                await r.read()
+                return r.status, time.perf_counter() - t0
+
+        small = json.dumps({"prompt": "The for statement", "max_tokens": 16, "temperature": 0}).encode()
+        watcher = asyncio.create_task(watch())
+        *big, little = await asyncio.gather(*(post(path, heavy) for _ in range(clients)),
+                                            post("/v1/completions", small, 0.2))
+        stop.set()
+        await watcher
+        tiny = [await post("/v1/completions", json.dumps(b).encode()) for b in (
+            {"prompt": "The for statement", "temperature": 1e-300, "max_tokens": 4},
+            {"prompt": "The for statement", "max_tokens": 4, "setdlm": {"repetition_penalty": 1e-300}})]
+    health.sort()
+    return {"kind": "chat message" if chat else "completion prompt", "health_max": health[-1],
+            "health_p50": health[len(health) // 2], "polls": len(health), "small": little[1], "small_status": little[0],
+            "heavy": sorted({s for s, _ in big}), "heavy_s": max(t for _, t in big), "tiny": [s for s, _ in tiny]}
+
+
 def stream_cost(ckpt: Path, n: int) -> None:
     """Decode one prompt for `n` tokens with step events, then time serve/streaming.py over them."""
     import torch
@@ -182,6 +235,8 @@ def main(argv=None) -> int:
         with tempfile.TemporaryDirectory() as tmp:
             stream_cost(Path(args.checkpoint) if args.checkpoint else default_checkpoint(Path(tmp)), args.stream_cost)
         return 0
+    if args.heavy_bodies:
+        return heavy_main(args)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         ckpt = Path(args.checkpoint) if args.checkpoint else default_checkpoint(tmp)
@@ -205,6 +260,45 @@ def main(argv=None) -> int:
         print(f"| {r['rate']:g} | {r['sent']} | {r['ok']} | {r['req_s']:.2f} | {r['tok_s']:.0f} | {r['p50']:.2f} | "
               f"{r['p95']:.2f} | {r['p99']:.2f} | {r['ttft']:.2f} | {r['forwards']:.0f} | {r['rows_per_forward']:.2f} |")
     return 0
+
+
+def peak_rss_mb(pid: int) -> float:
+    """The process's peak resident memory (VmHWM), in MB; NaN where /proc does not say."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM:")) / 1024
+    except (OSError, StopIteration):
+        return float("nan")
+
+
+def heavy_main(args) -> int:
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        ckpt = Path(args.checkpoint) if args.checkpoint else default_checkpoint(tmp)
+        proc, url = start_server(ckpt, args.max_batch, tmp / "serve.log")
+        try:
+            load, rows = os.getloadavg()[0], []
+            for chat in (False, True):
+                rows.append(asyncio.run(heavy_bodies(url, args.clients, args.body_mb, chat)))
+                rows[-1]["rss"] = peak_rss_mb(proc.pid)
+            load = max(load, os.getloadavg()[0])
+        finally:
+            proc.terminate()
+            proc.wait(120)
+    print(f"{datetime.date.today()}, {platform.machine()} ({os.cpu_count()} cores), load average up to {load:.1f}: "
+          f"{args.clients} clients x {args.body_mb:g} MB bodies at once, /health polled every 50 ms, a small "
+          f"16-token completion sent 0.2 s after them\n")
+    print("| heavy body | /health slowest (s) | /health median (s) | polls | small completion (s) | heavy bodies got | "
+          "slowest heavy answer (s) | temperature / repetition_penalty 1e-300 | server peak RSS so far (MB) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    ok = True
+    for r in rows:
+        print(f"| {r['kind']} | {r['health_max']:.3f} | {r['health_p50']:.3f} | {r['polls']} | {r['small']:.2f} "
+              f"({r['small_status']}) | {', '.join(map(str, r['heavy']))} | {r['heavy_s']:.2f} | "
+              f"{' / '.join(map(str, r['tiny']))} | {r['rss']:.0f} |")
+        ok &= r["health_max"] < 1.0 and r["small"] < 5.0 and r["small_status"] == 200 and 500 not in r["tiny"]
+    print(f"\nserve-heavy-bodies: {'pass' if ok else 'FAIL'}")
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":

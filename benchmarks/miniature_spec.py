@@ -40,7 +40,7 @@ PROBE_ROWS = 120  # the first test problems it reads
 TEST_SETS = {"test": "the claims' test set", "test_heldout": "held-out solution steps (composition)",
              "test_reworded": "reworded questions (robustness)"}
 SIZES = {
-    "full": dict(seeds={"ar": 3, "setdlm-d4": 5, "bd3lm-b4": 5, "mdlm": 3, "aosetdlm": 3, "aosetdlm-naive": 3},
+    "full": dict(seeds={m: 3 for m in MODELS},
                  steps=3000, variance_steps=(250, 500, 1000), warmup=100, layers=3, hidden=128, batch=32, lr=2.0e-3,
                  train_rows=40_000, val_rows=500, test_rows=300, heldout_rows=150, reworded_rows=150, full_text=0.25,
                  models=tuple(MODELS), thresholds=(1.0, 0.9, 0.5), mdlm_steps=(32, 8), orders=2,

@@ -77,11 +77,15 @@ what changed for this version says what it answers):
   32-token span (the first version's 0.7 and 16 / 4 steps are left out for the budget: each setting
   costs about a minute of decoding per model). The held-out and reworded sets are decoded at each
   model's main setting (AR greedy, threshold 0.9, MDLM's 32 steps at threshold 0.9).
-- Seeds: 5 for SW-SetDLM D=4 and BD3-LM B=4, which three claims compare (over 3 seeds the first
-  version's frontier comparison was at z = 1.0 and its infilling one at z = 2.02, p = 0.18 under
-  Welch's t, with the seeds split between learned and failed); 3 for AR (the infilling floor and the first link of the bound, far from the others), MDLM,
-  the any-order SetDLM and its naive twin (the budget: 5 of each would add about an hour of CPU
-  time at 3000 steps).
+- Seeds: 3 for every model (the seeds' spread sets every claim's error). 5 had been planned for
+  SW-SetDLM D=4 and BD3-LM B=4, which three claims compare (over 3 seeds the first version's frontier
+  comparison was at z = 1.0 and its infilling one at z = 2.02, p = 0.18 under Welch's t, with the seeds
+  split between learned and failed); that was cut to 3, before any claim was measured, once the cost
+  at the pilot's 2500 steps was known: 18 models are about 5 CPU-hours, 2.5 hours of wall time at 2
+  jobs on 2 cores, all the time one working session had. With every seed past its gate the spread is
+  expected to be far smaller than the first version's; a claim that stays unresolved is reported so.
+  (The first invocation of the recorded run trained AR's seed 1234 towards 3000 steps: the code did
+  not yet read the pilot's choice. That model was discarded before it was evaluated and retrained.)
 - Verdicts (new): Welch's t-test on the per-seed values (the seeds' degrees of freedom; a z at 2
   standard errors is anti-conservative with 3 seeds), two-sided, at 0.05, Holm's levels within a
   claim of several comparisons; every comparison records its "test" and "p" (benchmarks/miniature_claims.py).
@@ -106,11 +110,12 @@ what changed for this version says what it answers):
 - The bound: AR < SW-SetDLM (D = 4) < BD3-LM (B = 4) < MDLM on the validation rows, 2 draws per row
   (the seeds' spread, not the draws, sets its error: the first version's Monte-Carlo s.e. was a sixth
   of its seed s.e. or less).
-- The budget: one process at a time, 1 torch thread, `nice -n 5`, on a 2-core machine shared with
-  other work. Measured before sizing it (BD3-LM B=4, load average 15-40): 1 thread took 0.44 CPU
-  seconds and about 1 s of wall time per step, 2 threads about 4 s per step (their threads wait for
-  each other when the cores are oversubscribed). The run's wall and CPU seconds and the load average
-  are recorded per model and invocation.
+- The budget: 2 jobs (`--jobs 2`) of 1 torch thread each on a 2-core machine, nothing else timed
+  beside them. Measured before sizing it: the pilot took about 0.35 CPU seconds per step of SW-SetDLM
+  or BD3-LM at 1 thread, and an AR step 0.32 s on a quiet core; 2 threads for one process gained
+  little on these small matrices and lost much when the cores were oversubscribed (about 4 s per step
+  under a load of 15-40). The run's wall and CPU seconds and the load average are recorded per model
+  and invocation; the timed pass runs alone, after every model is trained.
 
 Timings on a shared 2-core machine are noisy: the load average is recorded beside every one.
 """
@@ -326,6 +331,7 @@ def run_workers(args, size: dict, out: Path) -> None:
         name = run_name(slug, seed)
         cmd = [sys.executable, __file__, "--worker", f"{slug}@{seed}", "--out", str(out), "--threads", str(args.threads)]
         cmd += ["--smoke"] if args.smoke else []
+        cmd += ["--steps", str(size["steps"])]  # the run's step count (the pilot's choice, or --steps)
         log = open(out / "logs" / f"{name}.log", "a")
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), name))
         print(f"[miniature] {name}: training and evaluating (pid {procs[-1][0].pid})", flush=True)
@@ -446,6 +452,12 @@ def main(argv=None) -> int:
     if args.steps:
         size["steps"] = args.steps
     out = Path(args.out or ("runs/paper_miniature_smoke" if args.smoke else "runs/paper_miniature")).resolve()
+    if not (args.smoke or args.steps or args.pilot or args.pilot_worker):
+        chosen = read_json(out / "pilot.json", {}).get("chosen_steps")
+        if chosen is None:
+            p.error(f"the recorded run trains the pilot's step count: run --pilot first (no {out.name}/pilot.json "
+                    "with chosen_steps), or give --steps")
+        size["steps"] = int(chosen)
     import torch
 
     torch.set_num_threads(args.threads)

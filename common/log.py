@@ -1,7 +1,9 @@
 """The `setdlm` logger: one console format, rank-aware.
 
-Every package logs through ``get_logger(__name__)`` (a child of the ``setdlm`` logger), except
-``setdlm serve``, whose long-running log is timestamped on stderr (serve/cli.py configures it). The console
+Code that logs asks ``get_logger(name)`` for a child of the ``setdlm`` logger (the trainer's
+``setdlm.train``, the data loader's ``setdlm.data``, preemption's ``setdlm.preemption``); commands
+that report a result print their own lines, and ``setdlm serve``'s long-running log is timestamped on
+stderr (serve/cli.py configures it). The console
 handler, installed on first use, prints the message alone (the lines users see: ``step 4/8 | loss
 ...``), INFO to stdout and warnings/errors to stderr, through ``tqdm.write`` while a progress bar is
 shown. INFO records from ranks other than 0 are dropped unless logged with ``extra={"all_ranks":

@@ -7,6 +7,8 @@ old checkpoints unreadable. A record of a newer version than this code knows is 
 
 A migration takes the record of version v and returns it at version v + 1 (`rename_key` moves a
 dotted recipe key). A record without the key is version 0 (written before versions were recorded).
+Weights renamed between versions (a refactor of a model's module names) travel by a conversion map in
+the same chain: `rename_weights(state, {"old.name": "new.name", "old_prefix.": "new_prefix."})`.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Callable
 
 from .errors import Error
 
-__all__ = ["migrate", "rename_key"]
+__all__ = ["migrate", "rename_key", "rename_weights"]
 
 
 def migrate(record: dict, *, key: str, current: int, migrations: dict[int, Callable[[dict], dict]], what: str,
@@ -56,6 +58,24 @@ def rename_key(section_dicts: dict, old: str, new: str) -> dict:
     for p in new_path:
         dst = dst.setdefault(p, {})
     dst[new_leaf] = value
+    return out
+
+
+def rename_weights(state: dict, renames: dict[str, str]) -> dict:
+    """`state` ({weight name: value}) with its names converted by `renames`: a key equal to a name in
+    `renames` takes its new name; else the longest key of `renames` that ends in "." and starts the name
+    (a module prefix) is replaced. Two names that end up equal are refused (a wrong map would otherwise
+    drop a weight silently). A new dict; values are not copied."""
+    exact = {k: v for k, v in renames.items() if not k.endswith(".")}
+    prefixes = sorted((k for k in renames if k.endswith(".")), key=len, reverse=True)
+    out: dict = {}
+    for name, value in state.items():
+        new = exact.get(name)
+        if new is None:
+            new = next((renames[p] + name[len(p):] for p in prefixes if name.startswith(p)), name)
+        if new in out:
+            raise ValueError(f"weight renames map two weights to {new!r}")
+        out[new] = value
     return out
 
 

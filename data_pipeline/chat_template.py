@@ -106,20 +106,22 @@ def render_chat_template(template: str, messages: list[dict], *, add_generation_
         raise ChatTemplateError(f"{name}: {e}") from None
 
 
-def check_chat_template(template: str, variables: dict | None = None, name: str = "the chat template") -> None:
+def check_chat_template(template: str, variables: dict | None = None, name: str = "the chat template",
+                        worker: TemplateWorker | None = None) -> None:
     """Renders a short chat (a user and an assistant turn) and a prompt (a user turn with the generation
     prompt) under the limits: a template that loops or fails whatever it is given is refused before
-    any work."""
+    any work (`worker`: the TemplateWorker to render in, default the process's own)."""
     user, assistant = {"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}
     for messages, prompt in (([user, assistant], False), ([user], True)):
         render_chat_template(template, messages, add_generation_prompt=prompt, variables=variables, name=name,
-                             generation_spans=has_generation_tags(template))
+                             generation_spans=has_generation_tags(template), worker=worker)
 
 
 class ChatTemplate:
     """`template` (Jinja) over the stack's tokenizer `tok`."""
 
-    def __init__(self, tok, template: str, where: str = "the tokenizer's chat template"):
+    def __init__(self, tok, template: str, where: str = "the tokenizer's chat template",
+                 worker: TemplateWorker | None = None):
         if not isinstance(template, str) or not template.strip():
             raise TokenizerError(f"{where}: empty or not a string")
         self.tok, self.template, self.where = tok, template, where
@@ -131,13 +133,20 @@ class ChatTemplate:
                                 key=len, reverse=True)
         ids = {"eos_token": tok.eos_id, "bos_token": tok.bos_id, "pad_token": tok.pad_id, "mask_token": tok.mask_id}
         self._vars = {k: tok.id_to_token(v) for k, v in ids.items() if v is not None}
-        check_chat_template(template, self._vars, where)  # before any work
+        check_chat_template(template, self._vars, where, worker)  # before any work
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = False) -> tuple[str, list]:
+    def render(self, messages: list[dict], add_generation_prompt: bool = False, *,
+               worker: TemplateWorker | None = None, time_limit_s: float | None = None) -> tuple[str, list]:
         """(text, generation spans as (start, end) characters; [] without generation tags), under the
-        limits of `render_chat_template`."""
+        limits of `render_chat_template` (in `worker`, within `time_limit_s` when given)."""
         return render_chat_template(self.template, messages, add_generation_prompt=add_generation_prompt,
-                                    generation_spans=self.tags, variables=self._vars, name=self.where)
+                                    generation_spans=self.tags, variables=self._vars, name=self.where,
+                                    worker=worker, time_limit_s=time_limit_s)
+
+    @property
+    def backend(self) -> _HFTokenizer:
+        """The `tokenizers.Tokenizer` that tokenizes rendered text (the template's special tokens parsed)."""
+        return self._backend
 
     def tokens(self, text: str, limit: int | None = None) -> list[int]:
         """Ids of rendered `text` (special tokens parsed), the first `limit` of them when given."""

@@ -206,6 +206,16 @@ def manifest_problems(m: dict) -> list[str]:
     return out
 
 
+def tokenizer_mismatch(manifest: dict, tokenizer, source: str, name: str | None = None) -> str | None:
+    """The one check that `tokenizer` (shown as `name`) is the one the shards of `source` were prepared
+    with, by content hash: None when it is, else the mismatch in words (both names and hashes)."""
+    t = manifest["tokenizer"]
+    if t["sha256"] == tokenizer.sha256:
+        return None
+    return (f"{name or tokenizer.name!r} (sha256 {tokenizer.sha256[:12]}...) is not the tokenizer the shards in "
+            f"{source!r} were prepared with ({t['name']!r}, sha256 {t['sha256'][:12]}...)")
+
+
 def write_json_atomic(path: str, obj: dict) -> None:
     atomic_write_json(path, obj, indent=1)
 
@@ -234,11 +244,9 @@ class ShardSource:
     @classmethod
     def open(cls, cfg, tokenizer) -> "ShardSource":
         m = read_manifest(cfg.source)
-        t = m["tokenizer"]
-        if t["sha256"] != tokenizer.sha256:
-            raise ConfigError(f"data.tokenizer: {tokenizer.name!r} (sha256 {tokenizer.sha256[:12]}...) is not the "
-                              f"tokenizer the shards in {cfg.source!r} were prepared with ({t['name']!r}, sha256 "
-                              f"{t['sha256'][:12]}...); set data.tokenizer to {t['name']!r} or to "
+        why = tokenizer_mismatch(m, tokenizer, cfg.source)
+        if why:
+            raise ConfigError(f"data.tokenizer: {why}; set data.tokenizer to {m['tokenizer']['name']!r} or to "
                               f"{join_url(cfg.source, 'tokenizer')!r}")
         if int(m["seq_len"]) != cfg.seq_len:
             raise ConfigError(f"data.seq_len: {cfg.seq_len}, but the shards in {cfg.source!r} hold sequences of "

@@ -21,8 +21,8 @@ Matrix file (YAML)::
 
 A paper matrix (eval/templates/paper_matrix.yaml) lists its cells as `rows` instead of `tasks`, each with
 the paper's own number, and may name released checkpoints of the reference implementation, imported once
-into `imports/<name>` (`--import`; a hub id is read from the local Hugging Face cache, nothing is
-downloaded) before the array job runs::
+into `IMPORTS/<name>` (`imports:`, default runs/released; `--import`: a hub id is read from the local
+Hugging Face cache, nothing is downloaded) before the array job runs::
 
     out: results/paper
     imports: runs/released
@@ -41,6 +41,7 @@ downloaded) before the array job runs::
 from __future__ import annotations
 
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -172,6 +173,16 @@ def cell_argv(cell: dict) -> list[str]:
     return [cell["task"], "--checkpoint", cell["checkpoint"], "--out", cell["out"], *cell["args"]]
 
 
+def as_matrix_keys(message: str) -> str:
+    """An error of `setdlm convert from-reference` as the matrix's user fixes it: the two flags the matrix
+    fills are its keys (`--model X` is `release: X`, `--base-model X` is `base_model: X`); the others are
+    the entry's `args:`, as written."""
+    for flag, key in (("--base-model", "base_model:"), ("--model", "release:")):
+        message = re.sub(rf"\bpass {flag}(?![\w-])", f"set {key}", message)
+        message = re.sub(rf"{flag}(?![\w-])", key, message)
+    return message
+
+
 def import_releases(path: str, log=print) -> list[str]:
     """`--import`: each released checkpoint of the matrix into its run directory (skipped when there)."""
     from pretrain.convert.from_reference import import_reference
@@ -189,7 +200,7 @@ def import_releases(path: str, log=print) -> list[str]:
         try:
             import_reference(str(c["release"]), run, base_model=c.get("base_model"), overrides=overrides, log=log)
         except Error as e:
-            raise EvalError(f"matrix: {p}: checkpoints.{name}: {e}") from None
+            raise EvalError(f"matrix: {p}: checkpoints.{name}: {as_matrix_keys(str(e))}") from None
         done.append(name)
     return done
 

@@ -75,10 +75,10 @@ class Checkpoint:
 
     @property
     def has_ema(self) -> bool:
-        """Whether the checkpoint holds EMA weights (an EMA file, or a consolidated state of a run with EMA)."""
-        if any(self.path.glob("ema_mp_rank_*.pt")):
-            return True
-        return (self.path / "consolidated.pt").is_file() and bool(self.cfg.train.ema)
+        """Whether the checkpoint holds EMA weights (any checkpoint format: pretrain/checkpoint/rundir.py)."""
+        from pretrain.checkpoint.rundir import has_ema
+
+        return has_ema(self.path, self.meta)
 
     @property
     def uses_ema(self) -> bool:

@@ -47,7 +47,7 @@ def settings_line(cfg) -> str:
     """The decoding settings a trace page names."""
     text = cfg.spec.settings_line(cfg)
     text += f", threshold {cfg.threshold}" if cfg.threshold is not None else ", no threshold"
-    return text + (f", temperature {cfg.temperature:g}" if cfg.temperature > 0 else ", greedy")
+    return text + (f", temperature {cfg.temperature:g}" if not cfg.greedy else ", greedy")
 
 
 def from_stream(chunks: list[dict], prompt: str, suffix: str = "", *, infill: bool | None = None,

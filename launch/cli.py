@@ -41,6 +41,11 @@ def pretrain_main(argv: list[str]) -> int:
     parser.add_argument("--name", help="run name (overrides run.name); the run directory is OUT/NAME")
     parser.add_argument("--dry-run", action="store_true", help="validate the recipe and layout, print the plan, do not train")
     parser.add_argument("--world-size", type=int, default=None, help="with --dry-run: the number of GPUs to plan for")
+    parser.add_argument("--hardware", choices=("h100", "h200"), default=None,
+                        help="with --dry-run: the GPU whose rates time the step (default h100; SETDLM_ variables "
+                             "override each rate, pretrain/hardware.py)")
+    parser.add_argument("--compare-layouts", action="store_true",
+                        help="with --dry-run: also rank the recipe's other layouts by predicted step time")
     parser.add_argument("--describe", nargs="?", const="", metavar="SECTION",
                         help="print every recipe key (type, valid values, default, description) and exit")
     parser.add_argument("--schema", action="store_true", help="print the recipe's JSON schema and exit")
@@ -57,6 +62,9 @@ def pretrain_main(argv: list[str]) -> int:
     if args.world_size is not None and not args.dry_run:
         parser.error("--world-size: only with --dry-run (a run takes its world size from the launcher: torchrun, "
                      "srun, mpirun or setdlm launch local -n N)")
+    for flag, given in (("--hardware", args.hardware is not None), ("--compare-layouts", args.compare_layouts)):
+        if given and not args.dry_run:
+            parser.error(f"{flag}: only with --dry-run (it sets what the plan is computed for)")
     if not args.dry_run:
         from pretrain.preemption import active_handler
 
@@ -87,7 +95,8 @@ def pretrain_main(argv: list[str]) -> int:
             world = env_number("WORLD_SIZE", 1, ge=1, le=MAX_WORLD, what="the world size to plan for; or --world-size")
         elif args.world_size is None:
             print(f"planned for parallel.world_size {world} (the recipe's; --world-size N plans another)", flush=True)
-        print_plan(cfg, world_size=world)
+        print_plan(cfg, world_size=world, **({"hardware": args.hardware} if args.hardware else {}),
+                   **({"compare": True} if args.compare_layouts else {}))
         return 0
     try:  # the layout checks, before any process group (MPI without a size variable: checked after init)
         world = detect_env(use_mpi4py=False).world_size

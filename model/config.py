@@ -59,7 +59,7 @@ class ModelConfig:
     qk_norm: bool = Field(False, description="RMS-normalise queries and keys per head (Qwen3)")
     bias: bool = Field(True, description="biases in the attention and MLP linears")
     rope_base: float = Field(10000.0, gt=0, description="rotary embedding base (theta)")
-    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on embeddings and block outputs")
+    dropout: float = Field(0.1, ge=0.0, lt=1.0, description="dropout on each block's attention and MLP outputs before the residual add (none on the embeddings)")
     attention_dropout: float = Field(0.0, ge=0.0, lt=1.0, description="dropout on attention probabilities (sdpa only)")
     attention_backend: Literal["auto", "sdpa", "flex"] = Field("auto", description=(
         "attention kernel: auto (flex on CUDA, sdpa elsewhere), sdpa (dense mask) or flex (block mask)"))

@@ -27,6 +27,11 @@ gather them, row-parallel linears reduce-scatter. Norms, residuals and dropout t
 the tokens; their replicated weights (norms, row-parallel biases) get their gradients summed over the
 TP group inside autograd (`all_reduce_grad`). The head gathers the sequence back.
 
+Context parallelism (a `model.context_parallel.ContextParallel` of size > 1, training only): the tokens
+are a CP rank's head-tail chunks of every stream, `forward` is given that rank's `RankLayout`
+(`context=`) and its rank-local mask, and every attention layer gathers the exchanged stream's K/V
+(after QK-norm and rotary) from the CP group before its core (model/context_parallel.py).
+
 Under pipeline parallelism a last stage with tied embeddings that does not hold the input embedding
 keeps a copy of it (same name `embed.weight`, same seeded initialisation, hence equal values); the
 training step keeps the copies equal.
@@ -41,11 +46,19 @@ import torch.nn.functional as F
 
 from .config import ModelConfig
 from . import flex
+from .context_parallel import ContextParallel, RankLayout, exchange_kv
 from .init import init_weights
 from .kv_cache import KVCache
 from .layers import TensorParallel
 from .masks import MaskSpec
 from .rotary import Rotary, apply_rotary
+
+
+# CPU inference: a head product over this many rows runs as [vocab, hidden] x [hidden, rows] on the
+# weight's own layout (a decode step's few query rows: 1.2-1.5x faster than rows x the transposed copy
+# at 3-5 rows on the development CPUs, docs/sampling.md); one row (a matrix-vector product) and more rows
+# use the transposed copy (`Transformer.transposed_head`).
+FEW_HEAD_ROWS = range(2, 6)
 
 
 def _norm(cfg: ModelConfig, dim: int) -> torch.nn.Module:
@@ -73,9 +86,10 @@ def _add_bias(out: torch.Tensor, bias: torch.Tensor | None, tp: TensorParallel) 
 
 
 class Attention(torch.nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel, layer_id: int):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel, layer_id: int, cp: ContextParallel | None = None):
         super().__init__()
         self.tp = tp
+        self.cp = cp or ContextParallel()
         self.layer_id = layer_id
         self.sp = tp.sequence_parallel
         self.head_dim = cfg.dim_head
@@ -96,7 +110,7 @@ class Attention(torch.nn.Module):
             return norm(x)
         return F.rms_norm(x, norm.normalized_shape, self.tp.all_reduce_grad(norm.weight), norm.eps)
 
-    def forward(self, x, rope, mask, cache: KVCache | None = None):
+    def forward(self, x, rope, mask, cache: KVCache | None = None, context: RankLayout | None = None):
         qkv = self.qkv(x)[0]
         if self.sp:  # gathered [T, B, .] -> [B, T, .]
             qkv = qkv.transpose(0, 1)
@@ -111,6 +125,8 @@ class Attention(torch.nn.Module):
         q, k = apply_rotary(q, cos, sin), apply_rotary(k, cos, sin)
         if cache is not None:
             k, v = cache.attend_kv(self.layer_id, k, v)
+        if context is not None:  # context parallelism: the exchanged stream's K/V from every CP rank
+            k, v = exchange_kv(self.cp, context, k, v)
         out = self.core(q, k, v, mask)
         out = out.transpose(1, 2).reshape(B, T, -1)
         if not self.sp:
@@ -155,19 +171,19 @@ class MLP(torch.nn.Module):
 
 
 class Block(torch.nn.Module):
-    def __init__(self, cfg: ModelConfig, tp: TensorParallel, layer_id: int):
+    def __init__(self, cfg: ModelConfig, tp: TensorParallel, layer_id: int, cp: ContextParallel | None = None):
         super().__init__()
         self.tp = tp
         self.norm1 = _norm(cfg, cfg.hidden)
-        self.attn = Attention(cfg, tp, layer_id)
+        self.attn = Attention(cfg, tp, layer_id, cp)
         self.norm2 = _norm(cfg, cfg.hidden)
         self.mlp = MLP(cfg, tp)
         self.drop = torch.nn.Dropout(cfg.dropout)
         self.sp = tp.sequence_parallel
 
-    def forward(self, x, rope, mask, cache=None):
+    def forward(self, x, rope, mask, cache=None, context=None):
         with self._dropout_rng():
-            x = x + self._drop(self.attn(_apply_norm(self.norm1, x, self.tp), rope, mask, cache))
+            x = x + self._drop(self.attn(_apply_norm(self.norm1, x, self.tp), rope, mask, cache, context))
             return x + self._drop(self.mlp(_apply_norm(self.norm2, x, self.tp)))
 
     def _drop(self, h: torch.Tensor) -> torch.Tensor:
@@ -191,10 +207,12 @@ class Transformer(torch.nn.Module):
     way, so both builds consume the global generator alike."""
 
     def __init__(self, cfg: ModelConfig, tp: TensorParallel | None = None, *, pre_process: bool = True,
-                 post_process: bool = True, layers: range | None = None, init: bool = True):
+                 post_process: bool = True, layers: range | None = None, init: bool = True,
+                 cp: ContextParallel | None = None):
         super().__init__()
         self.cfg = cfg
         self.tp = tp = tp or TensorParallel()
+        self.cp = cp = cp or ContextParallel()
         self.pre_process, self.post_process = pre_process, post_process
         self.layer_range = layers if layers is not None else range(cfg.n_layers)
         self.sp = tp.sequence_parallel
@@ -204,7 +222,7 @@ class Transformer(torch.nn.Module):
         if pre_process or (post_process and cfg.tie_embeddings):  # a last stage's copy of a tied embedding too
             self.embed = tp.vocab_embedding(V, cfg.hidden)
         self.rotary = Rotary(cfg.dim_head, cfg.rope_base)
-        self.layers = torch.nn.ModuleDict({str(i): Block(cfg, tp, i) for i in self.layer_range})
+        self.layers = torch.nn.ModuleDict({str(i): Block(cfg, tp, i, cp) for i in self.layer_range})
         if post_process:
             self.final_norm = _norm(cfg, cfg.hidden)
             if not cfg.tie_embeddings:  # the head runs on the gathered sequence (no sequence parallelism)
@@ -227,8 +245,12 @@ class Transformer(torch.nn.Module):
     def output_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """Vocab-parallel logits (this rank's slice of the padded vocabulary) with MASK/padding at -inf."""
         hidden = self.final_norm(hidden)
-        weight_t = self.transposed_head() if (hidden.device.type == "cpu" and torch.is_inference_mode_enabled()
-                                              and not self.sp) else None
+        cpu_inference = hidden.device.type == "cpu" and torch.is_inference_mode_enabled() and not self.sp
+        if cpu_inference and hidden.numel() // max(hidden.shape[-1], 1) in FEW_HEAD_ROWS:
+            logits = self._few_rows_head(hidden)
+            if logits is not None:
+                return logits
+        weight_t = self.transposed_head() if cpu_inference else None
         if weight_t is None and self.tp.size == 1:  # one pass over the logits: the head GEMM adds every bias
             return self._biased_head(hidden)
         if self.cfg.tie_embeddings:
@@ -243,6 +265,19 @@ class Transformer(torch.nn.Module):
         if weight_t is not None and logits.dtype == torch.float32:
             return logits.add_(self.logit_bias)  # a fresh product: no second [rows, vocab] tensor
         return logits.float() + self.logit_bias
+
+    def _few_rows_head(self, hidden: torch.Tensor) -> torch.Tensor | None:
+        """CPU inference over a few rows (FEW_HEAD_ROWS) at TP = 1 in fp32: logits^T = bias + W h^T with W
+        in its [vocab, hidden] layout, every bias in the product; None where it does not apply."""
+        weight = self.shared_embedding_weight() if self.cfg.tie_embeddings else self.head.weight
+        if (self.tp.size != 1 or weight.dtype != torch.float32 or hidden.dtype != torch.float32
+                or torch.compiler.is_compiling()):
+            return None
+        head_bias = None if self.cfg.tie_embeddings else self.head.bias
+        bias = self.logit_bias if head_bias is None else self.logit_bias + head_bias.float()
+        rows = hidden.reshape(-1, hidden.shape[-1])
+        logits = torch.addmm(bias[:, None], weight, rows.t())  # [vocab, rows]
+        return logits.t().contiguous().view(*hidden.shape[:-1], weight.shape[0])
 
     def _biased_head(self, hidden: torch.Tensor) -> torch.Tensor:
         """One process: logits = hidden W^T + (head bias + MASK/padding -inf) in the head's matmul, so the
@@ -281,7 +316,7 @@ class Transformer(torch.nn.Module):
     # -- forward -----------------------------------------------------------------------------
     def forward(self, input_ids=None, position_ids=None, attn_mask=None, *, hidden_states=None,
                 cache: KVCache | None = None, commit: torch.Tensor | None = None, logits_slice: slice | None = None,
-                mask_spec: MaskSpec | None = None, head: bool = True):
+                mask_spec: MaskSpec | None = None, head: bool = True, context: RankLayout | None = None):
         """Run this stage.
 
         input_ids/position_ids [B, T]; attn_mask bool [T, T] or [B, 1, T, T] (True = attend) among the
@@ -290,22 +325,27 @@ class Transformer(torch.nn.Module):
         `logits_slice` (all by default) on the last stage, hidden states otherwise (`head=False`: also on the
         last stage, before the final norm; `output_logits` applies the head to any of them). `mask_spec` names
         the static mask `attn_mask` holds; with it the flex-attention backend (model.attention_backend)
-        uses a cached block mask instead of the dense one.
+        uses a cached block mask instead of the dense one. `context` (context parallelism, training only):
+        the tokens are this CP rank's part of the sequence (model/context_parallel.py), `attn_mask` its
+        rank-local mask, and every attention layer gathers the exchanged stream's K/V from the CP group.
         """
         x = self.embed_tokens(input_ids) if self.pre_process else hidden_states
         if self.sp:
             x = self._to_sequence_parallel(x, cache)
         rope = self.rotary(position_ids)
         mask = attn_mask
+        if context is not None and cache is not None:
+            raise RuntimeError("context parallelism is a training layout: decode without a CP layout")
         if mask_spec is not None and cache is None and self.use_flex(x.device):  # built here, outside the blocks
-            mask = flex.block_mask(mask_spec.kind, int(mask_spec.length), int(mask_spec.block_size), str(x.device))
+            mask = (context.block_mask(x.device) if context is not None else
+                    flex.block_mask(mask_spec.kind, int(mask_spec.length), int(mask_spec.block_size), str(x.device)))
         if cache is not None:
             B, T = position_ids.shape
             mask = cache.begin(commit if commit is not None else torch.zeros(B, T, dtype=torch.bool, device=x.device),
                                attn_mask, position_ids)
         with self.block_context():
             for block in self.layers.values():
-                x = block(x, rope, mask, cache)
+                x = block(x, rope, mask, cache, context) if context is not None else block(x, rope, mask, cache)
         if cache is not None:
             cache.end()
         if self.sp:

@@ -9,6 +9,7 @@ import warnings
 import torch
 from .mcore import parallel_state
 
+from .parallel import replica_group, replica_rank, replica_size
 from .schedules import build_scheduler
 from .zero3 import is_partitioned
 
@@ -47,12 +48,14 @@ class MegatronMPU:
     names checkpoint files by its rank (`mp_rank_XX`: one file per TP x PP shard) and sums gradient
     norms over it (so norms are reduced across pipeline stages). Which parameters are replicated is
     decided by the *tensor*-parallel rank (DeepSpeed asks `get_tensor_model_parallel_rank`), and a
-    tied-embedding copy on the last stage is skipped through its `ds_pipe_replicated` flag. Data
-    parallel is megatron's data-parallel group."""
+    tied-embedding copy on the last stage is skipped through its `ds_pipe_replicated` flag. "Data
+    parallel" to DeepSpeed is the replica group, the dp x cp ranks that hold the same weights
+    (pretrain/parallel.py): gradients are averaged and ZeRO partitions its states over it, and its rank
+    numbers the ZeRO checkpoint partitions (as Megatron-LM's distributed optimizer shards over dp x cp)."""
 
-    get_data_parallel_group = staticmethod(parallel_state.get_data_parallel_group)
-    get_data_parallel_rank = staticmethod(parallel_state.get_data_parallel_rank)
-    get_data_parallel_world_size = staticmethod(parallel_state.get_data_parallel_world_size)
+    get_data_parallel_group = staticmethod(replica_group)
+    get_data_parallel_rank = staticmethod(replica_rank)
+    get_data_parallel_world_size = staticmethod(replica_size)
     get_model_parallel_group = staticmethod(parallel_state.get_model_parallel_group)
     get_model_parallel_rank = staticmethod(_model_parallel_rank)
     get_model_parallel_world_size = staticmethod(_model_parallel_world_size)
@@ -110,7 +113,8 @@ def deepspeed_config(cfg, world_size: int, precision: str = "fp32") -> dict:
         # model-parallel rank; bf16: their fp32 copies lose the tensor-parallel and pipeline-replica
         # marks, so TP shards are counted on one rank only): we clip ourselves there (clip_gradients).
         "gradient_clipping": t.grad_clip if p.zero_stage > 0 else 0.0,
-        "zero_optimization": {"stage": p.zero_stage},
+        # parallel.overlap_comm: ZeRO-1/2 reduce beside the backward (ZeRO-3 keeps DeepSpeed's default, on)
+        "zero_optimization": {"stage": p.zero_stage, **({"overlap_comm": p.overlap_comm} if p.zero_stage in (1, 2) else {})},
         "zero_allow_untested_optimizer": True,
         "steps_per_print": 10**12,
         "wall_clock_breakdown": False,
@@ -135,7 +139,7 @@ def zero3_init(cfg, world_size: int, precision: str = "fp32"):
 
     # zero.Init reads the local device from LOCAL_RANK (torchrun sets it; a single process may not)
     os.environ.setdefault("LOCAL_RANK", str(torch.cuda.current_device() if torch.cuda.is_available() else 0))
-    return deepspeed.zero.Init(data_parallel_group=parallel_state.get_data_parallel_group(),
+    return deepspeed.zero.Init(data_parallel_group=replica_group(),
                                config_dict_or_path=deepspeed_config(cfg, world_size, precision), mpu=MegatronMPU())
 
 
@@ -147,10 +151,11 @@ def zero3_notes(model: torch.nn.Module, cfg) -> list[str]:
     if not all(is_partitioned(p) for p in params):
         return ["ZeRO-3: parameters partitioned at deepspeed.initialize (model.fp8 builds its TE layers from "
                 "the full weights, so the model is built whole first)"]
-    dp = parallel_state.get_data_parallel_world_size()
+    dp = replica_size()
+    over = f"dp={dp}" if parallel_state.get_context_parallel_world_size() == 1 else f"dp x cp={dp}"
     mine = sum(p.ds_tensor.numel() for p in params)
     total = sum(p.ds_numel for p in params)
-    return [f"ZeRO-3: parameters partitioned at construction (deepspeed.zero.Init) over dp={dp}: this rank holds "
+    return [f"ZeRO-3: parameters partitioned at construction (deepspeed.zero.Init) over {over}: this rank holds "
             f"{mine:,} of {total:,} parameter values (during the build at most one module's parameters in full, "
             f"largest parameter {max(p.ds_numel for p in params):,})"]
 
@@ -185,8 +190,8 @@ def build_engine(model: torch.nn.Module, cfg, world_size: int, precision: str = 
     engine, optimizer, _, scheduler = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=scheduler, config=deepspeed_config(cfg, world_size, precision),
         mpu=MegatronMPU(), dist_init_required=False)
-    if engine.zero_optimization_stage() == 0 and parallel_state.get_data_parallel_world_size() == 1:
-        # Nothing to reduce over one data-parallel rank: skip DeepSpeed's flatten / all-reduce /
+    if engine.zero_optimization_stage() == 0 and replica_size() == 1:
+        # Nothing to reduce over one replica: skip DeepSpeed's flatten / all-reduce /
         # unflatten of every gradient at each accumulation boundary.
         engine.enable_backward_allreduce = False
     return engine, optimizer, scheduler

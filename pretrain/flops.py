@@ -73,25 +73,6 @@ def attention_flops(model_cfg, pairs: int) -> float:
     return 4 * model_cfg.n_heads * model_cfg.dim_head * pairs
 
 
-def forward_flops(model_cfg, tokens_in: int, tokens_out: int, pairs: int | None = None) -> float:
-    """Matmul FLOPs of one forward over `tokens_in` tokens with the output head on `tokens_out`;
-    `pairs` allowed attention pairs (None: dense, tokens_in^2)."""
-    c = model_cfg
-    pairs = tokens_in * tokens_in if pairs is None else pairs
-    blocks = c.n_layers * (linear_flops_per_token(c) * tokens_in + attention_flops(c, pairs))
-    return blocks + 2 * c.hidden * c.padded_vocab_size * tokens_out
-
-
-def recompute_flops(model_cfg, mode: str, tokens_in: int, pairs: int) -> float:
-    """Forward FLOPs activation checkpointing adds per sequence (pretrain/recompute.py)."""
-    c = model_cfg
-    if mode == "full":
-        return c.n_layers * (linear_flops_per_token(c) * tokens_in + attention_flops(c, pairs))
-    if mode == "selective":
-        return c.n_layers * attention_flops(c, pairs)
-    return 0.0
-
-
 @dataclass
 class StepFlops:
     model: float  # per optimizer step, whole run
@@ -107,6 +88,27 @@ class StepFlops:
         return out
 
 
+def sequence_flops(model_cfg, objective_name: str, seq_len: int, block_size: int = 4, recompute: str = "none",
+                   n_layers: int | None = None, head: bool = True) -> tuple[float, float]:
+    """(matrix-product FLOPs, attention FLOPs) of one training sequence, forward + backward (+ what
+    `recompute` adds), through `n_layers` blocks (default: all) and the output head when `head` (a
+    pipeline stage's share: pretrain/steptime.py). Attention is the scores and weighted sum on the
+    allowed pairs (`attention_flops`), the rest the linear layers and the head."""
+    c = model_cfg
+    lay = families.get(objective_name).layout(seq_len, block_size)
+    t_in, t_out = lay.tokens_in, lay.tokens_out
+    pairs = attention_pairs(lay.mask_kind, seq_len, lay.block_size)
+    n = c.n_layers if n_layers is None else n_layers
+    linear = n * linear_flops_per_token(c) * t_in
+    matmul = 3.0 * (linear + (2 * c.hidden * c.padded_vocab_size * t_out if head else 0.0))
+    attention = 3.0 * n * attention_flops(c, pairs)
+    if recompute == "full":
+        matmul += linear
+    if recompute in ("full", "selective"):
+        attention += n * attention_flops(c, pairs)
+    return matmul, attention
+
+
 def train_step_flops(model_cfg, objective_name: str, seq_len: int, sequences: int, block_size: int = 4,
                      recompute: str = "none", adapters_per_layer: int | None = None) -> float:
     """Model FLOPs of one optimizer step over `sequences` sequences (hardware FLOPs with `recompute`);
@@ -114,8 +116,7 @@ def train_step_flops(model_cfg, objective_name: str, seq_len: int, sequences: in
     c = model_cfg
     lay = families.get(objective_name).layout(seq_len, block_size)
     t_in, t_out = lay.tokens_in, lay.tokens_out
-    pairs = attention_pairs(lay.mask_kind, seq_len, lay.block_size)
-    per_seq = 3.0 * forward_flops(c, t_in, t_out, pairs) + recompute_flops(c, recompute, t_in, pairs)
+    per_seq = sum(sequence_flops(c, objective_name, seq_len, block_size, recompute))
     if adapters_per_layer is not None:  # no weight gradients of the frozen matmuls; the adapters' own work
         per_seq -= c.n_layers * linear_flops_per_token(c) * t_in + 2 * c.hidden * c.padded_vocab_size * t_out
         adapters = c.n_layers * 2.0 * adapters_per_layer * t_in

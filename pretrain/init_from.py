@@ -167,6 +167,11 @@ def _prepare_checkpoint(cfg, d: Path) -> InitSource:
     except CheckpointError as e:
         _bad(f"{d}: not a Hugging Face model directory (no config.json) nor a readable setdlm checkpoint ({e})")
     _merge_model(cfg, _arch(src_cfg.model), f"checkpoint {ckpt}", notes)
+    # the source's context (a release's own length, not the recipe's default 1024) unless the recipe sets one;
+    # at least data.seq_len, which a fine-tune may set longer on purpose
+    length = max(int(src_cfg.model.max_seq_len), int(cfg.data.seq_len))
+    _adjust(cfg, "model.max_seq_len", length, f"as checkpoint {ckpt}" if length == src_cfg.model.max_seq_len else
+            f"data.seq_len, longer than the {src_cfg.model.max_seq_len} of checkpoint {ckpt}", notes)
     if not cfg.given("data.tokenizer"):
         _adjust(cfg, "data.tokenizer", rundir.tokenizer_location(ckpt, src_cfg.data.tokenizer),
                 f"the tokenizer of checkpoint {ckpt}", notes)

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from model.shapes import model_params
 
 GIB = 1024**3
+REDUCE_BUCKET = 500_000_000  # DeepSpeed's zero_optimization.reduce_bucket_size default (elements)
+ZERO3_LIVE = 1_000_000_000  # DeepSpeed's stage3_max_live_parameters default (elements)
 
 
 # -- parameter counts per stage -----------------------------------------------------------------------
@@ -187,23 +189,38 @@ def estimate_memory(cfg, world_size: int, *, precision: str | None = None, devic
     mode = checkpointing or getattr(t, "activation_checkpointing", "none")
     compiled = bool(getattr(t, "compile", False)) if compiled is None else compiled
     sp = getattr(p, "sequence_parallel", False)
-    dp = world_size // (p.tp * p.pp)
+    dp = world_size // (p.tp * p.pp)  # the dp x cp ranks ZeRO partitions over
     accum = cfg.grad_accum(world_size)
     precision = precision or (t.precision if t.precision != "auto" else ("bf16" if device == "cuda" else "fp32"))
     bpp = bytes_per_param(precision, p.zero_stage, dp)
     act_bytes = 2 if precision == "bf16" else 4
-    T, n_out = tokens_in(cfg)
+    T_seq, n_seq = tokens_in(cfg)
+    cp = p.cp  # context parallelism: each rank holds 1/cp of every sequence's tokens (head-tail chunks)
+    T, n_out = T_seq / cp, n_seq / cp
     b = micro_batch or t.micro_batch
     per_layer = activation_bytes_per_token_layer(m, p.tp, T, act_bytes, device, mode, sp, compiled) * T * b
     # one block's backward: its gradient buffers and what it recomputes (under `full`: the whole block)
     working = backward_working_set(m, p.tp, T, act_bytes, device, mode, sp, compiled) * T * b
-    # torch's CPU SDPA saves the boolean mask as a float T x T mask per layer call: kept under none,
-    # rebuilt in one block's backward when the attention core is recomputed (compiled selective, full)
-    cpu_mask = T * T * 4 if device == "cpu" else 0.0
+    # under CP the attention keeps the K and V of the L exchanged keys it gathered (pretrain/comm.py)
+    gathered = cfg.data.seq_len * b * 2 * (m.kv_heads / p.tp) * m.dim_head * act_bytes if cp > 1 else 0.0
+    if mode == "full":
+        working += gathered
+    else:
+        per_layer += gathered
+    # torch's CPU SDPA saves the boolean mask as a float mask per layer call (queries x keys; under CP the
+    # keys are the L gathered ones and this rank's other tokens): kept under none, rebuilt in one block's
+    # backward when the attention core is recomputed (compiled selective, full)
+    keys = T if cp == 1 else cfg.data.seq_len + (T_seq - cfg.data.seq_len) / cp
+    cpu_mask = T * keys * 4 if device == "cpu" else 0.0
     if mode == "none":
         per_layer += cpu_mask
     elif mode == "full" or compiled:
         working += cpu_mask
+    # DeepSpeed ZeRO-1/2's contiguous gradient bucket (reduce_bucket_size elements in the training dtype;
+    # a second one with parallel.overlap_comm), allocated on the GPU whatever the model's size
+    buckets = 0.0
+    if device == "cuda" and p.zero_stage in (1, 2):
+        buckets = REDUCE_BUCKET * act_bytes * (2 if getattr(p, "overlap_comm", False) else 1)
     out = []
     sp_on = sp and p.tp > 1
     for sp in stage_params(m, p.pp, getattr(t, "lora", None) if lora else None):
@@ -217,7 +234,9 @@ def estimate_memory(cfg, world_size: int, *, precision: str | None = None, devic
             acts += (T + n_out) * b * m.hidden * act_bytes  # the final norm's input and the head's input
             # fp32 logits and the cross-entropy's saved softmax on the predicted tokens (one micro-batch)
             logits = 2 * n_out * b * m.padded_vocab_size / p.tp * 4
-        out.append(StageMemory(sp.stage, sp.layers, n, n_train, n * bpp["weights"], n_train * bpp["grads"],
+        # ZeRO-3 gathers full parameters while a module runs: at most DeepSpeed's stage3_max_live_parameters
+        live = min(n, ZERO3_LIVE) * act_bytes if p.zero_stage == 3 else 0.0
+        out.append(StageMemory(sp.stage, sp.layers, n, n_train, n * bpp["weights"] + live, n_train * bpp["grads"] + buckets,
                                n_train * bpp["optimizer"], acts, logits, in_flight))
     return out
 
@@ -242,5 +261,5 @@ def micro_batch_fit(cfg, world_size: int, gpu_gib: float, *, device: str = "cuda
     return out
 
 
-__all__ = ["GIB", "StageParams", "StageMemory", "stage_params", "bytes_per_param", "activation_bytes_per_token_layer",
+__all__ = ["GIB", "REDUCE_BUCKET", "StageParams", "StageMemory", "stage_params", "bytes_per_param", "activation_bytes_per_token_layer",
            "recompute_working_set", "backward_working_set", "tokens_in", "estimate_memory", "micro_batch_fit"]

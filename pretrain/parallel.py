@@ -47,6 +47,11 @@ def data_size() -> int:
     return parallel_state.get_data_parallel_world_size(with_context_parallel=False)
 
 
+def data_group():
+    """The dp ranks that read different samples (one per CP group): sums of what the loader read."""
+    return parallel_state.get_data_parallel_group(with_context_parallel=False)
+
+
 def replica_group():
     """The dp * cp ranks that hold the same weights: gradient reduction and ZeRO partitioning."""
     return parallel_state.get_data_parallel_group(with_context_parallel=True)

@@ -47,6 +47,7 @@ from model.transformer import Transformer
 
 from . import fp8, zero3
 from .block_compile import apply_compile
+from .context_parallel import context_parallel
 from .recompute import apply_activation_checkpointing
 from .tensor_parallel import tensor_parallel
 
@@ -70,20 +71,21 @@ def mark_pipeline_copies(model: Transformer) -> None:
 
 
 def build_stage(model_cfg, tp: int, pp: int, *, device=None, sequence_parallel: bool = False,
-                zero_init=None, lora=None) -> Transformer:
+                zero_init=None, lora=None, cp: int = 1) -> Transformer:
     """This rank's part of the model: its pipeline stage's layers, tensor-parallel over `tp` ranks
     (megatron's parallel state must be initialised for (tp, pp) when either is > 1). With `device`,
     the shards are allocated and initialised there directly: the host never holds the stage. With
     `zero_init` (ZeRO-3: pretrain.engine.zero3_init), the stage is built inside that
     `deepspeed.zero.Init` context, in its dtype, and each rank initialises only its partition. With
-    `lora` (a `train.lora` section), the block linears carry adapters and only those train."""
+    `lora` (a `train.lora` section), the block linears carry adapters and only those train. With `cp` > 1
+    the attention layers exchange K/V over megatron's context-parallel group (pretrain/context_parallel.py)."""
     stage = parallel_state.get_pipeline_model_parallel_rank() if pp > 1 else 0
     dtype = zero_init.dtype if zero_init is not None else torch.float32
     layers = tensor_parallel(tp, sequence_parallel=sequence_parallel, params_dtype=dtype)
     with torch.device(device) if device is not None else contextlib.nullcontext(), \
             zero_init if zero_init is not None else contextlib.nullcontext():
         model = Transformer(model_cfg, layers, pre_process=stage == 0, post_process=stage == pp - 1,
-                            layers=stage_layers(model_cfg.n_layers, pp, stage), init=False)
+                            layers=stage_layers(model_cfg.n_layers, pp, stage), init=False, cp=context_parallel(cp))
         if lora is not None:
             model_lora.attach(model, rank=lora.rank, alpha=lora.alpha, dropout=lora.dropout, targets=lora.targets)
         if zero_init is not None:

@@ -74,6 +74,7 @@ class StepRunner:
         self.module: Transformer = engine.module
         self.pp = cfg.parallel.pp
         self.dp_group = replica_group()  # dp x cp: loss sums and token counts over every rank of the replica set
+        self.cp = parallel_state.get_context_parallel_world_size()
         self.is_last = self.pp == 1 or parallel_state.is_pipeline_last_stage()
         # megatron's sequence-parallel collectives allocate on torch.cuda.current_device(): on a CPU-only
         # torch, run forward and backward inside the compatibility layer (as the pipeline schedule does)
@@ -113,7 +114,10 @@ class StepRunner:
         at pp = 1 `engine.backward` divides each loss by `gradient_accumulation_steps` (= the number of
         micro-batches); at pp > 1 megatron's schedule divides each micro-batch's loss by the number of
         micro-batches and DeepSpeed (one "micro-batch" per step) does not. Either way: scale =
-        dp * n_micro / global_count. The count stays a device tensor (no host synchronisation)."""
+        dp * n_micro / global_count. Under context parallelism `dp` is the replica group's size, dp * cp
+        (each CP rank's loss holds its own tokens' CE, and DeepSpeed averages over all dp * cp ranks), and
+        at pp > 1 megatron's schedule also multiplies each loss by cp (its own CP convention), which the
+        scale undoes. The count stays a device tensor (no host synchronisation)."""
         if not micro:
             return
         count = torch.stack([m.loss_weight.sum(dtype=torch.float64) for m in micro]).sum()
@@ -125,6 +129,8 @@ class StepRunner:
             raise RuntimeError(f"train_step: {len(micro)} micro-batches for DeepSpeed's gradient_accumulation_steps "
                                f"= {n_micro}")
         scale = (dp * n_micro / count.clamp(min=1.0)).float()
+        if self.pp > 1 and self.cp > 1:
+            scale = scale / self.cp
         for m in micro:
             m.loss_scale = scale
 
@@ -197,9 +203,10 @@ class StepRunner:
             return []
         B, T = micro[0].position_ids.shape
         self.stage.config.pipeline_dtype = next(self.module.parameters()).dtype
-        with megatron_compat():
+        with megatron_compat():  # megatron divides seq_length by its CP size for the p2p shapes: T is this rank's
             return self.fb(forward_step_func=self._forward_step, data_iterator=iter(micro), model=[self.stage],
-                           num_microbatches=len(micro), seq_length=T, micro_batch_size=B, forward_only=forward_only)
+                           num_microbatches=len(micro), seq_length=T * self.cp, micro_batch_size=B,
+                           forward_only=forward_only)
 
     def _forward_step(self, data_iterator, stage: _Stage):
         inputs = next(data_iterator)
@@ -218,7 +225,8 @@ class StepRunner:
 
     # -- metrics ----------------------------------------------------------------------------------
     def reduce(self, values: dict) -> dict:
-        """Run-wide sums of per-rank metric sums: summed over data-parallel ranks; under pipeline
+        """Run-wide sums of per-rank metric sums: summed over the dp x cp replica group (a CP rank's sums
+        are those of its own tokens; counts of whole rows come from CP rank 0 alone); under pipeline
         parallelism taken from the last stage (which alone computes the loss) and given to every
         rank, so rank 0 (a first stage) logs the right values. TP peers hold equal values: not summed."""
         if self.pp > 1:

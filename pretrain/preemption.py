@@ -15,11 +15,15 @@ trainer does::
             handler.requeue()   # Slurm: scontrol requeue $SLURM_JOB_ID (rank 0); no-op elsewhere
             sys.exit(0)
 
-The requeued job starts the same batch script again, the trainer finds the run directory (derived
-from the run name) and resumes from its last checkpoint.
+The save at a signal is a blocking one: it first waits for a checkpoint still being written in the
+background (pretrain/checkpoint/writer.py), then writes and publishes its own, so nothing exits (and
+Slurm requeues nothing) before every write has ended. The requeued job starts the same batch script
+again, the trainer finds the run directory (derived from the run name) and resumes from its last
+checkpoint, under whatever number of nodes it got.
 
 Ctrl-C (SIGINT) is handled like SIGTERM; a second Ctrl-C exits at once (status 130; the last complete
-checkpoint is untouched because checkpoints are published atomically). `setdlm pretrain` installs the
+checkpoint is untouched because checkpoints are published atomically: a write it cuts short is never
+published, and the next start removes it). `setdlm pretrain` installs the
 handler (:func:`active_handler`) before it imports torch or creates the process group, so a signal
 that arrives during start-up is recorded and honoured at the first step boundary after set-up; rank 0
 says so at once, on one line ("stopping after set-up"), until the trainer calls :meth:`end_setup`.

@@ -1,7 +1,7 @@
 """Reading checkpoint files without running code from them.
 
-Every checkpoint file setdlm reads (DeepSpeed model and optimizer shards, EMA and per-rank extra
-files, consolidated.pt, imported reference checkpoints) goes through `load()`: `torch.load` with
+Every checkpoint file setdlm reads as a whole (format-1 DeepSpeed model and optimizer shards, EMA and
+per-rank extra files, consolidated.pt, imported reference checkpoints) goes through `load()`: `torch.load` with
 `weights_only=True`, which rebuilds only tensors, containers and primitive values, plus the few data
 types allow-listed in `SAFE_GLOBALS` (DeepSpeed's loss-scaler and fragment records, the ZeRO stage
 enum, numpy arrays of the random-number states saved by older setdlm versions). A file that needs
@@ -12,6 +12,8 @@ any of it runs, and a damaged file (empty, truncated, random bytes) is reported,
 DeepSpeed calls `torch.load(..., weights_only=False)` itself, in its checkpoint engine and in
 `zero_to_fp32`; `restricted_torch_load()` is a context manager that routes those calls through
 `load()` for the duration of a DeepSpeed checkpoint read (pretrain/checkpoint/resume.py, shards.py).
+A format-2 checkpoint's tensors are read by torch.distributed.checkpoint with `weights_only=True`, and
+its index through an allow-list of DCP's own records (pretrain/checkpoint/distcp.py).
 """
 
 from __future__ import annotations
@@ -65,8 +67,11 @@ def _describe(path) -> str:
 
 def load(path, map_location="cpu", **kw):
     """`torch.load(path, weights_only=True)` with setdlm's allow-list; CheckpointError on a refused
-    or damaged file (the cause is named in one line)."""
+    or damaged file (the cause is named in one line). `mmap=True` (a file path): the tensors are mapped
+    from the file, not read into memory (whole-model files: consolidated.pt, format-1 model files)."""
     kw.pop("weights_only", None)
+    if kw.get("mmap") and not isinstance(path, (str, os.PathLike)):
+        kw.pop("mmap")
     where = _describe(path)
     if isinstance(path, (str, os.PathLike)):
         p = Path(path)
@@ -170,7 +175,7 @@ def load_foreign(path) -> tuple[object, list[str]]:
     stubs = [(type(f"Inert_{i}", (Inert,), {"qualname": n}), n) for i, n in enumerate(names)]
     with torch.serialization.safe_globals([*SAFE_GLOBALS, *stubs]):
         try:
-            obj = _REAL_LOAD(str(p), map_location="cpu", weights_only=True)
+            obj = _REAL_LOAD(str(p), map_location="cpu", weights_only=True, mmap=True)  # a whole model
         except pickle.UnpicklingError as e:  # a global the scan above did not see: refused, as by load()
             raise _unpickling_error(str(p), e) from None
         except (EOFError, RuntimeError, zipfile.BadZipFile) as e:

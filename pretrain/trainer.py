@@ -10,7 +10,6 @@ import torch.distributed as dist
 from .mcore import parallel_state
 
 from common.errors import Error
-from common.schema import ConfigError
 from common.storage import check_output_dir, tree_bytes
 from data_pipeline.loader import build_loader
 from data_pipeline.reader import fill_rows
@@ -21,15 +20,17 @@ from model.objectives import build_objective
 from model.shapes import parameter_count
 
 from . import fp8, init_from
-from .checkpoint import resume, rng, rundir
+from .checkpoint import resume, rng, rundir, versions
 from .checkpoint.best import BestCheckpoint
-from .checkpoint.save import check_space, clean_partial, estimate_bytes, expected_bytes, save as save_checkpoint
+from .checkpoint.save import check_space, clean_partial, estimate_bytes, expected_bytes
+from .checkpoint.writer import Saver
 from .config import RecipeConfig, save_config
 from .ema import EMA
 from .engine import build_engine, resolve_precision, zero3_init, zero3_notes
 from .flops import device_peak_tflops, step_flops
 from .logger import MetricsLogger
-from .parallel import data_rank, data_size, ensure_model_parallel, ensure_process_group, replica_group
+from .parallel import (cp_size, data_group, data_rank, data_size, ensure_model_parallel, ensure_process_group,
+                       replica_group, replica_rank, replica_size)
 from .parallelize import build_stage, prepare_model
 from .pipeline import StepRunner, add_metrics
 from .preemption import active_handler, release_handler
@@ -50,12 +51,14 @@ class Trainer:
         cfg.validate(self.world)
         fp8.check_available(cfg.model.fp8)  # Transformer Engine + an FP8 GPU, or a clear error now
         p = cfg.parallel
-        if p.cp > 1:
-            raise ConfigError(f"parallel.cp: context parallelism is not built yet (got {p.cp}); use parallel.cp: 1")
         ensure_model_parallel(p.tp, p.pp, p.cp)
         self.dp_rank, self.dp_size = data_rank(), data_size()  # the loader's axis (CP peers read the same samples)
         self.mp_rank = parallel_state.get_model_parallel_group().rank()
         self.dp_group = replica_group()  # dp x cp: the ranks that hold the same weights
+        self.data_group = data_group()  # dp: one rank per CP group (what the loaders read is summed over it)
+        self.replica_rank, self.replica_size = replica_rank(), replica_size()
+        # CP peers read the same rows: rank 0 of each CP group counts them (tokens seen, validation rows)
+        self.counts_rows = parallel_state.get_context_parallel_rank() == 0
         self.device = torch.device(f"cuda:{torch.cuda.current_device()}" if torch.cuda.is_available() else "cpu")
         self.run_dir = cfg.run_dir
         self.ckpt_root = rundir.checkpoints_dir(self.run_dir)
@@ -63,15 +66,21 @@ class Trainer:
         torch.manual_seed(cfg.run.seed)
         self.precision = resolve_precision(cfg, self.device)
         self.ckpt_bytes = self.check_outputs()  # before any work: writable, inside the run, room for a checkpoint
+        # format-2 checkpoints, written in the background (train.async_save; pretrain/checkpoint/writer.py)
+        self.saver = Saver(self.ckpt_root, rank=self.rank, background=cfg.train.async_save, keep_last=cfg.train.keep_last,
+                           need=self.ckpt_bytes)
+        self._lines: list[str] = []  # log lines from the writer thread (rank 0), printed at the next step
         # ZeRO-3: built inside deepspeed.zero.Init, each rank holding only its partition (pretrain/engine.py)
         zero_init = zero3_init(cfg, self.world, self.precision) if cfg.model.fp8 == "none" else None
         # this rank's TP shard of its PP stage, allocated and initialised on the device, then FP8,
         # activation checkpointing and torch.compile (pretrain/parallelize.py)
         model = build_stage(cfg.model, p.tp, p.pp, device=self.device, sequence_parallel=p.sequence_parallel,
-                            zero_init=zero_init, lora=cfg.train.lora)
+                            zero_init=zero_init, lora=cfg.train.lora, cp=p.cp)
         self.notes = prepare_model(model, cfg)
         self.notes += zero3_notes(model, cfg)
-        self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len, cross_entropy=model.tp.cross_entropy)
+        # under CP, prepare() gives this rank its part of every sequence (model/objectives/base.py for_rank)
+        self.objective = build_objective(cfg.objective, cfg.model, cfg.data.seq_len, cross_entropy=model.tp.cross_entropy,
+                                         context=model.cp)
         if self.precision == "bf16" and p.zero_stage == 0:
             # DeepSpeed's bf16 path without ZeRO (its unfused FP16 wrapper) drifts from fp32 after the
             # first step; its ZeRO-1 bf16 optimizer tracks fp32 (docs/architecture.md). ZeRO-1 is the
@@ -121,9 +130,8 @@ class Trainer:
         return found[1]
 
     def meta(self) -> dict:
-        p = self.cfg.parallel
         return {"step": self.step, "tokens_seen": self.tokens_seen, "wandb_id": self.logger.wandb_id,
-                "layout": {"world": self.world, "tp": p.tp, "pp": p.pp, "dp": self.dp_size, "zero_stage": p.zero_stage},
+                "layout": {"world": self.world, **self.meta_layout()},
                 "tokenizer": self.tokenizer.name, "tokenizer_sha256": self.tokenizer.sha256,
                 "objective": self.cfg.objective.name, "config": self.cfg.to_dict(),
                 "data": self.train_loader.record()}  # per source: samples, tokens, epochs (`setdlm data inspect RUN`)
@@ -138,14 +146,45 @@ class Trainer:
         self._rows = 0
         return red
 
-    def save(self) -> Path:
+    def save(self, *, block: bool = False, best=None) -> dict:
+        """Save a checkpoint of this step (every rank): the step loop waits for the snapshot, the files are
+        written in the background unless `block` (the last step, a preemption) or train.async_save is off.
+        `best` (train.keep_best) records it as the best once it is published. Returns the ckpt/ metrics."""
+        t0 = time.perf_counter()
+        self.saver.wait()  # a write still in flight: the loop waits for it (and counts it in ckpt/blocking_s)
+        finished = self._finished_writes()
         self._count_tokens()
         extra = {"rng": rng.rng_state(), "data": self.train_loader.state_dict(), "step": self.step}
-        path = save_checkpoint(self.engine, self.ckpt_root, self.step, meta=self.meta(), extra=extra,
-                               ema_state=self.ema.state_dict() if self.ema else None, keep_last=self.cfg.train.keep_last,
-                               mp_rank=self.mp_rank, dp_rank=self.dp_rank, rank=self.rank, need=self.ckpt_bytes)
-        self.ckpt_bytes = tree_bytes(path) if self.rank == 0 else self.ckpt_bytes  # measured: the next one's need
-        return path
+        own = self.saver.save(self.engine, self.ema, self.step, meta=self.meta(), extra=extra, block=block,
+                              publish_hook=self._published(best))
+        stats = {**finished, **own, "ckpt/blocking_s": time.perf_counter() - t0}
+        where = self.ckpt_root / rundir.tag_for(self.step)
+        if "ckpt/write_s" in own:  # written before returning
+            stats["ckpt/write_step"] = self.step
+            self.logger.write(f"saved checkpoint {where}")
+        else:
+            self.logger.write(f"saving checkpoint {where.name} in the background (the step loop waited "
+                              f"{stats['ckpt/blocking_s']:.2f} s)")
+        return stats
+
+    def _published(self, best):
+        """What rank 0 does in the writer thread once a checkpoint is published: measure it (the next
+        checkpoint's space), and record it as the best (train.keep_best)."""
+        def hook(path: Path, step: int) -> None:
+            self.ckpt_bytes = self.saver.need = tree_bytes(path)
+            if best is not None:
+                self._lines.append(best.mark(path, step))
+        return hook if self.rank == 0 else None
+
+    def _finished_writes(self) -> dict:
+        """The background writes that ended since the last call: their log lines and ckpt/write_s."""
+        out = {}
+        for done in self.saver.take():
+            self.logger.write(f"saved checkpoint {done.path} (written in the background in {done.write_s:.2f} s)")
+            out = {"ckpt/write_s": done.write_s, "ckpt/write_step": done.step}
+        while self._lines:
+            self.logger.write(self._lines.pop(0))
+        return out
 
     def maybe_resume(self) -> bool:
         if self.rank == 0:
@@ -157,21 +196,39 @@ class Trainer:
         saved_meta = rundir.read_meta(path)
         resume.check_compatible(saved_meta, self.cfg, path, self.tokenizer)  # other weights or tokenizer: refused
         p = self.cfg.parallel
-        if resume.same_layout(saved_meta, p.tp, p.pp, self.dp_size, p.zero_stage):
+        kind = rundir.storage(path, saved_meta)
+        same = resume.same_layout(saved_meta, p.tp, p.pp, self.dp_size, p.zero_stage, cp_size())
+        if kind == "dcp":  # any layout: each rank reads the chunks it holds (pretrain/checkpoint/train_state.py)
+            meta, extra, notes = resume.load_sharded(self.engine, path, ema=self.ema, rank=self.rank)
+            resume.set_scheduler_step(self.scheduler, meta["step"])
+            if not same:
+                self.relayout_notes = [f"re-layout: {resume.describe(saved_meta['layout'])} -> {resume.describe(self.meta_layout())}, "
+                                       f"read from {path} by every rank", *notes]
+            else:
+                self.notes += notes
+        elif kind == "deepspeed" and same and not versions.weight_renames(saved_meta):
+            # format 1, the same layout and the same weight names: DeepSpeed's own loader
             meta, extra, ema = resume.load(self.engine, path, rank=self.rank, mp_rank=self.mp_rank)
             if self.ema is not None and ema is not None:
                 self.ema.load_state_dict(ema)
-        else:  # another layout: continue from the consolidated checkpoint (pretrain/checkpoint/relayout.py)
+        else:  # format 1 under another layout, or an imported run: the full state, then this rank's part
             meta, extra, notes = resume.load_relayout(self.engine, path, ema=self.ema)
             resume.set_scheduler_step(self.scheduler, meta["step"])
-            self.relayout_notes = [f"re-layout: {saved_meta['layout']} -> this run's layout, from "
-                                   f"{path}/{rundir.CONSOLIDATED}", *notes]
+            source = (f"{path}/{rundir.CONSOLIDATED}" if (path / rundir.CONSOLIDATED).is_file()
+                      else f"{path} (format-1 shards merged in memory)")
+            self.relayout_notes = [f"re-layout: {resume.describe(saved_meta['layout'])} -> this run's layout, from "
+                                   f"{source}", *notes]
         self.step, self.tokens_seen, self.wandb_id = meta["step"], meta["tokens_seen"], meta.get("wandb_id")
+        self.engine.global_samples = self.step * self.cfg.train.global_batch
         rng.set_rng_state(extra["rng"])
         if "data" in extra:
             self.train_loader.load_state_dict(extra["data"])
             self.notes += self.train_loader.notes  # a mixture's new schedule (other weights or global batch)
         return True
+
+    def meta_layout(self) -> dict:
+        p = self.cfg.parallel
+        return {"tp": p.tp, "pp": p.pp, "dp": self.dp_size, "cp": cp_size(), "zero_stage": p.zero_stage}
 
     # -- evaluation (pretrain/validation.py) -----------------------------------------------------
     def validate(self) -> dict:
@@ -215,7 +272,8 @@ class Trainer:
         n_params = parameter_count(cfg.model)
         self.logger.write(
             f"setdlm: {cfg.objective.name} | {n_params / 1e6:.1f}M params | world {self.world} "
-            f"(tp {cfg.parallel.tp}, pp {cfg.parallel.pp}, dp {self.dp_size}, ZeRO-{cfg.parallel.zero_stage}) | "
+            f"(tp {cfg.parallel.tp}, pp {cfg.parallel.pp}, " + (f"cp {cfg.parallel.cp}, " if cfg.parallel.cp > 1 else "")
+            + f"dp {self.dp_size}, ZeRO-{cfg.parallel.zero_stage}) | "
             f"L={cfg.data.seq_len} global batch {t.global_batch} | run dir {self.run_dir}"
             + (f" | resumed at step {self.step}" if resumed else ""))
         handler = self.preemption
@@ -248,7 +306,8 @@ class Trainer:
             except StopIteration:  # data.on_exhausted=stop: a mixture source ran out (at a step boundary)
                 last["exhausted"] = self._end_of_data()
                 break
-            self._rows += sum(len(b["input_ids"]) for b in batches)
+            if self.counts_rows:
+                self._rows += sum(len(b["input_ids"]) for b in batches)
             m, gnorm = self.stepper.train_step([self._prepare(b, TRAIN) for b in batches])
             add_metrics(window_loss, m)
             self.step += 1
@@ -271,21 +330,23 @@ class Trainer:
                 epochs = self._log_epochs(epochs, metrics)
             if t.eval_every > 0 and (self.step % t.eval_every == 0 or self.step == t.max_steps):
                 metrics.update(self.validate())
-            if metrics:
-                last.update(metrics)
-                self.logger.log(self.step, {**carry, **metrics})
-                carry = {}
             new_best = best is not None and best.improves(metrics)
             preempted = handler.should_stop(self.step, every=t.preemption_check_every)
+            self.saver.poll(self.step, every=t.preemption_check_every)  # a finished background write (or its failure)
+            metrics.update(self._finished_writes())
             if preempted or self.step % t.save_every == 0 or self.step == t.max_steps or new_best:
-                path = self.save()
-                self.logger.write(f"saved checkpoint {path}")
-                if new_best and self.rank == 0:
-                    self.logger.write(best.mark(path, self.step))
+                # the last step and a preemption wait for the write: nothing may exit before it is published
+                metrics.update(self.save(block=preempted or self.step == t.max_steps, best=best if new_best else None))
+            if metrics:
+                last.update(metrics)
+                self.logger.log(self.step, {**carry, **metrics}, print_line="train/loss" in metrics or "val/nll" in metrics)
+                carry = {}
             if preempted:
                 self.logger.write(f"preemption signal received: saved at step {self.step}, exiting for requeue")
                 handler.requeue()
                 break
+        self.saver.wait()  # a write still in flight (a run that ended on exhausted data)
+        self._finished_writes()
         release_handler()
         if not preempted and t.sample_at_end and self.rank == 0:
             self.print_sample()
@@ -315,7 +376,7 @@ class Trainer:
         self.logger.write(f"data.mixture: source {name!r} ran out (its {rec.get('train_samples')} train samples read, "
                           f"data.on_exhausted=stop): the run ends at step {self.step}")
         if self.step and self.step % self.cfg.train.save_every:
-            self.logger.write(f"saved checkpoint {self.save()}")
+            self.save(block=True)
         return name
 
     def print_sample(self) -> None:
@@ -323,7 +384,7 @@ class Trainer:
         from model.sampling.report import speed_report
 
         p = self.cfg.parallel
-        if p.tp * p.pp > 1 or (p.zero_stage == 3 and self.dp_size > 1):  # rank 0 alone holds no whole model
+        if p.tp * p.pp > 1 or (p.zero_stage == 3 and self.replica_size > 1):  # rank 0 alone holds no whole model
             self.logger.write("train.sample_at_end: skipped, the weights are sharded under this layout; "
                               f"sample the checkpoint instead (setdlm sample --checkpoint {self.run_dir})")
             return

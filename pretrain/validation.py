@@ -44,8 +44,8 @@ class Validation:
                 if "pad_row" in batch:  # the filler rows of a padded last val batch are not scored
                     keep &= ~batch["pad_row"][:, None]
                 c += torch.bincount(ids[keep], minlength=V)[:V].double()
-            if dist.get_world_size(self.t.dp_group) > 1:
-                dist.all_reduce(c, group=self.t.dp_group)
+            if dist.get_world_size(self.t.data_group) > 1:  # one rank per CP group: each row counted once
+                dist.all_reduce(c, group=self.t.data_group)
             return c
 
         accum = cfg.grad_accum(self.t.world)
@@ -106,7 +106,8 @@ class Validation:
         for i, batch in enumerate(loader):
             if limit and i >= limit:
                 break
-            add_metrics(acc, {"rows": int((~batch["pad_row"]).sum()) if "pad_row" in batch else len(batch["input_ids"])})
+            rows = int((~batch["pad_row"]).sum()) if "pad_row" in batch else len(batch["input_ids"])
+            add_metrics(acc, {"rows": rows if self.t.counts_rows else 0})  # CP peers read the same rows
             micro.append(self.t._prepare(batch, VAL, bound=True))
             if len(micro) == 16:  # bounded memory on long validation splits
                 add_metrics(acc, self.t.stepper.eval_step(micro))

@@ -1,15 +1,17 @@
 """The HTTP routes (aiohttp): /v1/completions, /v1/chat/completions, /v1/models, /tokenize,
-/detokenize, /health, /metrics.
+/detokenize, /tokenizer_info, /health, /metrics.
 
-A completion request is parsed (schema.py), checked against the model and turned into a Job
-(params.py) in a worker thread, so a large or slow body (tokenizing 4 MiB, rendering a chat template)
-never holds this event loop; it is handed to the decode loop (scheduler.py) and answered from the
-messages the loop posts back into this event loop: one JSON body, or server-sent events as the steps
-land (streaming.py). A handler that ends before its job did (the client disconnected: aiohttp cancels
-the handler, or a write fails) cancels the job, which frees its slots at once. While the server
-drains (SIGTERM) new requests get 503 and the running ones finish. With `--max-waiting N`, a request
-whose outputs would make more than N wait for a slot gets 429 with Retry-After, and /health says
-"overloaded" while the next output would.
+A request's body is read, parsed, checked against the model and turned into a Job (params.py) off
+this event loop (intake.py: a byte budget across the bodies in flight, bounded thread pools, chat
+templates rendered in processes under a time limit), so no body, however large, delays /health,
+/metrics or another request by more than reading its bytes from the socket. The job is handed to the
+decode loop (scheduler.py) and answered from the messages the loop posts back into this event loop:
+one JSON body, or server-sent events as the steps land (streaming.py). A handler that ends before
+its job did (the client disconnected: aiohttp cancels the handler, or a write fails) cancels the job,
+which frees its slots at once. While the server drains (SIGTERM) new requests get 503 and the running
+ones finish; those still running or waiting at the drain timeout are answered 503 (a stream: an error
+event). With `--max-waiting N`, a request whose outputs would make more than N wait for a slot gets
+429 with Retry-After, and /health says "overloaded" while the next output would.
 """
 
 from __future__ import annotations
@@ -23,11 +25,11 @@ import time
 from aiohttp import web
 
 from .auth import auth_middleware
-from .params import chat_prompt, plan
+from .intake import MAX_BODY, Intake
+from .params import CHAT_RENDER_SECONDS, chat_ids, check_request, encode, plan, render_chat
 from .responses import Ids, chunk, full, logprobs, usage_chunk
 from .scheduler import Job
-from .schema import (ChatRequest, CompletionRequest, DetokenizeRequest, RequestError, TokenizeRequest, load_body,
-                     parse)
+from .schema import ChatRequest, CompletionRequest, DetokenizeRequest, RequestError, TokenizeRequest, read_body
 from .streaming import DONE, ChoiceText, finish_reason, sse
 
 log = logging.getLogger("setdlm.serve")
@@ -35,11 +37,44 @@ SERVER = web.AppKey("server", object)
 
 
 class Server:
-    def __init__(self, served, scheduler, metrics, api_key: str | None = None, max_waiting: int | None = None):
+    def __init__(self, served, scheduler, metrics, api_key: str | None = None, max_waiting: int | None = None,
+                 intake: Intake | None = None):
         self.served, self.scheduler, self.metrics, self.api_key = served, scheduler, metrics, api_key
         self.max_waiting = max_waiting  # outputs that may wait for a slot (None: no limit)
         self.outstanding = 0  # outputs of the requests being answered (event loop only)
         self.draining = False
+        self.intake = intake or Intake()
+        self.expired: asyncio.Event | None = None  # set when the drain timeout has passed (event loop only)
+        self.inboxes: set[asyncio.Queue] = set()  # of the requests whose jobs are in the decode loop
+
+    def expire(self) -> None:
+        """The drain timeout has passed: every request still being answered ends now with a 503 (a
+        stream: an error event), its job cancelled."""
+        self._expired().set()
+        for inbox in self.inboxes:
+            inbox.put_nowait(("expired", None))
+
+    def _expired(self) -> asyncio.Event:
+        if self.expired is None:
+            self.expired = asyncio.Event()
+        return self.expired
+
+    async def unless_expired(self, aw):
+        """`await aw`, or a 503 once the drain timeout passes first."""
+        expired = self._expired()
+        if expired.is_set():
+            raise shut_down()
+        work, wait = asyncio.ensure_future(aw), asyncio.ensure_future(expired.wait())
+        try:
+            await asyncio.wait({work, wait}, return_when=asyncio.FIRST_COMPLETED)
+        finally:  # expired, or this handler cancelled (its client went away): stop waiting for the work
+            wait.cancel()
+            late = not work.done()
+            if late:
+                work.cancel()  # the intake's own task goes on (shielded) and gives its bytes back when done
+        if late:
+            raise shut_down()
+        return work.result()
 
     @property
     def waiting(self) -> int:
@@ -55,6 +90,11 @@ class Server:
         the mean latency so far (1 s before any), within [1, 60]."""
         mean = self.metrics.mean_latency() or 1.0
         return int(min(60, max(1, math.ceil(mean * (self.waiting + outputs) / self.scheduler.max_batch))))
+
+
+def shut_down() -> RequestError:
+    return RequestError(None, "the server shut down before this request finished (its drain timeout passed); "
+                              "retry on another replica", 503, "unavailable")
 
 
 @web.middleware
@@ -112,10 +152,26 @@ async def metrics(request: web.Request) -> web.Response:
                         headers={"X-Content-Type-Options": "nosniff"})
 
 
-async def _body(request: web.Request, kind):
-    """The request's body parsed as `kind` in a worker thread (RequestError naming what is wrong)."""
-    raw = await request.read()
-    return await asyncio.get_running_loop().run_in_executor(None, lambda: parse(kind, load_body(raw)))
+async def _intake(request: web.Request, kind, then=None):
+    """The body of `request` validated as `kind` (RequestError naming what is wrong), then
+    `await then(req, body size)` when given: all of it within the byte budget and off this event
+    loop (intake.py); a 503 when the drain timeout passes first."""
+    srv: Server = request.app[SERVER]
+
+    async def work(raw: bytes):
+        req = await srv.intake.run(len(raw), read_body, kind, raw, srv.served.max_len)
+        return await then(req, len(raw)) if then is not None else req
+
+    return await srv.unless_expired(srv.intake.admit(request, work))
+
+
+async def _render(srv: Server, messages, generation_prompt: bool = True):
+    """The chat rendered by a template process (None for the plain format, which params renders itself)."""
+    if srv.served.chat is None:
+        return None
+    return await srv.intake.chat.run(
+        lambda worker: render_chat(srv.served, messages, generation_prompt, worker=worker,
+                                   time_limit_s=CHAT_RENDER_SECONDS))
 
 
 def _check_model(req, served) -> None:
@@ -128,32 +184,54 @@ async def tokenize(request: web.Request) -> web.Response:
     """vLLM's /tokenize: the ids the server decodes from, for a prompt or for chat messages (rendered as
     /v1/chat/completions renders them). No special tokens are added either way."""
     srv: Server = request.app[SERVER]
-    req = await _body(request, TokenizeRequest)
-    _check_model(req, srv.served)
-    tok = srv.served.tokenizer
+    served = srv.served
 
-    def run():
-        if req.messages is not None:
-            return chat_prompt(tok, req.messages, generation_prompt=req.add_generation_prompt)[0]
-        return tok.encode(req.prompt)
+    async def then(req, size):
+        _check_model(req, served)
+        if req.messages is None:
+            return await srv.intake.run(size, encode, served, req.prompt), req
+        chat = await _render(srv, req.messages, req.add_generation_prompt)
+        if chat is None:  # the plain format
+            chat = await srv.intake.run(size, render_chat, served, req.messages, req.add_generation_prompt)
+        return await srv.intake.run(size, chat_ids, chat, served), req
 
-    ids = await asyncio.get_running_loop().run_in_executor(None, run)
+    ids, req = await _intake(request, TokenizeRequest, then)
+    tok = served.tokenizer
     strs = [tok.id_to_token(t) for t in ids] if req.return_token_strs else None
-    return web.json_response({"count": len(ids), "max_model_len": srv.served.max_len, "tokens": ids,
+    return web.json_response({"count": len(ids), "max_model_len": served.max_len, "tokens": ids,
                               "token_strs": strs}, dumps=lambda o: json.dumps(o, ensure_ascii=False))
 
 
 async def detokenize(request: web.Request) -> web.Response:
     """vLLM's /detokenize: {"tokens": [...]} -> {"prompt": text}."""
     srv: Server = request.app[SERVER]
-    req = await _body(request, DetokenizeRequest)
-    _check_model(req, srv.served)
     vocab = srv.served.model.cfg.vocab_size
-    bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
-    if bad is not None:
-        raise RequestError("tokens", f"token id {bad} is outside the vocabulary of {vocab}")
-    text = await asyncio.get_running_loop().run_in_executor(None, srv.served.tokenizer.decode, req.tokens)
+
+    async def then(req, size):
+        _check_model(req, srv.served)
+        bad = next((t for t in req.tokens if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise RequestError("tokens", f"token id {bad} is outside the vocabulary of {vocab}")
+        return await srv.intake.run(size, srv.served.tokenizer.decode, req.tokens)
+
+    text = await _intake(request, DetokenizeRequest, then)
     return web.json_response({"prompt": text}, dumps=lambda o: json.dumps(o, ensure_ascii=False))
+
+
+async def tokenizer_info(request: web.Request) -> web.Response:
+    """vLLM's /tokenizer_info: the special tokens, chat template and length of the served tokenizer
+    (lm-eval's `local-completions` finds it and tokenises through /tokenize, no hub tokenizer needed)."""
+    from data_pipeline.chat_template import default_chat_template
+
+    s = request.app[SERVER].served
+    tok = s.tokenizer
+    name = lambda i: tok.id_to_token(i) if i is not None else None  # noqa: E731
+    return web.json_response({
+        "tokenizer_class": "PreTrainedTokenizerFast", "eos_token": name(tok.eos_id), "bos_token": name(tok.bos_id),
+        "pad_token": name(tok.pad_id), "mask_token": name(tok.mask_id), "vocab_size": tok.vocab_size,
+        "model_max_length": s.max_len, "max_total_tokens": s.max_total,
+        "chat_template": default_chat_template(tok) if s.chat_error is None else None,
+        "add_bos_token": False, "add_eos_token": False}, dumps=lambda o: json.dumps(o, ensure_ascii=False))
 
 
 async def completions(request: web.Request):
@@ -169,9 +247,16 @@ async def _generate(request: web.Request, kind):
     if srv.draining or not srv.scheduler.alive:
         raise RequestError(None, "the server is shutting down; retry on another replica" if srv.draining else
                            "the decode loop stopped (see the server's log)", 503, "unavailable")
-    raw = await request.read()
+
+    async def then(req, size):
+        check_request(req, srv.served)  # before a chat is rendered or a prompt tokenised
+        chat = await _render(srv, req.messages) if isinstance(req, ChatRequest) else None
+        return await srv.intake.run(size, plan, req, srv.served, chat)
+
+    pl = await _intake(request, kind, then)
+    if srv._expired().is_set():
+        raise shut_down()
     loop, inbox = asyncio.get_running_loop(), asyncio.Queue()
-    pl = await loop.run_in_executor(None, lambda: plan(parse(kind, load_body(raw)), srv.served))
     outputs = len(pl.choices)
     if srv.max_waiting is not None and outputs > srv.scheduler.max_batch + srv.max_waiting:
         raise RequestError("n", f"{outputs} outputs in one request are more than this server ever holds (--max-batch "
@@ -185,6 +270,7 @@ async def _generate(request: web.Request, kind):
     t0 = time.perf_counter()
     srv.metrics.in_flight += 1
     srv.outstanding += outputs
+    srv.inboxes.add(inbox)
     srv.scheduler.submit(job)
     finished = False
     try:
@@ -198,6 +284,7 @@ async def _generate(request: web.Request, kind):
     finally:
         srv.metrics.in_flight -= 1
         srv.outstanding -= outputs
+        srv.inboxes.discard(inbox)
         if not finished:
             srv.scheduler.cancel(job)
 
@@ -217,6 +304,8 @@ async def _collect(pl, inbox: asyncio.Queue, ids: Ids, tokenizer) -> web.Respons
         msg = await inbox.get()
         if msg[0] == "error":
             raise RuntimeError(msg[1])
+        if msg[0] == "expired":
+            raise shut_down()
         if msg[0] == "done":
             err = _regex_timeout(msg[2])
             if err is not None:
@@ -240,7 +329,7 @@ async def _stream(request, srv: Server, pl, job, inbox: asyncio.Queue, ids: Ids,
     tok = srv.served.tokenizer
     while any(o is None for o in outputs):
         msg = await inbox.get()
-        err = _regex_timeout(msg[2]) if msg[0] == "done" else None
+        err = _regex_timeout(msg[2]) if msg[0] == "done" else shut_down() if msg[0] == "expired" else None
         if msg[0] == "error" or err is not None:
             if err is None:
                 log.error("setdlm serve: %s", msg[1])
@@ -249,6 +338,8 @@ async def _stream(request, srv: Server, pl, job, inbox: asyncio.Queue, ids: Ids,
                 "code": None}}
             await resp.write(sse(body))
             await resp.write_eof()
+            if msg[0] == "expired":
+                srv.scheduler.cancel(job)  # its rows leave their slots: the decode loop can stop
             return resp, None
         i = msg[1]
         if msg[0] == "step":
@@ -269,7 +360,7 @@ async def _stream(request, srv: Server, pl, job, inbox: asyncio.Queue, ids: Ids,
 
 
 def make_app(server: Server) -> web.Application:
-    app = web.Application(middlewares=[errors, auth_middleware(server.api_key)], client_max_size=4 << 20)
+    app = web.Application(middlewares=[errors, auth_middleware(server.api_key)], client_max_size=MAX_BODY)
     app[SERVER] = server
     app.router.add_get("/health", health)
     app.router.add_get("/metrics", metrics)
@@ -278,4 +369,5 @@ def make_app(server: Server) -> web.Application:
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_post("/tokenize", tokenize)
     app.router.add_post("/detokenize", detokenize)
+    app.router.add_get("/tokenizer_info", tokenizer_info)
     return app

@@ -2,7 +2,7 @@
 
 The key is compared in constant time and never written anywhere: not to the log, not into an error
 message (a refused request is told only that its token is missing or wrong), not to the access log
-(whose format holds no request header). /v1/*, /tokenize and /detokenize need it; /health and
+(whose format holds no request header). /v1/*, /tokenize, /tokenizer_info and /detokenize need it; /health and
 /metrics stay open for probes and scrapers.
 """
 

@@ -8,8 +8,8 @@ Binds loopback unless told otherwise. Every option is checked before the checkpo
 the model's shape is known, before listening). With `--api-key` (or SETDLM_API_KEY, which keeps the key out
 of the process list) every /v1 request needs `Authorization: Bearer KEY`. Prints one line when it
 listens (`setdlm serve: listening on http://HOST:PORT ...`; `--port 0` picks a free port). SIGTERM or
-Ctrl-C stops accepting requests, lets the running ones finish (up to --drain-timeout seconds) and
-exits 0.
+Ctrl-C stops accepting requests, lets the running ones finish (up to --drain-timeout seconds; those
+left then get 503, a stream an error event) and exits 0, also when nobody reads its stdout any more.
 """
 
 from __future__ import annotations
@@ -131,35 +131,66 @@ def check_cache_fits(served, max_batch: int, flag: str | None) -> None:
 
 async def start(served, *, host: str, port: int, max_batch: int, api_key: str | None, drain_timeout: float,
                 max_waiting: int | None = None):
-    """Listen and start the decode loop; (runner, server, (host, port)). Stop with `stop(runner, server)`."""
+    """Check the chat template, listen and start the decode loop; (runner, server, (host, port)). Stop
+    with `stop(runner, server, drain_timeout)`."""
     from aiohttp import web
 
     from .app import Server, make_app
+    from .intake import Intake
     from .metrics import Metrics
+    from .params import chat_template
+    from .schema import RequestError
     from .scheduler import Scheduler
 
     metrics = Metrics()
+    intake = Intake()
+    try:  # once, before listening: a failing template is remembered, and chat requests are refused
+        await asyncio.get_running_loop().run_in_executor(None, chat_template, served, intake.chat.workers[0])
+    except RequestError:
+        pass  # chat_template logged it and remembers it as failing: chat requests get a 400, completions are served
     scheduler = Scheduler(served, max_batch=max_batch, metrics=metrics)
-    server = Server(served, scheduler, metrics, api_key, max_waiting)
+    server = Server(served, scheduler, metrics, api_key, max_waiting, intake)
     runner = web.AppRunner(make_app(server), handle_signals=False, handler_cancellation=True,
-                           shutdown_timeout=drain_timeout, access_log_format='%a "%r" %s %b %Tfs')
+                           shutdown_timeout=drain_timeout + 1, access_log_format='%a "%r" %s %b %Tfs')
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     try:
         await site.start()
     except OSError as e:
         await runner.cleanup()
+        intake.close()
         raise UsageError(f"--host {host} --port {port}: cannot listen ({e.strerror or e})") from None
     scheduler.start()
     return runner, server, tuple(runner.addresses[0][:2])
 
 
 async def stop(runner, server, drain_timeout: float = 60.0) -> None:
-    """Drain: refuse new requests (503), stop listening, let running ones finish, end the decode loop."""
+    """Drain: refuse new requests (503) and stop listening; let the running and waiting ones finish for
+    up to `drain_timeout` seconds, then answer those left with 503 (a stream: an error event); end the
+    decode loop."""
     server.draining = True
     log.info("setdlm serve: stopping: no new requests; %d running finish first", server.metrics.in_flight)
-    await runner.cleanup()  # stops listening, closes idle connections, waits for running handlers
-    server.scheduler.stop(timeout=drain_timeout)
+    cleanup = asyncio.ensure_future(runner.cleanup())  # stops listening, closes idle connections, waits for handlers
+    done, _ = await asyncio.wait({cleanup}, timeout=drain_timeout)
+    if not done:
+        left = server.metrics.in_flight
+        server.expire()
+        log.warning("setdlm serve: drain timeout (%gs): %d request(s) still running or waiting answered with 503",
+                    drain_timeout, left)
+        await cleanup
+    server.scheduler.stop(timeout=1.0)
+    server.intake.close()
+
+
+def say(line: str) -> None:
+    """Print a line for whoever reads stdout; when nobody does any more (a closed pipe), say nothing
+    and send the rest of stdout to /dev/null, so neither this line nor the exit's flush fails."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
 
 
 async def serve(served, *, host: str, port: int, max_batch: int, api_key: str | None, drain_timeout: float,
@@ -172,11 +203,12 @@ async def serve(served, *, host: str, port: int, max_batch: int, api_key: str | 
         loop.add_signal_handler(sig, done.set)
     if host not in ("127.0.0.1", "::1", "localhost") and not api_key:
         log.warning("setdlm serve: listening on %s without --api-key: anyone who reaches it can use the model", host)
-    print(f"setdlm serve: listening on http://{bound[0]}:{bound[1]} (model {served.name!r}, "
-          f"{served.recipe.objective.name}, {served.max_len} positions, up to {served.max_total} tokens per output, "
-          f"{max_batch} slots{f', at most {max_waiting} waiting' if max_waiting is not None else ''}"
-          f"{', bearer token required' if api_key else ''})", flush=True)
+    say(f"setdlm serve: listening on http://{bound[0]}:{bound[1]} (model {served.name!r}, "
+        f"{served.recipe.objective.name}, {served.max_len} positions, up to {served.max_total} tokens per output, "
+        f"{max_batch} slots{f', at most {max_waiting} waiting' if max_waiting is not None else ''}"
+        f"{', bearer token required' if api_key else ''})")
     await done.wait()
     await stop(runner, server, drain_timeout)
-    print("setdlm serve: stopped", flush=True)
+    log.info("setdlm serve: stopped")
+    say("setdlm serve: stopped")
     return 0

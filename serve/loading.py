@@ -17,6 +17,9 @@ class Served:
     mask_id: int
     eos_id: int | None
     max_total: int = 0  # prompt + new tokens of one output (the cached families decode past max_len); 0: max_len
+    chat: object = None  # the tokenizer's ChatTemplate once checked (None: the plain format; params.chat_template)
+    chat_error: str | None = None  # why the chat template failed its check (chat requests are then refused)
+    chat_checked: bool = False
 
 
 def load_served(checkpoint: str | Path, *, name: str | None = None, device: str | None = None,
@@ -24,10 +27,12 @@ def load_served(checkpoint: str | Path, *, name: str | None = None, device: str 
     """Load a run or checkpoint directory for serving (the loader and tokenizer `setdlm sample` uses).
     `max_total`: the most prompt + new tokens of one output (default: twice max_seq_len)."""
     from common.errors import UsageError
+    from pretrain.checkpoint.rundir import split_selector
 
+    base, _ = split_selector(checkpoint)  # RUN:best, RUN:latest, RUN:STEP name a run that exists
+    if not base.exists():
+        raise UsageError(f"--checkpoint {checkpoint}: no such directory")
     path = Path(checkpoint)
-    if not path.exists():
-        raise UsageError(f"--checkpoint {path}: no such directory")
     import torch
 
     from pretrain.checkpoint.inference import load_model
@@ -37,7 +42,7 @@ def load_served(checkpoint: str | Path, *, name: str | None = None, device: str 
     model = model.to(dtype={"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[dtype]).eval()
     obj = recipe.objective
     s_max = obj.family.served_s_max(obj)
-    run = path.resolve()
+    run = base.resolve()
     if run.parent.name == "checkpoints":  # a checkpoint directory: name the run it belongs to
         run = run.parent.parent
     return Served(model=model, tokenizer=tokenizer, recipe=recipe, name=name or run.name,

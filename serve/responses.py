@@ -41,7 +41,9 @@ def _keyed(pairs: list[tuple[str, float]]) -> dict:
 
 def logprobs(tokenizer, out, chat: bool, offset: int = 0) -> dict | None:
     """OpenAI's `logprobs` of one choice: per output token its log-probability under the decoding step
-    that committed it, and that step's most likely tokens at its position (model/sampling, docs/serve.md)."""
+    that committed it, and that step's most likely tokens at its position (model/sampling, docs/serve.md);
+    completions' `top_logprobs` also hold the chosen token (so `logprobs: 0` gives it alone), chat's only
+    the `top_logprobs` most likely, as OpenAI's two APIs do."""
     if out.logprobs is None:
         return None
     piece = {}
@@ -63,8 +65,13 @@ def logprobs(tokenizer, out, chat: bool, offset: int = 0) -> dict | None:
     for t in out.tokens:
         offsets.append(at)
         at += len(text(t))
+
+    def top_of(t, lp, top):  # the k most likely, and the chosen token where it is not among them (OpenAI's rule)
+        pairs = [((a, text(a)), alp) for a, alp in top]
+        return _keyed(pairs if any(a == t for a, _ in top) else pairs + [((t, text(t)), lp)])
+
     return {"tokens": [text(t) for t in out.tokens], "token_logprobs": list(out.logprobs),
-            "top_logprobs": [_keyed([((a, text(a)), alp) for a, alp in top]) for top in tops],
+            "top_logprobs": [top_of(t, lp, top) for t, lp, top in zip(out.tokens, out.logprobs, tops)],
             "text_offset": offsets}
 
 

@@ -180,7 +180,10 @@ class Scheduler:
             job, choice = lane.rows.pop(row)
             job.rows.pop((key, row), None)
             self.metrics.output(len(out.tokens), out.prompt_tokens, out.steps, out.stop_reason == "cancelled")
-            if not job.cancelled:
+            if out.stop_reason == "error":  # this output alone failed (session.py); its batch-mates go on
+                log.error("setdlm serve: an output's logits were not finite (NaN or inf); its request fails")
+                self._fail(job, "decoding failed: the model's logits for this output were not finite (NaN or inf)")
+            elif not job.cancelled:
                 job.post(("done", choice.index, out))
 
     def _fail(self, job: Job, message: str) -> None:

@@ -1,20 +1,22 @@
 """Request bodies of /v1/completions, /v1/chat/completions, /tokenize and /detokenize: typed, strict,
 one error naming the field.
 
-Every field of OpenAI's two APIs is accepted. The ones the server honours are typed with OpenAI's
-ranges (`max_tokens`, `temperature`, `top_p`, `stop`, `seed`, `n`, `stream`, `stream_options`,
-`presence_penalty`, `frequency_penalty`, `logit_bias`, `logprobs`, `top_logprobs`, `echo`; chat
-content parts, `name`, the `developer` role); the ones it has no use for (`user`, `metadata`,
-`prompt_cache_key`, ...) are accepted and ignored; the rest are accepted at their default or neutral
-value (`best_of` = n, `suffix` empty, `tools` empty, `response_format` text, `store` false, ...) and any
+Every field of OpenAI's two APIs is accepted. The ones the server honours are typed (`max_tokens`,
+`temperature`, `top_p`, `stop`, `seed`, `n`, `stream`, `stream_options`, `presence_penalty`,
+`frequency_penalty`, `logit_bias`, `logprobs`, `top_logprobs`, `echo`; chat content parts, `name`, the
+`developer` role), a number with the range of the SamplingConfig field it becomes (`sampler`: one
+source for the sampler's bounds) within OpenAI's own (`temperature` at most 2, `n` at most 16); the
+ones it has no use for (`user`, `metadata`, `prompt_cache_key`, ...) are accepted and ignored; the
+rest are accepted at their default or neutral value (`best_of` = n, `suffix` empty, `tools` empty, `response_format` text, `store` false, ...) and any
 other value is refused naming the field (`NEUTRAL`). Our extensions sit under one key, `setdlm`
 (docs/serve.md). Every model forbids unknown fields and coerces nothing (`"8"` is not an integer), so
 a typo or a wrong type is an HTTP 400 naming the field (`setdlm.window: Input should be a valid
 integer`) rather than a silently ignored option.
 
-`load_body` turns the raw bytes into JSON with the limits a hostile body needs: NaN and infinities,
-nesting deeper than `MAX_DEPTH` and invalid Unicode (a lone surrogate such as "\\ud800" is valid
-JSON but no text) are a 400 naming where they are.
+`read_body` turns the raw bytes into a request with the limits a hostile body needs, the cheap checks
+first (`precheck`: the number of outputs and the length of token prompts, before anything walks the
+whole body): NaN and infinities, nesting deeper than `MAX_DEPTH` and invalid Unicode (a lone
+surrogate such as "\\ud800" is valid JSON but no text) are a 400 naming where they are.
 """
 
 from __future__ import annotations
@@ -25,17 +27,26 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from common.errors import Error
+from common.schema import like
 from model import families
+from model.sampling import SamplingConfig
+from model.sampling.config import REMASKING
 
 FAMILY_NAMES = families.names()
 
 MAX_DEPTH = 32  # nesting of a request body (a chat message with content parts is 5 deep)
 MAX_STOP = 32  # stop strings (lm-eval sends a task's `until` list and the EOS text)
 MAX_STOP_CHARS = 256
-MAX_LOGPROBS = 20  # alternatives per token (OpenAI's chat limit; vLLM's default)
 MAX_BIAS = 1024  # logit_bias entries
 SEED_MIN, SEED_MAX = -(2**63), 2**64 - 1  # what torch.Generator.manual_seed accepts
-MODEL_CHECKS = ("best_of", "top_logprobs", "content", "prompt", "messages")  # fields the checks across fields name
+MAX_CHOICES = 64  # prompts x n in one request
+MODEL_CHECKS = ("best_of", "top_logprobs", "content", "prompt", "messages", "stream_options")  # named by cross-field checks
+
+
+def sampler(key: str, default=None):
+    """A request field with the range of SamplingConfig's `key` (model/sampling/config.py: one source
+    for the bounds the sampler enforces) and its own default (None: the checkpoint recipe's)."""
+    return like(SamplingConfig, key, default)
 
 
 class RequestError(Error):
@@ -54,18 +65,32 @@ def _reject_constant(name: str):
     raise ValueError(f"{name} is not a JSON number")
 
 
-def load_body(raw: bytes):
-    """The decoded JSON body, or a RequestError naming what is wrong with it (400)."""
+def decode_json(raw: bytes):
+    """The decoded JSON body (not yet checked by `check_text`), or a RequestError naming what is wrong (400)."""
     try:
-        body = json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
+        return json.loads(raw.decode("utf-8"), parse_constant=_reject_constant)
     except UnicodeDecodeError:
         raise RequestError("body", "not UTF-8 text") from None
     except RecursionError:
         raise RequestError("body", f"nested too deeply (at most {MAX_DEPTH} levels)") from None
     except ValueError as e:
         raise RequestError("body", f"not valid JSON ({e})") from None
+
+
+def load_body(raw: bytes):
+    """The decoded JSON body, or a RequestError naming what is wrong with it (400)."""
+    body = decode_json(raw)
     check_text(body)
     return body
+
+
+def read_body(model: type[_Strict], raw: bytes, max_len: int) -> _Strict:
+    """A raw body -> the validated request, the cheap checks first: JSON, `precheck` (outputs, token
+    prompt lengths against the model's `max_len` positions), then `check_text` and the model."""
+    body = decode_json(raw)
+    precheck(model, body, max_len)
+    check_text(body)
+    return parse(model, body)
 
 
 def check_text(body) -> None:
@@ -123,19 +148,19 @@ class Extension(_Strict):
     counts are bounded by the served model in params.py."""
 
     family: Literal[FAMILY_NAMES] | None = None
-    window: int | None = Field(None, ge=1)
-    threshold: float | None = Field(None, ge=0)
+    window: int | None = sampler("window")
+    threshold: float | None = sampler("threshold")
     adaptive_window: bool | None = None
-    window_min: int | None = Field(None, ge=1)
-    window_max: int | None = Field(None, ge=1)
-    block_size: int | None = Field(None, ge=1)
-    steps_per_block: int | None = Field(None, ge=1)
-    steps: int | None = Field(None, ge=1)
-    remasking: Literal["confidence", "random"] | None = None
-    top_k: int | None = Field(None, ge=0)
-    repetition_penalty: float | None = Field(None, gt=0)
+    window_min: int | None = sampler("window_min")
+    window_max: int | None = sampler("window_max")
+    block_size: int | None = sampler("block_size")
+    steps_per_block: int | None = sampler("steps_per_block")
+    steps: int | None = sampler("steps")
+    remasking: Literal[REMASKING] | None = None
+    top_k: int | None = sampler("top_k")
+    repetition_penalty: float | None = sampler("repetition_penalty")
     ignore_eos: bool = False
-    stop_regex: str | None = None
+    stop_regex: str | None = Field(None, min_length=1)
     infill: Infill | None = None
 
 
@@ -147,18 +172,25 @@ class StreamOptions(_Strict):
 class _Common(_Strict):
     model: str | None = None
     max_tokens: int | None = Field(None, ge=1)
-    temperature: float = Field(1.0, ge=0, le=2)
-    top_p: float = Field(1.0, gt=0, le=1)
+    # OpenAI's range (0-2) within the sampler's (>= 0; below its floor, 1e-5, greedy: model/sampling/config.py)
+    temperature: Annotated[float, Field(le=2)] = sampler("temperature", 1.0)
+    top_p: float = sampler("top_p", 1.0)
     stop: Any = Field(None, validate_default=True)
     seed: int | None = Field(None, ge=SEED_MIN, le=SEED_MAX)
     n: int = Field(1, ge=1, le=16)
     stream: bool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: float = Field(0.0, ge=-2, le=2)
-    frequency_penalty: float = Field(0.0, ge=-2, le=2)
+    presence_penalty: float = sampler("presence_penalty", 0.0)
+    frequency_penalty: float = sampler("frequency_penalty", 0.0)
     logit_bias: dict[str, float] | None = None
     user: str | None = None  # accepted, not used
     setdlm: Extension = Field(default_factory=Extension)
+
+    @model_validator(mode="after")
+    def _stream_options(self):
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options: only with stream: true (leave it out of a request that is not streamed)")
+        return self
 
     @field_validator("stop", mode="plain")
     @classmethod
@@ -186,11 +218,9 @@ class _Common(_Strict):
         if len(v) > MAX_BIAS:
             raise ValueError(f"at most {MAX_BIAS} entries, got {len(v)}")
         out = {}
-        for k, b in v.items():
+        for k, b in v.items():  # the values' range is SamplingConfig's (checked in params.sampling_config)
             if not (k.isascii() and k.isdigit()) or len(k) > 12:
                 raise ValueError(f"keys are token ids (decimal integers), got {k!r}")
-            if not -100 <= b <= 100:
-                raise ValueError(f"values are in [-100, 100], got {b} for token {k}")
             out[int(k)] = float(b)
         return out
 
@@ -198,7 +228,7 @@ class _Common(_Strict):
 class CompletionRequest(_Common):
     prompt: Any
     echo: bool = False
-    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    logprobs: int | None = sampler("logprobs")
     best_of: int | None = Field(None, ge=1)
     suffix: neutral(None, "") = None
 
@@ -271,7 +301,7 @@ class ChatRequest(_Common):
     messages: list[Message] = Field(min_length=1)
     max_completion_tokens: int | None = Field(None, ge=1)
     logprobs: bool | None = False
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    top_logprobs: int | None = sampler("logprobs")
     # accepted and ignored: hints and identifiers with no effect on a completion here
     metadata: dict[str, str] | None = None
     prompt_cache_key: str | None = None
@@ -325,6 +355,28 @@ class TokenizeRequest(_Strict):
 class DetokenizeRequest(_Strict):
     model: str | None = None
     tokens: list[int]
+
+
+def precheck(model: type[_Strict], body, max_len: int) -> None:
+    """The checks of a decoded body that cost nothing, before anything walks or validates all of it
+    (`check_text`, the model): the number of outputs (prompts x `n`) and the length of token-id
+    prompts, so a body of 700,000 tiny prompts or of 2 million ids is refused at once. Values of the
+    wrong type are left to the model's validation (which names them)."""
+    if not isinstance(body, dict):
+        raise RequestError("body", "must be a JSON object")
+    if model is not CompletionRequest:
+        return
+    n, prompt = body.get("n", 1), body.get("prompt")
+    n = n if isinstance(n, int) and not isinstance(n, bool) and n >= 1 else 1
+    if not isinstance(prompt, list) or not prompt:
+        return
+    many = isinstance(prompt[0], (str, list))
+    if many and len(prompt) * n > MAX_CHOICES:
+        raise RequestError("n", f"{len(prompt)} prompts x n={n} is more than {MAX_CHOICES} outputs in one request")
+    for i, ids in enumerate(prompt if many else [prompt]):
+        if isinstance(ids, list) and len(ids) > max_len:
+            raise RequestError("prompt", f"{len(ids)} prompt tokens exceed the model's {max_len} positions (a prompt "
+                                         f"is read in one forward)" + (f" (prompt {i})" if many else ""))
 
 
 def parse(model: type[_Strict], body) -> _Strict:

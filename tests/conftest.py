@@ -4,8 +4,20 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("WANDB_MODE", "disabled")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Under pytest-xdist each worker is one of several processes sharing the cores: one torch thread each (and
+# in the processes its tests start), as torchrun gives each rank; threads that wait on each other across
+# oversubscribed cores only add time. A single-process run keeps torch's default.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import pytest  # noqa: E402
+
+
+def pytest_configure(config):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(scope="session")
@@ -89,8 +101,8 @@ def random_gpt2_run(tmp_path_factory):
 @pytest.fixture(scope="session")
 def parity_runs(tmp_path_factory):
     """Every multi-process parity run (tests/test_parallel_parity.py RUNS: the plain layouts, and the
-    recompute, compile, sequence-parallel and LoRA variants), launched once for the three modules that
-    compare them; the folder holding their results."""
+    recompute, compile, sequence-parallel, LoRA and overlap variants, each counting its collectives),
+    launched once for the four modules that compare them; the folder holding their results."""
     from test_parallel_parity import run_all
 
     out = tmp_path_factory.mktemp("parity")
@@ -144,8 +156,8 @@ def mounts(tmp_path):
 # fixtures without being in its group. (xdist's own `loadgroup` reads `xdist_group` marks by rewriting
 # node ids, which pytest 9 no longer allows; `pytest_xdist_make_scheduler` below takes its place.)
 SHARED_GROUPS = {
-    "parity_runs": ("test_parallel_parity", "test_recompute_parallel", "test_lora_parallel"),
-    "tiny_run": ("test_checkpoint_safety", "test_eval_overlong", "test_init_from_checkpoint"),
+    "parity_runs": ("test_parallel_parity", "test_recompute_parallel", "test_lora_parallel", "test_comm_plan"),
+    "tiny_run": ("test_checkpoint_safety", "test_eval_overlong", "test_init_from_checkpoint", "test_context_parallel_runs"),
     "served": ("test_serve_api", "test_chat_template", "test_serve_clients", "test_serve_hostile", "test_serve_load",
                "test_trace_page"),
     "random_gpt2_run": ("test_eval_reports", "test_option_refusals"),
@@ -154,6 +166,20 @@ SHARED_GROUPS = {
 FIXTURE_GROUP = {"parity_runs": "parity_runs", "tiny_run": "tiny_run", "serve_run": "served", "served": "served",
                  "server": "served", "random_gpt2_run": "random_gpt2_run", "slurm": "slurm"}
 GROUP_OF = {module: group for group, modules in SHARED_GROUPS.items() for module in modules}
+# Scopes (a group or a module) sent to the workers first, longest first (test time on two workers,
+# docs/testing.md): xdist would order scopes by their number of tests, which leaves a long module with
+# few tests (a study, a real Slurm job) for the end while the other worker idles. The rest follow in
+# collection order and even out the two workers. A stale entry only costs balance, never a result.
+LONGEST_FIRST = ("slurm", "parity_runs", "served", "tiny_run", "test_lora", "test_gpu_report", "test_layout_invariance",
+                 "test_stock_export", "test_family_contract", "test_finetune_e2e", "test_zero3_init",
+                 "test_checkpoint_parallel", "test_train_mixture", "test_study_families", "test_gsm8k_protocol",
+                 "test_keep_best", "test_validation_rows", "test_convert_tp", "test_run_signals")
+SCOPE_RANK = {scope: i for i, scope in enumerate(LONGEST_FIRST)}
+
+
+def scope_of(module: str) -> str:
+    """The unit a worker takes at once: the module's group, or the module itself."""
+    return GROUP_OF.get(module, module)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -162,6 +188,8 @@ def pytest_collection_modifyitems(config, items):
                       if name in FIXTURE_GROUP and GROUP_OF.get(item.module.__name__) != FIXTURE_GROUP[name]})
     if missing:
         raise pytest.UsageError("tests/conftest.py: " + "; ".join(missing))
+    # longest scopes first (a stable sort: a scope's tests keep their order)
+    items.sort(key=lambda item: SCOPE_RANK.get(scope_of(getattr(item.module, "__name__", "")), len(LONGEST_FIRST)))
 
 
 @pytest.hookimpl(optionalhook=True)  # without pytest-xdist (the GPU image) the hook is never called
@@ -170,11 +198,14 @@ def pytest_xdist_make_scheduler(config, log):
         return None
     from xdist.scheduler import LoadScopeScheduling
 
+    config.option.loadscopereorder = False  # the collection's order: LONGEST_FIRST, then the rest
+
     class ModuleGroups(LoadScopeScheduling):
         """xdist's scope scheduling, a scope being a module or the group of SHARED_GROUPS it is in."""
 
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
-            return GROUP_OF.get(os.path.splitext(os.path.basename(path))[0], path)
+            module = os.path.splitext(os.path.basename(path))[0]
+            return GROUP_OF.get(module, path)
 
     return ModuleGroups(config, log)

@@ -25,6 +25,30 @@ TINY_RECIPE = {
 }
 
 
+# A word-level vocabulary of 32 ids (EOS 0, MASK 31): tokenizers' own WordLevel model, for exports and
+# fixtures that must stay small (the GPT-2 embedding alone is 50258 rows).
+TINY_WORDS = ("the a of and to in is was it he she they cat dog sat on mat ran far red blue big small one two "
+              "three . , !").split()
+
+
+def tiny_tokenizer(directory: Path | None = None):
+    """A data_pipeline Tokenizer over TINY_WORDS (whitespace-split words, unknown words as <unk>), saved
+    to `directory` when given (load_tokenizer(directory) reads it back)."""
+    from tokenizers import Tokenizer as Backend
+    from tokenizers import decoders, models, pre_tokenizers
+
+    from data_pipeline.tokenizer import Tokenizer
+
+    vocab = {w: i for i, w in enumerate(("<eos>", "<unk>", *TINY_WORDS, "<mask>"))}
+    backend = Backend(models.WordLevel(vocab, unk_token="<unk>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    backend.decoder = decoders.WordPiece(prefix="##")  # words joined by spaces
+    tok = Tokenizer(backend, name="tiny-words", mask_id=vocab["<mask>"], eos_id=vocab["<eos>"])
+    if directory is not None:
+        tok.save(directory)
+    return tok
+
+
 def write_recipe(path: Path, **sections) -> Path:
     recipe = {k: dict(v) for k, v in TINY_RECIPE.items()}
     for name, values in sections.items():
@@ -134,3 +158,30 @@ def run_as_of(run: Path, dest: Path, step: int) -> Path:
             shutil.rmtree(ckpt)
     (root / "latest").write_text(f"step_{step:08d}")
     return dest
+
+
+def gathered_weights(module, zero3: bool) -> dict:
+    """name -> an fp32 copy of each of `module`'s parameters, whole under ZeRO-3 (a collective: every rank
+    of the data-parallel group calls it)."""
+    params = list(module.named_parameters())
+    if not zero3:
+        return {n: p.detach().float().clone() for n, p in params}
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([p for _, p in params]):
+        return {n: p.detach().float().clone() for n, p in params}
+
+
+def run_transformers_only(script: str, jobs: dict, tmp: Path, timeout: float = 600) -> dict:
+    """`script` (reads jobs from argv[1], writes results to argv[2] with torch.save) run on `jobs` in a
+    fresh interpreter that sees transformers and the exported files only (no PYTHONPATH to this repo)."""
+    import torch
+
+    torch.save(jobs, tmp / "jobs.pt")
+    (tmp / "hf_script.py").write_text(script)
+    env = cli_env()
+    env.pop("PYTHONPATH", None)
+    r = subprocess.run([sys.executable, str(tmp / "hf_script.py"), str(tmp / "jobs.pt"), str(tmp / "out.pt")],
+                       cwd=tmp, env=env, capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return torch.load(tmp / "out.pt")

@@ -203,9 +203,11 @@ def records_written(out: Path, rank: int, n: int = 1) -> bool:
 # -- what a fault must leave alone -------------------------------------------------------------------
 def checkpoint_intact(ckpt: Path, world: int) -> list[str]:
     """What is wrong with checkpoint folder `ckpt` of a `world`-rank run (empty: complete and undamaged):
-    its COMPLETE marker and meta.json, every rank's extra file, DeepSpeed's model file, and every .pt
-    file a zip archive whose members all pass their CRC check."""
-    from pretrain.checkpoint import rundir
+    its COMPLETE marker and meta.json, every rank's extra file, the DCP index and every data file it
+    names (whole, and every tensor readable), and every .pt file a zip archive whose members all pass
+    their CRC check."""
+    from pretrain.checkpoint import distcp, rundir
+    from pretrain.safe_load import CheckpointError
 
     ckpt = Path(ckpt)
     problems = []
@@ -214,8 +216,10 @@ def checkpoint_intact(ckpt: Path, world: int) -> list[str]:
     for r in range(world):
         if not rundir.extra_file(ckpt, r).is_file():
             problems.append(f"{rundir.extra_file(ckpt, r)}: missing")
-    if not list(ckpt.glob("*model_states.pt")):
-        problems.append(f"{ckpt}: no model states")
+    try:
+        distcp.whole_state(ckpt, optimizer=True)  # the index, every rank's data file, every tensor read
+    except CheckpointError as e:
+        problems.append(str(e))
     for f in sorted(ckpt.glob("*.pt")):
         try:
             with zipfile.ZipFile(f) as z:

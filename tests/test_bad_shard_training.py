@@ -25,8 +25,9 @@ import torch
 
 from distributed_run import run_distributed
 from helpers import read_metrics, setdlm, write_recipe
+from model import families
 
-OBJECTIVES = ("setdlm", "ar", "mdlm", "bd3lm")
+OBJECTIVES = families.names()
 REL = 1e-5
 SEQ, ROWS = 32, 8
 

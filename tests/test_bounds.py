@@ -1,19 +1,20 @@
 """The likelihood bounds are unbiased: on a tiny random model, the Monte-Carlo mean of each family's
 bound (prepare(bound=True)) equals the exact value from enumerating every masking pattern (MDLM,
 BD3-LM; the continuous-time weight of a pattern integrated over t numerically) or every generation
-order (SW-SetDLM; order probabilities integrated numerically from the schedule's definition)."""
+order (SW-SetDLM; order probabilities integrated numerically from the schedule's definition). Every
+family's default case is checked by tests/test_family_contract.py (tests/exact_bounds.py); these are
+the further block sizes, windows and the order frequencies."""
 
 import itertools
 import math
 
-import numpy as np
 import pytest
 import torch
+from exact_bounds import order_probabilities, pattern_weight
 from model.config import ModelConfig, ObjectiveConfig
 from model.layers import vocab_cross_entropy
 from model.masks import build_mask
 from model.objectives import build_objective
-from model.schedule import SlidingWindow
 from model.transformer import Transformer
 
 V = 24
@@ -31,13 +32,6 @@ def ce(logits, targets):
     return vocab_cross_entropy(logits.float().clone(), targets)
 
 
-def pattern_weight(k: int, n: int) -> float:
-    """int_0^1 (1/t) t^k (1-t)^(n-k) dt by Gauss-Legendre quadrature (exact for this polynomial)."""
-    xs, ws = np.polynomial.legendre.leggauss(32)
-    t = (xs + 1) / 2
-    return float(np.sum(ws / 2 * t ** (k - 1) * (1 - t) ** (n - k)))
-
-
 def mc_bound(model, obj, batch, draws: int, seed: int = 0):
     """Per-draw bound values (summed weighted CE of one sequence) from prepare(bound=True)."""
     g = torch.Generator().manual_seed(seed)
@@ -53,27 +47,6 @@ def masked_ce(model, ids, positions, mask, out_slice, targets):
     with torch.no_grad():
         logits = model(ids, positions, mask, logits_slice=out_slice)
     return ce(logits, targets)
-
-
-def test_mdlm_bound_matches_enumeration():
-    L = 6
-    model = tiny(1)
-    obj = build_objective(ObjectiveConfig(name="mdlm"), model.cfg, L)
-    x = torch.randint(0, V - 1, (1, L), generator=torch.Generator().manual_seed(3))
-    context = torch.zeros(1, L, dtype=torch.bool)
-    context[0, 0] = True  # position 0 is a prompt: never masked, never scored
-    free = list(range(1, L))
-    n = len(free)
-    pats = [S for k in range(1, n + 1) for S in itertools.combinations(free, k)]
-    ids = x.expand(len(pats), L).clone()
-    for r, S in enumerate(pats):
-        ids[r, list(S)] = MASK
-    c = masked_ce(model, ids, torch.arange(L).expand(len(pats), L), build_mask("bidirectional", L), slice(0, L),
-                  x.expand(len(pats), L))
-    exact = sum(pattern_weight(len(S), n) * float(c[r, list(S)].sum()) for r, S in enumerate(pats))
-    mean, se = mc_bound(model, obj, {"input_ids": x, "context_mask": context}, 20000)
-    assert abs(mean - exact) < 4 * se + 1e-6, (mean, se, exact)
-    assert se < 0.02 * exact  # enough draws for the check to have teeth
 
 
 @pytest.mark.parametrize("bs", [2, 3])
@@ -107,24 +80,6 @@ def test_training_draw_is_not_the_bound():
         obj = build_objective(cfg, model.cfg, 8)
         inp = obj.prepare({"input_ids": torch.randint(0, V - 1, (4, 8))}, torch.Generator().manual_seed(0))
         assert inp.loss_weight.sum() > 0 and inp.nll_weight.abs().sum() == 0
-
-
-def order_probabilities(sched: SlidingWindow, grid: int = 200000) -> dict:
-    """P(order) for the sliding-window schedule: positions revealed by descending masking time T_i,
-    T_i independent on [loc_i, loc_i + b] with CDF 1 - (1 - s)^k, s = (T - loc_i) / b (SETDLM.md 2).
-    P(T_p1 > ... > T_pL) by nested Stieltjes sums on a grid of t."""
-    L, b, k = sched.length, sched.b, sched.k
-    loc = sched.locations().numpy()
-    t = np.linspace(0.0, 1.0, grid + 1)
-    cdf = [1 - (1 - np.clip((t - loc[i]) / b, 0, 1)) ** k for i in range(L)]
-    probs = {}
-    for perm in itertools.permutations(range(L)):
-        F = cdf[perm[-1]]  # P(T_last < t)
-        for p in reversed(perm[:-1]):  # P(T_p < t and T_p > the rest in order)
-            mid = (F[1:] + F[:-1]) / 2
-            F = np.concatenate(([0.0], np.cumsum(mid * np.diff(cdf[p]))))
-        probs[perm] = float(F[-1])
-    return probs
 
 
 @pytest.mark.parametrize("set_size,s_max", [(2, None), (2, 3)])

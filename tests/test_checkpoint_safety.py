@@ -1,18 +1,22 @@
 """Checkpoint files are data, never code, and a bad checkpoint is a one-line message.
 
 A real pickle payload (an object whose `__reduce__` makes the unpickler call `exec`, which would
-write a marker file) is planted in the model, EMA, extra and consolidated files of a run the trainer
-wrote, and in an imported reference checkpoint; every command that reads one (`sample`, `eval`,
-`convert to-hf`, `convert consolidate`, `convert from-reference`, resume through DeepSpeed's own
-loader) must refuse it with a message naming the file, and the marker must not exist. Damaged files
-(empty, truncated, random bytes), a missing shard, a checkpoint of another model or objective, a
-truncated meta.json and a `latest` naming a missing or incomplete step are checked the same way.
+write a marker file) is planted in the files of a format-2 run the trainer wrote (a tensor item of a
+rank's data file, the DCP index `.metadata`, the per-rank extra file, a consolidated.pt) and in an
+imported reference checkpoint; every command that reads one (`sample`, `eval`, `convert to-hf`,
+`convert consolidate`, `convert from-reference`, resume) must refuse it with a message naming the
+file, and the marker must not exist. Damaged files (empty, truncated, random bytes), a missing rank
+file, a checkpoint of another model or objective, a truncated meta.json and a `latest` naming a
+missing or incomplete step are checked the same way. (Format-1 files, read through DeepSpeed's own
+loader: tests/test_checkpoint_format1.py.)
 """
 
 from __future__ import annotations
 
 import errno
+import io
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -42,6 +46,42 @@ def plant(path: Path, marker: Path) -> None:
     else:
         obj = {"planted": Planted(marker), "value": obj}
     torch.save(obj, path)
+
+
+DATA = "__0_0.distcp"  # rank 0's data file of a format-2 checkpoint (pretrain/checkpoint/distcp.py)
+
+
+def plant_item(ckpt: Path, marker: Path, prefix: str = "ema/") -> Path:
+    """Replace the first tensor item under `prefix` in the rank-0 data file by a payload (the other
+    items moved up, their offsets rewritten in .metadata, which we wrote ourselves just before)."""
+    md = pickle.loads((ckpt / ".metadata").read_bytes())
+    f = ckpt / DATA
+    data = f.read_bytes()
+    items = sorted(md.storage_data.items(), key=lambda kv: kv[1].offset)
+    target = next(i for i, _ in items if i.fqn.startswith(prefix))
+    out = bytearray()
+    for index, info in items:
+        chunk = data[info.offset:info.offset + info.length]
+        if index == target:
+            buf = io.BytesIO()
+            torch.save({"planted": Planted(marker)}, buf)
+            chunk = buf.getvalue()
+        info.offset, info.length = len(out), len(chunk)
+        out += chunk
+    f.write_bytes(bytes(out))
+    (ckpt / ".metadata").write_bytes(pickle.dumps(md))
+    return f
+
+
+def plant_metadata(ckpt: Path, marker: Path) -> Path:
+    f = ckpt / ".metadata"
+    md = pickle.loads(f.read_bytes())
+    md.storage_meta = Planted(marker)
+    f.write_bytes(pickle.dumps(md))
+    return f
+
+
+PLANT = {DATA: plant_item, ".metadata": plant_metadata}
 
 
 @pytest.fixture
@@ -84,58 +124,75 @@ def pretrain(recipe: Path, run_dir: Path, *overrides: str) -> int:
 def test_the_payload_is_real(run, tmp_path):
     """The planted objects do run code under a plain torch.load (so the tests below can fail)."""
     marker = tmp_path / "ran"
-    f = step(run[1]) / "ema_mp_rank_00.pt"
+    f = step(run[1]) / "extra_rank00000.pt"
     plant(f, marker)
     torch.load(f, weights_only=False)
+    assert marker.read_text() == "code ran"
+    marker.unlink()
+    plant_item(step(run[1]), marker)
+    pickle.loads((step(run[1]) / ".metadata").read_bytes())
+    plant_metadata(step(run[1]), marker)
+    pickle.loads((step(run[1]) / ".metadata").read_bytes())
     assert marker.read_text() == "code ran"
     torch.save({"config": LightningConfig(tmp_path / "setstate")}, tmp_path / "c.pt")
     torch.load(tmp_path / "c.pt", weights_only=False)
     assert (tmp_path / "setstate").read_text() == "setstate ran"
 
 
-@pytest.mark.parametrize("file", ["mp_rank_00_model_states.pt", "ema_mp_rank_00.pt"])
-def test_sample_refuses_a_planted_model_or_ema_file(run, tmp_path, capsys, file):
+@pytest.mark.parametrize("file", [DATA, ".metadata"])
+def test_sample_refuses_a_planted_data_or_index_file(run, tmp_path, capsys, file):
     from eval.sample import main
 
     marker = tmp_path / "ran"
-    plant(step(run[1]) / file, marker)
+    PLANT[file](step(run[1]), marker)
     code = main(["--checkpoint", str(run[1]), "--prompt", "x", "--max-new-tokens", "2"])
     one_line_error(capsys, code, file, "refused", "run code")
     assert not marker.exists()
 
 
-def test_eval_refuses_a_planted_ema_file(run, tmp_path, capsys):
+def test_eval_refuses_a_planted_ema_item(run, tmp_path, capsys):
     from eval.cli import main
 
     marker = tmp_path / "ran"
-    plant(step(run[1]) / "ema_mp_rank_00.pt", marker)
+    plant_item(step(run[1]), marker)
     code = main(["likelihood", "--checkpoint", str(run[1]), "--out", str(tmp_path / "ev"), "--max-batches", "1"])
-    one_line_error(capsys, code, "ema_mp_rank_00.pt", "refused")
+    one_line_error(capsys, code, DATA, "refused")
     assert not marker.exists()
 
 
 @pytest.mark.parametrize("command", ["to-hf", "consolidate"])
-def test_convert_refuses_a_planted_model_file(run, tmp_path, capsys, command):
+def test_convert_refuses_a_planted_data_file(run, tmp_path, capsys, command):
     from launch.cli import main
 
     marker = tmp_path / "ran"
-    plant(step(run[1]) / "mp_rank_00_model_states.pt", marker)
+    plant_item(step(run[1]), marker)
     args = ["--checkpoint", str(run[1])] + (["--out", str(tmp_path / "hf")] if command == "to-hf" else [])
     if command == "consolidate":  # an unsharded checkpoint consolidates from the same file
         args += ["--out", str(tmp_path / "c.pt")]
     code = main(["convert", command, *args])
-    one_line_error(capsys, code, "mp_rank_00_model_states.pt", "refused")
+    one_line_error(capsys, code, DATA, "refused")
     assert not marker.exists() and not (tmp_path / "hf").exists() and not (tmp_path / "c.pt").exists()
 
 
 def test_load_model_refuses_a_planted_consolidated_file(run, tmp_path):
+    """A checkpoint that is one consolidated.pt (an imported run's, or a consolidated copy of one)."""
+    import json
+
     from pretrain.checkpoint.inference import load_model
     from pretrain.checkpoint.consolidate import consolidate
     from pretrain.safe_load import CheckpointError
 
     marker = tmp_path / "ran"
-    f = consolidate(step(run[1]), log=lambda m: None)
-    plant(f, marker)
+    ckpt = step(run[1])
+    f = consolidate(ckpt, out=tmp_path / "consolidated.pt", log=lambda m: None)
+    for p in list(ckpt.iterdir()):
+        if p.name not in ("meta.json", "COMPLETE", "extra_rank00000.pt"):
+            p.unlink()
+    meta = json.loads((ckpt / "meta.json").read_text())
+    (ckpt / "meta.json").write_text(json.dumps({k: v for k, v in meta.items() if k != "storage"}))
+    shutil.move(f, ckpt / "consolidated.pt")
+    load_model(run[1])  # as it is: it loads
+    plant(ckpt / "consolidated.pt", marker)
     with pytest.raises(CheckpointError, match="consolidated.pt: refused"):
         load_model(run[1])
     assert not marker.exists()
@@ -188,12 +245,15 @@ def test_from_reference_refuses_objects_in_place_of_weights(tmp_path, capsys):
     assert not marker.exists() and not (tmp_path / "run").exists()
 
 
-@pytest.mark.parametrize("file", ["extra_rank00000.pt", "mp_rank_00_model_states.pt"])
+@pytest.mark.parametrize("file", ["extra_rank00000.pt", DATA, ".metadata"])
 def test_resume_refuses_a_planted_file(run, tmp_path, capsys, file):
-    """extra_rank: read by setdlm; the model file: read by DeepSpeed's own loader during resume."""
+    """extra_rank: read by setdlm; the data file and the index: read through DCP by every rank."""
     recipe, run_dir = run
     marker = tmp_path / "ran"
-    plant(step(run_dir) / file, marker)
+    if file in PLANT:
+        PLANT[file](step(run_dir), marker)
+    else:
+        plant(step(run_dir) / file, marker)
     code = pretrain(recipe, run_dir, "train.max_steps=6")
     one_line_error(capsys, code, file, "refused")
     assert not marker.exists()
@@ -226,32 +286,32 @@ DAMAGE = {
 def test_sample_names_a_damaged_model_file(run, capsys, kind):
     from eval.sample import main
 
-    f = step(run[1]) / "mp_rank_00_model_states.pt"
+    f = step(run[1]) / DATA
     f.write_bytes(DAMAGE[kind](f.read_bytes()))
     code = main(["--checkpoint", str(run[1]), "--prompt", "x", "--max-new-tokens", "2"])
-    line = one_line_error(capsys, code, "mp_rank_00_model_states.pt")
+    line = one_line_error(capsys, code, DATA)
     assert any(w in line for w in ("empty", "truncated", "damaged")), line
 
 
 @pytest.mark.parametrize("kind", DAMAGE)
 def test_resume_names_a_damaged_file(run, capsys, kind):
     recipe, run_dir = run
-    f = step(run_dir) / ("extra_rank00000.pt" if kind == "random bytes" else "mp_rank_00_model_states.pt")
+    f = step(run_dir) / ("extra_rank00000.pt" if kind == "random bytes" else DATA)
     f.write_bytes(DAMAGE[kind](f.read_bytes()))
     code = pretrain(recipe, run_dir, "train.max_steps=6")
     line = one_line_error(capsys, code, f.name)
     assert any(w in line for w in ("empty", "truncated", "damaged")), line
 
 
-def test_missing_model_file(run, capsys):
+def test_missing_rank_file(run, capsys):
     from eval.sample import main
 
     recipe, run_dir = run
-    (step(run_dir) / "mp_rank_00_model_states.pt").unlink()
+    (step(run_dir) / DATA).unlink()
     code = main(["--checkpoint", str(run_dir), "--prompt", "x", "--max-new-tokens", "2"])
-    one_line_error(capsys, code, "mp_rank_00_model_states.pt", "missing")
+    one_line_error(capsys, code, DATA, "missing")
     code = pretrain(recipe, run_dir, "train.max_steps=6")
-    one_line_error(capsys, code, "step_00000004", "model")
+    one_line_error(capsys, code, "step_00000004", DATA, "incomplete")
 
 
 @pytest.mark.parametrize("override,field", [("model.hidden=64", "model.hidden"),
@@ -376,8 +436,9 @@ def test_latest_with_nothing_complete_is_an_error(run, capsys):
 
 
 def test_disk_full_during_a_save_keeps_the_last_good_checkpoint(run, model_parallel, monkeypatch, capsys):
-    """ENOSPC from the second save (DeepSpeed's torch.save of the model file): the partial directory
-    is removed, `latest` and step 4 are untouched, and the run stops with one line saying so."""
+    """ENOSPC from a save's per-rank file (torch.save of extra_rank*.pt, written in the step loop): the
+    partial directory is removed, `latest` and step 4 are untouched, and the run stops with one line
+    saying so. (A disk that fills during the background write: tests/test_storage_faults.py.)"""
     recipe, run_dir = run
     real_save = torch.save
 
@@ -459,7 +520,7 @@ def test_inference_loads_need_neither_megatron_nor_deepspeed(trained):
 
 @pytest.mark.slow
 def test_cli_prints_one_line_and_debug_keeps_the_traceback(run, tmp_path):
-    f = step(run[1]) / "mp_rank_00_model_states.pt"
+    f = step(run[1]) / DATA
     f.write_bytes(b"")
     cmd = [sys.executable, "-m", "launch.cli", "sample", "--checkpoint", str(run[1]), "--prompt", "x"]
     r = subprocess.run(cmd, cwd=REPO, env=cli_env(), capture_output=True, text=True, timeout=300)

@@ -6,16 +6,15 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from helpers import cli_env, write_recipe
+from helpers import run_transformers_only, write_recipe
+from model import families
 
-FAMILIES = ("setdlm", "bd3lm", "mdlm", "ar")
+FAMILIES = families.names()  # the default (trained below) first
 # One architecture per family, so every mapping path is exercised (biases, SwiGLU, GQA, QK-norm, ties).
 ARCH = {
     "setdlm": {},  # the tiny recipe: LayerNorm + bias, GELU, MHA, tied embeddings; trained by the Trainer
@@ -56,14 +55,8 @@ torch.save(out, sys.argv[2])
 
 
 def _run_hf(jobs: dict, tmp: Path) -> dict:
-    torch.save(jobs, tmp / "jobs.pt")
-    (tmp / "hf_script.py").write_text(HF_SCRIPT)
-    env = cli_env()
-    env.pop("PYTHONPATH", None)
-    r = subprocess.run([sys.executable, str(tmp / "hf_script.py"), str(tmp / "jobs.pt"), str(tmp / "out.pt")],
-                       cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return torch.load(tmp / "out.pt")
+    """`jobs` run by HF_SCRIPT in a process that imports transformers and the exported files only."""
+    return run_transformers_only(HF_SCRIPT, jobs, tmp, timeout=300)
 
 
 def _logits(model, ids, pos, mask):
@@ -110,7 +103,7 @@ def world(tmp_path_factory, model_parallel):
     # The other families: random weights written as consolidated checkpoints (what consolidation produces).
     tok = load_tokenizer("gpt2")
     for fam in FAMILIES[1:]:
-        over = [f"run.out_dir={tmp}", f"objective.name={fam}"] + [f"model.{k}={v}" for k, v in ARCH[fam].items()]
+        over = [f"run.out_dir={tmp}", f"objective.name={fam}"] + [f"model.{k}={v}" for k, v in ARCH.get(fam, {}).items()]
         c = load_config(recipe, over)
         c.resolve_vocab(tok)
         torch.manual_seed(len(fam))

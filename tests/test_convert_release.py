@@ -76,7 +76,7 @@ def test_untied_safetensors_release_and_the_other_families(fx, tmp_path):
     bb = fx["bb_untied"]
     ids = torch.randint(0, 50257, (2, 20), generator=torch.Generator().manual_seed(0))
     pos = torch.arange(20).expand(2, 20)
-    for family in ("ar", "bd3lm", "mdlm"):
+    for family in ("ar", "bd3lm", "mdlm"):  # the reference's released families besides SW-SetDLM, not the registry
         d = rf.write_release(tmp_path / f"gsm8k-{family}", bb, rf.release_config(family, L, block=8),
                              safetensors=family == "mdlm")
         run = import_reference(d, tmp_path / f"run-{family}", base_model=str(fx["base_untied"]), log=lambda s: None)
@@ -211,11 +211,18 @@ def test_init_from_an_imported_release_keeps_rows_and_cache_order(fx, tmp_path):
     raw = yaml.safe_load(recipe.read_text())
     del raw["data"]["tokenizer"]  # left unset: init_from takes the imported run's own (a given one is kept)
     recipe.write_text(yaml.safe_dump(raw))
-    cfg = load_config(recipe, [f"run.out_dir={tmp_path / 'runs'}", "model.n_layers=2", "model.hidden=128",
-                               "model.n_heads=4", "model.ffn_hidden=256", "model.tie_embeddings=true",
-                               "model.max_seq_len=48", "data.seq_len=48"])
+    arch = [f"run.out_dir={tmp_path / 'runs'}", "model.n_layers=2", "model.hidden=128", "model.n_heads=4",
+            "model.ffn_hidden=256", "model.tie_embeddings=true", "data.seq_len=48"]
+    cfg = load_config(recipe, [*arch, "model.max_seq_len=48"])
     src = init_from.prepare(cfg)
     assert src.kind == "checkpoint" and cfg.model.vocab_size == rf.ROWS and cfg.objective.cache_order == "first_hitting"
+    # a recipe that leaves model.max_seq_len unset takes the release's own length, not the default 1024
+    del raw["model"]["max_seq_len"]
+    recipe.write_text(yaml.safe_dump(raw))
+    cfg = load_config(recipe, arch)
+    assert not cfg.given("model.max_seq_len") and cfg.model.max_seq_len == 1024
+    src = init_from.prepare(cfg)
+    assert cfg.model.max_seq_len == L and any(f"model.max_seq_len 1024 -> {L}" in n for n in src.notes), src.notes
 
 
 # -- bad input: one line, exit 2 ------------------------------------------------------------------------
@@ -285,6 +292,9 @@ def test_bad_releases_are_one_line(fx, tmp_path, capsys):
     shutil.copytree(src, d)
     (d / "config.json").unlink()
     _one_line(_convert_here(capsys, "from-reference", "--model", d, "--out", tmp_path / "o2"), "config.json")
+    _one_line(_convert_here(capsys, "from-reference", "--model", d, "--out", tmp_path / "o2", "--base-model",
+                            fx["base"]), "--base-model", "no config.json", "copy it in")
+    assert "DiT checkpoint;" not in capsys.readouterr().err
     # no weights
     d = tmp_path / "noweights"
     shutil.copytree(src, d)

@@ -68,3 +68,42 @@ def test_every_recipe_key_a_doc_names_exists():
                 if key not in keys and not any(k.startswith(key + ".") for k in keys) and not code_path(key):
                     bad.append(f"{doc.relative_to(REPO)}:{n}: {key}")
     assert not bad, "docs name recipe keys that do not exist:\n" + "\n".join(bad)
+
+
+def test_the_family_table_of_the_architecture_doc_is_true():
+    """docs/architecture.md's table of each family's mask kind and inference traits: every row it has
+    is the registry's (a new family needs no row for the tests to pass)."""
+    from model import families
+
+    text = (REPO / "docs" / "architecture.md").read_text()
+    rows = re.findall(r"^\| .*\(`(\w+)`\) \| `(\w+)` \| `(\w+)` \| `(\w+)` \|$", text, re.M)
+    assert len(rows) >= 4, "the family table of docs/architecture.md is gone or reshaped"
+    for name, mask, inference, decoding in rows:
+        spec = families.get(name)
+        assert (mask, inference, decoding) == (spec.mask_kind, spec.inference_mask, spec.decoding), name
+
+
+def test_model_dropout_drops_what_its_description_says():
+    """`model.dropout`'s description: each block's attention and MLP outputs, not the embeddings."""
+    import torch
+
+    from model.config import ModelConfig
+    from model.transformer import Transformer
+
+    desc = ModelConfig.__dataclass_fields__["dropout"].default.description
+    assert "attention and MLP outputs" in desc and "none on the embeddings" in desc, desc
+    model = Transformer(ModelConfig(n_layers=2, hidden=16, n_heads=2, ffn_hidden=32, vocab_size=16, mask_id=15,
+                                    dropout=0.5, max_seq_len=8))
+    drops = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Dropout)]
+    assert drops and all(re.fullmatch(r"layers\.\d+\.drop", n) for n in drops), drops
+
+
+def test_the_loggers_common_log_names_are_those_the_code_asks_for():
+    """common/log.py's docstring names the loggers the library asks `get_logger` for."""
+    doc = (REPO / "common" / "log.py").read_text().split('"""')[1]
+    used = set()
+    for pkg in ("common", "data_pipeline", "model", "pretrain", "eval", "serve", "launch"):
+        for p in (REPO / pkg).rglob("*.py"):
+            for name in re.findall(r"get_logger\(\s*[\"']([\w.]+)[\"']", p.read_text()):
+                used.add(name if name.startswith("setdlm.") else f"setdlm.{name}")
+    assert used and all(f"``{n}``" in doc for n in used), (sorted(used), doc)

@@ -204,7 +204,7 @@ def test_hf_export_decodes_past_its_positions_but_refuses_a_prompt_that_does_not
 
     torch.manual_seed(0)
     cfg = SetDLMConfig(vocab_size=24, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                       max_position_embeddings=12, mask_token_id=23, eos_token_id=22, set_diffusion={"family": "setdlm", "set_size": 2})
+                       max_position_embeddings=12, mask_token_id=23, eos_token_id=22, set_diffusion={"inference_mask": "causal", "decoding": "set_window", "set_size": 2})
     m = SetDLMForMaskedLM(cfg).eval()
     with pytest.raises(ValueError, match="13 prompt tokens exceed max_position_embeddings 12"):
         m.set_diffusion_generate([list(range(1, 14))], max_new_tokens=2)

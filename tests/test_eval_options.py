@@ -18,13 +18,14 @@ from eval import api
 from eval.errors import EvalError, OptionError
 from eval.sample import SampleOptions, build_parser
 from eval.tasks import TASKS
+from model import families
 
 # The flags of every command as the argparse parsers declared them before (kind, default, choices);
 # seed: the default the API applied (0; likelihood: the recipe's run.seed).
 RUN = {"--checkpoint": ("str", None), "--out": ("str", "required"), "--seed": ("int", 0), "--limit": ("int", 0),
        "--shard": ("str", None), "--overwrite": ("switch", False), "--no-ema": ("switch", False),
        "--device": ("str", None), "--no-merge": ("switch", False), "--merge-timeout": ("float", 0.0)}
-FAMILY = ("setdlm", "bd3lm", "mdlm", "ar")
+FAMILY = families.names()
 DECODING = {"--family": ("str", None, FAMILY), "--window": ("int", None), "--threshold": ("float", None),
             "--block-size": ("int", None), "--steps": ("int", None), "--steps-per-block": ("int", None),
             "--remasking": ("str", "confidence", ("confidence", "random")), "--temperature": ("float", 0.0),
@@ -122,7 +123,7 @@ def test_argv_and_keywords_give_the_same_options():
     (dict(window=2.5), "--window (sampling.window): expected an integer >= 1, got 2.5"),
     (dict(window=0), "--window (sampling.window): must be >= 1, got 0"),
     (dict(top_p=1.5), "--top-p (sampling.top_p): must be in (0.0, 1.0], got 1.5"),
-    (dict(family="gpt"), "--family (sampling.family): must be one of setdlm, bd3lm, mdlm, ar, got 'gpt'"),
+    (dict(family="gpt"), f"--family (sampling.family): must be one of {', '.join(FAMILY)}, got 'gpt'"),
     (dict(fewshot=-1), "--fewshot: must be >= 0, got -1"),
     (dict(limit=True), "--limit: expected an integer >= 0, got True"),
     (dict(backend="harness"), "--backend: must be one of auto, lm-eval, direct, got 'harness'"),
@@ -192,7 +193,7 @@ def test_describe_lists_every_option_with_type_range_and_default(command, capsys
     for flag, (typ, default, desc) in expected.items():
         assert desc and typ in rows[flag] and f"  {default}  " in rows[flag] + "  " and desc in rows[flag], rows[flag]
     if command != "likelihood":
-        assert "int >= 1" in rows["--window"] and "setdlm | bd3lm | mdlm | ar" in rows["--family"]
+        assert "int >= 1" in rows["--window"] and " | ".join(FAMILY) in rows["--family"]
         assert "float in (0.0, 1.0]" in rows["--top-p"]
     if command == "gsm8k":
         assert rows["--threshold"].split()[1:4] == ["float", ">=", "0.0"] and " 0.9 " in rows["--threshold"]

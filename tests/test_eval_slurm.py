@@ -37,8 +37,11 @@ tasks:
     env = job_env(MATRIX=str(matrix), EVAL_CMD=f"{sys.executable} -m launch.cli eval")
     slurm.sbatch([str(REPO / "eval" / "templates" / "eval_matrix.sbatch")], extra=extra, env=env, cwd=REPO)
     cells = [tmp_path / "results" / "tiny" / "likelihood" / s for s in ("match", "one-batch")]
+    ranks = ["records.rank00000.jsonl", "records.rank00001.jsonl"]
     deadline = time.monotonic() + 400
-    while not all((c / "metrics.json").is_file() for c in cells):
+    # rank 0 merges once every unit has records; a rank that owns no unit (the one-batch cell) may open its
+    # records file after that on a loaded machine, so the wait is for both ranks' files too
+    while not all((c / "metrics.json").is_file() and all((c / r).is_file() for r in ranks) for c in cells):
         if time.monotonic() > deadline:
             logs = "\n".join(p.read_text(errors="replace")[-3000:] for p in tmp_path.glob("*.out"))
             pytest.fail("array job did not finish:\n" + logs + slurm.logs_tail())
@@ -47,6 +50,5 @@ tasks:
     assert match["metrics"]["nll"] == read_metrics(tmp_path / "tiny")[2]["val/nll"]
     assert match["created"]["world"] == 2 and match["created"]["launcher"] == "slurm"
     for c in cells:
-        assert sorted(p.name for p in c.glob("records.rank*.jsonl")) == ["records.rank00000.jsonl",
-                                                                          "records.rank00001.jsonl"]
+        assert sorted(p.name for p in c.glob("records.rank*.jsonl")) == ranks
     assert json.loads((cells[1] / "metrics.json").read_text())["metrics"]["sequences"] == 4

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from model import families
 from model import flex
 from model.config import ModelConfig, ObjectiveConfig
 from model.masks import build_mask
@@ -21,7 +22,7 @@ def test_mask_mod_equals_dense_mask(kind, L, bs):
     assert torch.equal(got, build_mask(kind, L, bs))
 
 
-@pytest.mark.parametrize("objective", ["ar", "mdlm", "bd3lm", "setdlm"])
+@pytest.mark.parametrize("objective", families.names())
 def test_flex_backend_matches_sdpa(objective):
     torch.manual_seed(0)
     cfg = ModelConfig(n_layers=2, hidden=32, n_heads=4, n_kv_heads=2, ffn_hidden=64, vocab_size=50, mask_id=49,

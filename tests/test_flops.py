@@ -115,3 +115,19 @@ def test_train_peak_tflops_is_what_mfu_divides_by(tmp_path, model_parallel, caps
             assert "perf/mfu" not in m and m["perf/model_tflops"] > 0  # N/A: not written (the console says "MFU N/A")
     assert cli_main(["pretrain", "--config", str(recipe), "--out", str(tmp_path), "train.peak_tflops=-1"]) == 2
     assert "train.peak_tflops" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("name", families.names())
+@pytest.mark.parametrize("recompute", ["none", "selective", "full"])
+def test_pipeline_stage_shares_add_up_to_the_step(name, recompute):
+    """The step-time model's per-stage (matmul, attention) split (sequence_flops) sums to train_step_flops."""
+    from pretrain.flops import sequence_flops
+
+    cfg = ModelConfig(n_layers=5, hidden=8, n_heads=2, ffn_hidden=16, vocab_size=100, mask_id=99, dropout=0.0)
+    whole = train_step_flops(cfg, name, 8, 3, block_size=2, recompute=recompute)
+    stages = [sequence_flops(cfg, name, 8, 2, recompute, n_layers=n, head=last) for n, last in ((2, False), (2, False),
+                                                                                                (1, True))]
+    assert 3 * sum(sum(s) for s in stages) == pytest.approx(whole)
+    matmul, attention = sequence_flops(cfg, name, 8, 2, recompute)
+    assert attention == pytest.approx((3 + (recompute != "none")) * 5 * 32 * attention_pairs(
+        families.get(name).layout(8, 2).mask_kind, 8, 2))

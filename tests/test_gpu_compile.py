@@ -7,12 +7,13 @@ here, on a GPU.
 """
 
 import copy
+import itertools
 import math
 
 import pytest
 import torch
 
-from model import flex
+from model import families, flex
 from model.config import ModelConfig, ObjectiveConfig
 from model.objectives import build_objective
 from model.transformer import Transformer
@@ -69,8 +70,16 @@ def assert_same(ref, got) -> None:
         assert diff <= 1e-3 * float(ref[2][n].double().norm()) + 1e-6 * total, n
 
 
-# One mask kind per activation-checkpointing mode: each case is one more compile on the GPU.
-@pytest.mark.parametrize("objective,checkpointing", [("setdlm", "none"), ("bd3lm", "full"), ("ar", "selective")])
+def _one_family_per_mask_kind() -> list[str]:
+    first: dict = {}
+    for name in families.names():
+        first.setdefault(families.get(name).mask_kind, name)
+    return list(first.values())
+
+
+# One family per mask kind, the activation-checkpointing modes in turn: each case is one more compile on the GPU.
+@pytest.mark.parametrize("objective,checkpointing",
+                         list(zip(_one_family_per_mask_kind(), itertools.cycle(("none", "full", "selective")))))
 def test_compiled_blocks_with_flex_match_eager(objective, checkpointing):
     from test_gpu_flex import raise_recompile_limit
 

@@ -12,6 +12,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from model import families
 from model import flex
 from model.config import ModelConfig, ObjectiveConfig
 from model.masks import build_mask
@@ -120,7 +121,7 @@ def test_flex_grouped_query_attention(device, dtype):
 
 
 @pytest.mark.parametrize("device", [pytest.param("cpu", id="cpu"), pytest.param("cuda", id="cuda", marks=ON_GPU)])
-@pytest.mark.parametrize("objective", ["ar", "mdlm", "bd3lm", "setdlm"])
+@pytest.mark.parametrize("objective", families.names())
 def test_model_flex_matches_sdpa_with_padding(device, objective):
     """Padded batches through the whole model: flex backend == SDPA backend (logits, loss and, on
     CUDA, every parameter gradient), and both == the same weights on the CPU. AR and SetDLM keep the

@@ -113,6 +113,7 @@ def test_cpu_smoke_writes_the_report_and_enforces_time_limits(tmp_path):
     (train,) = parts["train"]["rows"]
     assert train["objective"] == "setdlm" and train["tokens_per_s"] > 0 and train["timed_steps"] == 2
     assert train["loss"] > 1.0 and train["mfu"] is None  # no peak on a CPU: MFU is not invented
+    assert train["predicted_ms"] > 0 and train["measured_over_predicted"] > 0 and "prediction_note" in train
     decode = [row for row in parts["decode"]["rows"] if "tokens_per_s" in row]
     assert {(row["sampler"], row["mode"], row["batch"]) for row in decode} == {
         (s, m, b) for s in ("SetDLM w=4 thr=off", "AR") for m in ("compiled", "eager") for b in (1, 4)}
@@ -124,6 +125,7 @@ def test_cpu_smoke_writes_the_report_and_enforces_time_limits(tmp_path):
     assert rep["verdict"][2].startswith("CUDA is not visible"), rep["verdict"]
     md = (out / "report.md").read_text()
     assert "CPU SMOKE RUN" in md and "| env | timeout |" in md and "## Decoding throughput" in md
+    assert "## Predicted vs measured step time" in md
     assert "## Verdict: FAILED" in md and "- part env: timeout" in md
     log = (out / "gpu_check.log").read_text()
     assert "time limit 2s reached" in log and os.path.getsize(out / "report.md") > 500
@@ -306,3 +308,26 @@ def test_partial_benchmarks_pass_and_the_rehearsal_verdict(tmp_path):
                                                            "skipped": total - 2, "cases": [], "failures": [],
                                                            "selection": orchestrate.selection(False)}}
     assert verdict.rehearsal_verdict(rep) == [f"{total - 2} gpu tests collected, {total} expected (verdict.GPU_TESTS)"]
+
+
+def test_the_train_part_predicts_each_case_with_the_dry_run_s_model():
+    """benchmarks/gpu_check/predict.py: the step time of pretrain/steptime.py on the preset of the device
+    the case ran on (H100 / H200 by name), the H200's rates with a note elsewhere."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from gpu_check.predict import predicted, ratio
+    from pretrain.config import load_config
+    from pretrain.hardware import PRESETS, preset_of_device
+    from pretrain.steptime import step_time
+
+    cfg = load_config(None, ["model.preset=paper-12x768", "model.vocab_size=50258", "model.mask_id=50257",
+                             "data.seq_len=1024", "model.max_seq_len=1024", "train.micro_batch=16",
+                             "train.global_batch=16", "parallel.zero_stage=1"])
+    h100 = predicted(cfg, "NVIDIA H100 80GB HBM3", "bf16", cuda=True)
+    assert h100["hardware"] == "H100 SXM" and "prediction_note" not in h100
+    assert h100["predicted_ms"] == round(1000 * step_time(cfg, 1, PRESETS["h100"]).total, 1)
+    h200 = predicted(cfg, "NVIDIA H200", "bf16", cuda=True)
+    assert h200["hardware"] == "H200 SXM" and h200["predicted_ms"] < h100["predicted_ms"]  # faster HBM
+    cpu = predicted(cfg, None, "fp32", cuda=False)
+    assert cpu["hardware"] == "H200 SXM" and "no preset" in cpu["prediction_note"]
+    assert [preset_of_device(n) for n in ("NVIDIA H100 PCIe", "NVIDIA GH200 480GB", "NVIDIA A100-SXM4-80GB")] == [None] * 3
+    assert ratio(120.0, 100.0) == 1.2 and ratio(None, 100.0) is None

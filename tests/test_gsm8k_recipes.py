@@ -13,6 +13,7 @@ import torch
 
 from helpers import REPO, setdlm
 
+# The reference's released GSM8K runs (its scripts), one recipe each: not the registry's families.
 FAMILIES = {"ar": "run_train_ar_gsm8k.sh", "mdlm": "run_train_mdlm_gsm8k.sh", "bd3lm": "run_train_bd3lm_gsm8k.sh",
             "setdlm": "run_train_setdlm_gsm8k.sh"}
 

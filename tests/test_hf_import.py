@@ -44,7 +44,7 @@ def import_rank(hf_dir: Path, target: Path, tp: int = 1, pp: int = 1) -> None:
     from model.transformer import full_logits
     from pretrain import init_from
     from pretrain.checkpoint.rng import rng_state
-    from pretrain.checkpoint.save import save
+    from pretrain.checkpoint.writer import save
     from pretrain.config import from_dict, save_config
     from pretrain.engine import _skip_cpu_shm_op, build_engine
     from pretrain.parallelize import build_stage
@@ -79,7 +79,6 @@ def import_rank(hf_dir: Path, target: Path, tp: int = 1, pp: int = 1) -> None:
             full = full_logits(engine.module, logits)
         else:
             full = None  # parity under PP is the consolidation + export below
-    mp_rank = parallel_state.get_model_parallel_group().rank()
     if dist.get_rank() == 0:
         run.mkdir(parents=True, exist_ok=True)
         save_config(cfg, run / "config.yaml")
@@ -91,8 +90,7 @@ def import_rank(hf_dir: Path, target: Path, tp: int = 1, pp: int = 1) -> None:
             "objective": "ar", "config": cfg.to_dict(),
             "layout": {"world": dist.get_world_size(), "tp": tp, "pp": pp,
                        "dp": parallel_state.get_data_parallel_world_size(), "zero_stage": 0}}
-    save(engine, run / "checkpoints", 0, meta=meta, extra={"rng": rng_state()}, ema_state=None,
-         keep_last=1, mp_rank=mp_rank, dp_rank=parallel_state.get_data_parallel_rank(), rank=dist.get_rank())
+    save(engine, run / "checkpoints", 0, meta=meta, extra={"rng": rng_state()}, keep_last=1, rank=dist.get_rank())
 
 
 def _worker(model, run, tp: int):

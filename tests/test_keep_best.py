@@ -47,7 +47,9 @@ def test_best_checkpoint_is_kept_outside_keep_last_and_selected_by_run_best(tmp_
     assert rundir.resolve_checkpoint(f"{run}:6") == root / rundir.tag_for(6)
     # RUN:best loads the EMA weights of the best checkpoint (the released-model convention)
     model, _, _ = load_model(f"{run}:best")
-    ema = torch.load(root / rundir.tag_for(want) / "ema_mp_rank_00.pt", weights_only=True)["shadow"]
+    from pretrain.checkpoint.distcp import whole_state
+
+    ema = whole_state(root / rundir.tag_for(want), module=False)["ema"]
     for name, value in ema.items():
         torch.testing.assert_close(model.state_dict()[name], value, rtol=0, atol=0)
     raw, used = checkpoint_weights(root / rundir.tag_for(want), rundir.read_meta(root / rundir.tag_for(want)), ema=False)

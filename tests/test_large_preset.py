@@ -1,6 +1,7 @@
 """The 7B-class preset: qwen3-8b has Qwen3-8B's shape and parameter count, an HF Qwen3-8B config.json
 derives the same shape for train.init_from, one rank of it at TP=8 x PP=2 holds what pretrain/plan.py
-says and builds without the model's memory, and its recipe's dry run fits 80 GB GPUs."""
+says and builds without the model's memory, and its recipes' dry runs fit 80 GB GPUs in the layouts the
+plan ranks fastest."""
 
 from __future__ import annotations
 
@@ -121,16 +122,29 @@ def test_qwen3_8b_recipe_dry_run_fits_80gb(world, capsys, tmp_path):
                      str(tmp_path), *QWEN3_VOCAB])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert f"world {world} = TP 8 x PP 1 x DP {world // 8}" in out and "1023.8M parameters per rank" in out
+    assert f"world {world} = TP 2 x PP 1 x DP {world // 2} | ZeRO-2 + overlap_comm" in out
+    assert "4094.5M parameters per rank" in out and "MFU" in out
     cfg = load_config(RECIPE, QWEN3_VOCAB)
     info = plan(cfg, world)
     peak = max(m.total for m in info["memory"])
-    assert peak < 0.5 * 80 * GIB, peak / GIB  # well under 80 GiB, room for context and fragmentation
+    assert peak < 0.9 * 80 * GIB, peak / GIB  # the plan's rule: within 90% of 80 GiB
     fit, _ = info["fit"][cfg.train.activation_checkpointing]
-    assert fit >= 2 * cfg.train.micro_batch, info["fit"]  # the recipe's micro-batch is not at the edge
+    assert fit >= cfg.train.micro_batch, info["fit"]
+    assert info["time"].mfu > 0.5 and info["time"].tp < 0.1 * info["time"].total
     for seq_len in (1024, 4096):  # the whole L range of the recipe fits at its micro-batch
         cfg = load_config(RECIPE, [*QWEN3_VOCAB, f"data.seq_len={seq_len}"])
-        assert max(m.total for m in plan(cfg, world)["memory"]) < 0.5 * 80 * GIB
+        assert max(m.total for m in plan(cfg, world)["memory"]) < 0.9 * 80 * GIB
+
+
+def test_long_context_recipe_uses_context_parallelism_and_fits():
+    from pretrain.plan import GIB, plan
+
+    cfg = load_config(REPO / "configs" / "qwen3-8b-setdlm-16k.yaml", QWEN3_VOCAB)
+    assert cfg.data.seq_len == 16384 and cfg.parallel.cp > 1
+    for world in (32, 64):
+        info = plan(cfg, world)
+        assert max(m.total for m in info["memory"]) < 0.9 * 80 * GIB
+        assert info["time"].cp > 0 and info["comm"]["context parallel"] > 0
 
 
 def test_gsm8k_qwen3_8b_recipe_plans_one_node():

@@ -7,6 +7,8 @@ one process), with gradient clipping active. Losses, gradient norms and the vali
 with the one-process run within 1e-5 relative, and the weights within PARAM_ATOL; each layout's
 sharded checkpoint must consolidate to the one-process weights and Adam moments. A bf16
 run of TP=2, PP=2 (ZeRO 0 and 1) checks DeepSpeed's bf16 optimizers' gradient norms under those layouts.
+Every run also counts what its collectives move in one step (tests/comm_counter.py), which
+tests/test_comm_plan.py compares with the dry run's count.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from pathlib import Path
 import pytest
 import torch
 
+from comm_counter import CommCounter
 from distributed_run import run_distributed
+from helpers import gathered_weights
 from pretrain.checkpoint.consolidate import consolidate
 from pretrain.checkpoint.shards import merge
 
@@ -59,6 +63,11 @@ EXTRA = {
     "qwen_lora": {"train": {"lora": {"rank": 4, "alpha": 8.0, "random_base": True}}},
     "gpt_lora": {"train": {"lora": {"rank": 4, "alpha": 8.0, "random_base": True}}},
     "qwen_lorasp": {"train": {"lora": {"rank": 4, "alpha": 8.0, "random_base": True}}, "parallel": {"sequence_parallel": True}},
+    # tests/test_comm_plan.py: an embedding above ZeRO-3's persistence threshold (1e5 elements), gathered per
+    # micro-batch
+    "qwen_z3wide": {"model": {"vocab_size": 4000, "mask_id": 3999}},
+    # DeepSpeed's overlap_comm (the gradient reduction beside the backward, ZeRO-1/2)
+    "qwen_overlap": {"parallel": {"overlap_comm": True}},
 }
 for _name in EXTRA:
     MODELS[_name] = MODELS[_name.split("_")[0]]
@@ -108,7 +117,8 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
 
     from model.objectives import build_objective, summarize
     from pretrain.parallel import ensure_model_parallel
-    from pretrain.checkpoint.save import save, shard_info
+    from pretrain.checkpoint.shards import shard_info
+    from pretrain.checkpoint.writer import save
     from pretrain.config import from_dict
     from pretrain.engine import build_engine, zero3_init
     from pretrain.parallelize import build_stage, prepare_model
@@ -134,7 +144,10 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
     for step in range(STEPS):
         full = global_inputs(objective, step)
         micro = [_rows(full, i, i + MICRO) for i in range(mine.start, mine.stop, MICRO)]
+        COUNTER.clear()
         m, gnorm = stepper.train_step(micro)
+        if step == COUNTED_STEP:  # what this rank's collectives moved in one step (tests/test_comm_plan.py)
+            write_counts(out / f"{variant}-{layout}.comm{dist.get_rank()}.json", COUNTER, cfg)
         red = stepper.reduce(m)
         result["losses"].append(red["loss_sum"] / red["loss_count"])
         result["grad_norms"].append(None if gnorm is None else float(gnorm))  # the engine's norm: a tensor
@@ -142,29 +155,79 @@ def run_layout(layout: str, variant: str, out: Path) -> None:
     val = global_inputs(objective, 99)
     red = stepper.reduce(stepper.eval_step([_rows(val, i, i + MICRO) for i in range(mine.start, mine.stop, MICRO)]))
     result["val_nll"] = summarize(red)["nll"]
+    state = gathered_weights(engine.module, zero == 3) if dp_rank == 0 or zero == 3 else None
     if dp_rank == 0:
-        params = list(engine.module.named_parameters())
-        if zero == 3:
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters([p for _, p in params]):
-                state = {n: p.detach().float().clone() for n, p in params}
-        else:
-            state = {n: p.detach().float().clone() for n, p in params}
         mp = dist.get_rank(group=parallel_state.get_model_parallel_group())
         torch.save({"info": shard_info(engine), "state": state}, out / f"{variant}-{layout}_mp{mp:02d}.pt")
-    elif zero == 3:
-        import deepspeed
-
-        with deepspeed.zero.GatheredParameters(list(engine.module.parameters())):
-            pass
-    if not variant.endswith("bf16"):  # a real sharded checkpoint, for the consolidation checks
+    if variant in VARIANTS or "lora" in variant:  # a real sharded checkpoint, for the consolidation checks
         meta = {"step": STEPS, "tokens_seen": 0, "layout": {"world": world, "tp": tp, "pp": pp, "dp": dp, "zero_stage": zero}}
-        save(engine, out / f"ckpt-{variant}-{layout}", STEPS, meta=meta, extra={}, ema_state=None, keep_last=1,
-             mp_rank=dist.get_rank(group=parallel_state.get_model_parallel_group()), dp_rank=dp_rank, rank=dist.get_rank())
+        save(engine, out / f"ckpt-{variant}-{layout}", STEPS, meta=meta, extra={}, keep_last=1, rank=dist.get_rank())
     if dist.get_rank() == 0:
         (out / f"{variant}-{layout}.json").write_text(json.dumps(result))
     dist.barrier()
+
+
+# The collectives of every rank are counted (tests/comm_counter.py) and those of step COUNTED_STEP (the
+# second: the first also holds one-time work) written per rank, with the rank's groups, for
+# tests/test_comm_plan.py to compare with the plan's count.
+COUNTER = CommCounter()
+COUNTED_STEP = 1
+
+
+def write_counts(path: Path, counter: CommCounter, cfg) -> None:
+    from megatron.core import parallel_state as ps
+
+    groups = {"tp": ps.get_tensor_model_parallel_group(), "pp": ps.get_pipeline_model_parallel_group(),
+              "dp": ps.get_data_parallel_group(with_context_parallel=True), "cp": ps.get_context_parallel_group()}
+    if ps.get_pipeline_model_parallel_world_size() > 1 and ps.is_rank_in_embedding_group():
+        groups["embedding"] = ps.get_embedding_group()
+    calls: dict = {}
+    for r in counter.records:
+        key = (r.op, r.ranks, r.nbytes, r.dtype)
+        calls[key] = calls.get(key, 0) + 1
+    path.write_text(json.dumps({
+        "rank": torch.distributed.get_rank(), "world": torch.distributed.get_world_size(), "recipe": cfg.to_dict(),
+        "groups": {k: torch.distributed.get_process_group_ranks(g) for k, g in groups.items()},
+        "stage": ps.get_pipeline_model_parallel_rank(),
+        "calls": [[op, list(ranks), nbytes, dtype, n] for (op, ranks, nbytes, dtype), n in calls.items()]}))
+
+
+# Context-parallel cases of the CP runtime's own tests (tests/test_context_parallel_runs.py `run_case`),
+# counted like the layouts above for tests/test_comm_plan.py, in the 4-process launch: where that runtime
+# exists. TP x CP with sequence parallelism, ZeRO-1 over dp x cp, full recomputation of a one-stream family.
+CP_COUNTED = ("setdlm-tp2cp2pp1z0sp", "bd3lm-tp1cp2pp1z1", "mdlm-tp1cp2pp1z0ac")
+
+
+def cp_runtime() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("model.context_parallel") is not None
+
+
+def run_cp_case(case: str, out: Path) -> None:
+    """One of the CP runtime's cases, its second optimizer step's collectives written per rank."""
+    import torch.distributed as dist
+
+    import test_context_parallel_runs as cpr
+    from pretrain.config import from_dict
+    from pretrain.pipeline import StepRunner
+
+    cfg = from_dict(cpr.recipe(*cpr.parse(case)))
+    original, steps = StepRunner.train_step, []
+
+    def counted(self, micro):
+        COUNTER.clear()
+        result = original(self, micro)
+        if len(steps) == COUNTED_STEP:
+            write_counts(out / f"{case}.comm{dist.get_rank()}.json", COUNTER, cfg)
+        steps.append(case)
+        return result
+
+    StepRunner.train_step = counted
+    try:
+        cpr.run_case(case, out)
+    finally:
+        StepRunner.train_step = original
 
 
 def _rows(inputs, a: int, b: int):
@@ -184,10 +247,14 @@ def train_layouts(out: Path, pairs: list) -> None:
 
     ensure_process_group()
     _skip_cpu_shm_op()
+    COUNTER.install()  # before DeepSpeed's communication backend exists (it keeps references to the functions)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     for variant, layout in pairs:
-        run_layout(layout, variant, out)
+        if variant == "cp":
+            run_cp_case(layout, out)
+        else:
+            run_layout(layout, variant, out)
 
 
 def pairs(variants, layouts) -> list[tuple[str, str]]:
@@ -202,6 +269,7 @@ RECOMPUTE_CASES = [
     ("qwen_full", "tp2pp1z0", 1e-5), ("qwen_full", "tp1pp2z0", 1e-5), ("qwen_full", "tp1pp1z3", 1e-5),
     ("gpt_selective", "tp2pp1z0", 1e-5), ("gpt_selective", "tp1pp2z0", 1e-5),
     ("qwen_compile", "tp2pp1z0", 1e-4), ("qwen_sp", "tp2pp1z0", 1e-5),
+    ("qwen_overlap", "tp1pp1z1", 1e-5), ("qwen_overlap", "tp1pp1z2", 1e-5),
 ]
 # tests/test_lora_parallel.py: variant, layout; the reference is the variant's own one-process run
 # (qwen_lorasp: qwen_lora's)
@@ -209,10 +277,10 @@ LORA_CASES = [
     ("qwen_lora", "tp2pp1z0"), ("qwen_lora", "tp1pp2z0"), ("qwen_lora", "tp1pp1z1"), ("qwen_lora", "tp1pp1z2"),
     ("qwen_lora", "tp1pp1z3"), ("qwen_lorasp", "tp2pp1z0"), ("gpt_lora", "tp2pp1z0"), ("gpt_lora", "tp1pp1z1"),
 ]
-RUNS = {  # processes -> every (variant, layout) the three test modules compare, each run once
+RUNS = {  # processes -> every (variant, layout) the four test modules compare, each run once
     1: pairs([*VARIANTS, "qwen_bf16", "qwen_lora", "gpt_lora"], ["ref"]),
-    2: pairs([*VARIANTS, "qwen_bf16"], TWO) + [c[:2] for c in RECOMPUTE_CASES] + LORA_CASES,
-    4: pairs([*VARIANTS, "qwen_bf16"], FOUR),
+    2: pairs([*VARIANTS, "qwen_bf16"], TWO) + [c[:2] for c in RECOMPUTE_CASES] + LORA_CASES + [("qwen_z3wide", "tp1pp1z3")],
+    4: pairs([*VARIANTS, "qwen_bf16"], FOUR) + ([("cp", case) for case in CP_COUNTED] if cp_runtime() else []),
 }
 
 
@@ -265,14 +333,12 @@ def consolidated(out: Path, name: str) -> dict:
 
 def check_consolidation(out: Path, variant: str, layout: str, zero: int) -> None:
     """The layout's sharded checkpoint consolidates to the one-process state: weights, and the Adam
-    moments (ZeRO-0: client optimizer; ZeRO-1/2: flat partitions; ZeRO-3 checkpoints give weights only)."""
+    moments (ZeRO-0: client optimizer; ZeRO-1/2: flat partitions; ZeRO-3: per-parameter slices)."""
     ref, got = consolidated(out, f"{variant}-ref"), consolidated(out, f"{variant}-{layout}")
     assert set(got["module"]) == set(ref["module"]), set(got["module"]) ^ set(ref["module"])
     worst = max(((got["module"][k] - ref["module"][k]).abs().max().item(), k) for k in ref["module"]
                 if torch.is_tensor(ref["module"][k]))
     assert worst[0] <= PARAM_ATOL, (variant, layout, "consolidated weights differ", worst)
-    if zero == 3:
-        return
     assert got["optimizer"] is not None and got["optimizer"]["step"] == ref["optimizer"]["step"], (variant, layout)
     for key in ("exp_avg", "exp_avg_sq"):
         r, g = ref["optimizer"][key], got["optimizer"][key]
@@ -289,13 +355,14 @@ def test_layouts_match_one_process(parity_runs, nproc, layouts):
         check_bf16(parity_runs, layout)
 
 
-# Each layout's checkpoint with one shard file removed: consolidation (and load_model, which merges
-# shards in memory) refuses it, naming the missing file, instead of writing a smaller model.
+# Each layout's checkpoint with one rank's data file removed (format 2: one file per rank): consolidation
+# (and load_model, which reads the same files) refuses it, naming the missing file, instead of writing a
+# smaller model.
 MISSING = {
-    "TP shard": ("tp2pp1z0", "mp_rank_01_model_states.pt"),
-    "PP stage": ("tp1pp2z0", "mp_rank_01_model_states.pt"),
-    "ZeRO-1 partition": ("tp1pp1z1", "zero_pp_rank_1_mp_rank_00_optim_states.pt"),
-    "ZeRO-3 partition": ("tp1pp1z3", "zero_pp_rank_1_mp_rank_00_model_states.pt"),
+    "TP shard": ("tp2pp1z0", "__1_0.distcp"),
+    "PP stage": ("tp1pp2z0", "__1_0.distcp"),
+    "ZeRO-1 partition": ("tp1pp1z1", "__1_0.distcp"),
+    "ZeRO-3 partition": ("tp1pp1z3", "__1_0.distcp"),
 }
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -248,3 +250,130 @@ def test_eager_saved_bytes_are_what_autograd_saves(tmp_path, block):
     two, m = saved_bytes(2)
     want = activation_bytes_per_token_layer(m, 1, T, 4, "cpu", "none") * B * T + T * T * 4  # + the float mask
     assert two - one == want
+
+
+# -- context parallelism, the step time, the hardware and the ranked layouts ---------------------------------
+QWEN3_8B = "configs/qwen3-8b-setdlm.yaml"
+QWEN3_VOCAB = ["model.vocab_size=151670", "model.mask_id=151669"]
+
+
+@pytest.mark.parametrize("tp,pp,dp,cp", [(2, 2, 2, 2), (1, 3, 2, 4), (8, 1, 2, 2), (2, 1, 3, 1), (1, 1, 1, 3)])
+def test_groups_with_context_parallelism_are_megatron_s(tp, pp, dp, cp):
+    from pretrain.plan import groups_of
+
+    g = rank_groups(tp, pp, dp, cp)
+    world = tp * pp * dp * cp
+    for name, size in (("tp", tp), ("cp", cp), ("pp", pp), ("dp", dp), ("replica", dp * cp)):
+        assert sorted(r for group in g[name] for r in group) == list(range(world)), name
+        assert all(len(x) == size for x in g[name]), name
+    for r in range(world):
+        mine = groups_of(r, tp, pp, dp, cp)
+        for name in ("tp", "cp", "pp", "dp", "replica"):
+            assert list(mine[name]) == next(x for x in g[name] if r in x), (tp, pp, dp, cp, r, name)
+
+
+def test_dry_run_of_the_8b_recipe_with_context_parallelism(tmp_path, capsys):
+    """The issue's acceptance line (with the qwen3 tokenizer's vocabulary given, as a machine without it
+    would): CP groups, the K/V exchange and the step-time split are printed."""
+    code = cli_main(["pretrain", "--config", QWEN3_8B, "--dry-run", "--world-size", "64", "--out", str(tmp_path),
+                     "parallel.cp=2", *QWEN3_VOCAB])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "world 64 = TP 2 x CP 2 x PP 1 x DP 16 | ZeRO-2 over DP x CP = 32 ranks" in out
+    assert "32 CP groups of 2" in out and "context parallel" in out and "CP group" in out
+    row = next(line for line in out.splitlines() if line.split()[:1] == ["5"])  # rank 5: TP 4,5; CP 5,7
+    assert row.split()[3:5] == ["4,5", "5,7"], row
+    for part in ("compute", "memory-bound", "TP/SP comm", "CP comm", "PP bubble + sends", "DP/ZeRO comm", "MFU"):
+        assert part in out, part
+    assert not any(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("overrides,field", [
+    (["parallel.cp=3"], "parallel.cp"),  # 4096 is not divisible by 2 * 3
+    (["parallel.cp=2", "objective.name=bd3lm", "objective.block_size=16", "data.seq_len=96", "model.max_seq_len=96"],
+     "parallel.cp"),  # chunks of 24 tokens are not whole blocks of 16
+    (["parallel.overlap_comm=true", "parallel.zero_stage=3", "parallel.tp=1", "parallel.sequence_parallel=false"],
+     "parallel.overlap_comm"),
+    (["parallel.overlap_comm=true", "parallel.pp=2", "parallel.zero_stage=1"], "parallel.overlap_comm"),
+])
+def test_context_parallel_and_overlap_layouts_refused_naming_the_field(tmp_path, capsys, overrides, field):
+    code = cli_main(["pretrain", "--config", QWEN3_8B, "--dry-run", "--world-size", "48", *QWEN3_VOCAB, *overrides])
+    err = capsys.readouterr().err
+    assert code == 2 and field in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_context_parallelism_splits_activations_and_shards_zero_over_dp_x_cp():
+    cfg = load_config(QWEN3_8B, QWEN3_VOCAB + ["parallel.zero_stage=1", "parallel.overlap_comm=false"])
+    one = estimate_memory(cfg, 64)[0]
+    cfg.parallel.cp = 4
+    four = estimate_memory(cfg, 64)[0]
+    assert four.optimizer == pytest.approx(one.optimizer)  # ZeRO over dp x cp = 32 ranks either way
+    assert 0.25 * one.activations < four.activations < 0.3 * one.activations  # + the gathered K/V
+    assert four.logits == pytest.approx(one.logits / 4)
+
+
+def test_step_time_split_adds_up_and_mfu_is_an_output():
+    from pretrain.comm import step_collectives
+    from pretrain.flops import step_flops
+    from pretrain.hardware import PRESETS
+    from pretrain.steptime import step_time
+
+    cfg = load_config(QWEN3_8B, QWEN3_VOCAB + ["parallel.tp=8", "parallel.zero_stage=1", "train.micro_batch=4",
+                                              "parallel.overlap_comm=false"])
+    h100 = PRESETS["h100"]
+    st = step_time(cfg, 64, h100)
+    assert st.total == pytest.approx(sum(s for _, s in st.split()))
+    assert st.mfu == pytest.approx(step_flops(cfg).model / (st.total * 64 * h100.peak_tflops * 1e12))
+    assert st.compute == pytest.approx(st.matmul + st.attention) and st.matmul > 0 and st.attention > 0
+    # the issue's arithmetic: TP 8 + SP moves about 676 GB per GPU per step (the backward re-gather counted)
+    assert 676e9 <= st.sent["tp"] <= 690e9, st.sent["tp"] / 1e9
+    cfg.parallel.sequence_parallel = False
+    plain = sum(c.sent for c in step_collectives(cfg, 64, "bf16") if c.axis == "tp")
+    assert 1.23 < st.sent["tp"] / plain < 1.26  # 10 half-collectives per block, not 8
+    # a GPU twice as fast at matrix products halves the compute, not the communication
+    fast = step_time(cfg, 64, dataclasses.replace(h100, peak_tflops=2 * h100.peak_tflops))
+    slow = step_time(cfg, 64, h100)
+    assert fast.compute == pytest.approx(slow.compute / 2) and fast.tp == pytest.approx(slow.tp)
+
+
+def test_hardware_presets_and_overrides(tmp_path, capsys, monkeypatch):
+    recipe = write_recipe(tmp_path / "r.yaml")
+    base = ["pretrain", "--config", str(recipe), "--dry-run", "--world-size", "2", "train.micro_batch=2"]
+    assert cli_main(base + ["--hardware", "h200"]) == 0
+    out = capsys.readouterr().out
+    assert "2 x H200 SXM" in out and "HBM 4.8 TB/s" in out and "within 90% of 139 GiB" in out
+    monkeypatch.setenv("SETDLM_NVLINK_GBPS", "900")
+    assert cli_main(base) == 0
+    assert "NVLink 900 GB/s" in capsys.readouterr().out
+    for var, value in (("SETDLM_MATMUL_EFFICIENCY", "1.5"), ("SETDLM_HBM_TBPS", "fast"), ("SETDLM_PEAK_TFLOPS", "-1")):
+        monkeypatch.setenv(var, value)
+        assert cli_main(base) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and var in err[0], err
+        monkeypatch.delenv(var)
+    assert cli_main(["pretrain", "--config", str(recipe), "--hardware", "h100"]) == 2
+    assert "only with --dry-run" in capsys.readouterr().err
+    assert cli_main(base + ["--hardware", "a100"]) == 2
+
+
+def test_compare_layouts_ranks_what_the_step_time_model_says(tmp_path, capsys):
+    from pretrain.hardware import PRESETS
+    from pretrain.layouts import candidates
+    from pretrain.steptime import step_time
+
+    recipe = write_recipe(tmp_path / "r.yaml", model={"n_layers": 4, "hidden": 64, "n_heads": 4, "ffn_hidden": 128},
+                          train={"micro_batch": 1, "global_batch": 4})
+    vocab = ["model.vocab_size=300", "model.mask_id=299"]
+    code = cli_main(["pretrain", "--config", str(recipe), "--dry-run", "--world-size", "2", "--compare-layouts", *vocab])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "fastest first" in out and "| 1 | " in out and "the fastest as overrides:" in out
+    cfg = load_config(recipe, vocab + ["train.global_batch=16"])
+    cands = candidates(cfg, 8, PRESETS["h100"], tps=(1, 2), cps=(1, 2), pps=(1, 2), micro_batches=(1, 2))
+    times = [c.time.total for c in cands]
+    assert times == sorted(times) and len(cands) > 10
+    assert {(c.tp, c.cp, c.pp) for c in cands} >= {(1, 1, 1), (2, 1, 1), (1, 2, 1), (1, 1, 2), (2, 2, 2)}
+    best = cands[0]
+    again = load_config(recipe, vocab + ["train.global_batch=16", *best.overrides()])
+    assert step_time(again, 8, PRESETS["h100"]).total == pytest.approx(best.time.total)
+    assert not any(c.zero > 1 and c.pp > 1 for c in cands) and not any(c.zero == 3 and c.tp > 1 for c in cands)

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from data_pipeline.prompt_answer import Encoder, build_rows, prepare_examples
+from model import families
 
 V, MASK, L = 64, 63, 24
 
@@ -31,7 +32,7 @@ def _position_logits(inputs):
     return table[pos]
 
 
-@pytest.mark.parametrize("name", ["ar", "mdlm", "bd3lm", "setdlm"])
+@pytest.mark.parametrize("name", families.names())
 def test_prompt_and_padding_tokens_never_reach_the_loss_or_the_bound(name):
     from model.config import ModelConfig, ObjectiveConfig
     from model.objectives import build_objective

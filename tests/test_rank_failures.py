@@ -132,20 +132,22 @@ def test_kill_9_of_one_of_two_ranks_mid_step(killed_run):
 
 
 @pytest.mark.slow
-def test_missing_zero1_shard_of_one_rank_at_start_up(killed_run, tmp_path):
-    """The review's probe: rank 1 says what is missing; rank 0 says rank 1 failed and why (it printed gloo's
-    "Connection closed by peer" traceback before)."""
+def test_missing_data_file_of_one_rank_at_start_up(killed_run, tmp_path):
+    """The review's probe, for a sharded checkpoint: rank 1's data file is gone. Every rank reads the
+    checkpoint's index before any data, so every rank stops at once with the one line naming the missing
+    file (no gloo traceback, no hang), and the checkpoint is left as it was."""
     _, recipe, run = killed_run
     copy = tmp_path / "runs" / "tiny"
     shutil.copytree(run, copy)
     ckpt = latest(copy)
-    shard = next(ckpt.glob("*zero_pp_rank_1_*optim_states.pt"))
+    shard = ckpt / "__1_0.distcp"
     shard.unlink()
     out = run_with_rank_fault([*TRAIN, "--config", str(recipe), "--out", str(tmp_path / "runs")], 2,
                               log_dir=tmp_path / "logs", timeout=400)
-    said = f"setdlm pretrain: error: {shard}: missing (the checkpoint is incomplete: a shard or file was not copied)"
-    assert out.statuses[1] == 2 and out.error_lines[1] == [said]
-    assert_others_stopped(out, 1, status=2, says=f"rank 1 of 2 failed: {shard}: missing")
+    said = f"checkpoint {ckpt}: incomplete: __1_0.distcp missing"
+    assert out.statuses == [2, 2], (out.statuses, out.error_lines)
+    for rank in (0, 1):
+        assert len(out.error_lines[rank]) == 1 and said in out.error_lines[rank][0], out.error_lines
     assert latest(copy) == ckpt  # nothing was saved over it
 
 

@@ -105,7 +105,7 @@ def test_yaml_syntax_error_names_file_and_line(tmp_path, capsys):
 def test_flags_and_overrides_in_any_order(tmp_path, capsys, monkeypatch):
     recipe = write_recipe(tmp_path / "r.yaml")
     seen = {}
-    monkeypatch.setattr("pretrain.plan.print_plan", lambda cfg, world_size: seen.setdefault("cfg", cfg))
+    monkeypatch.setattr("pretrain.plan.print_plan", lambda cfg, world_size, **kw: seen.setdefault("cfg", cfg))
     code, _, err = _run_cli(capsys, ["pretrain", "--config", str(recipe), "train.max_steps=3", "--name", "late",
                                      "train.lr=1e-3", "--dry-run", "model.dropout=0.25", "--out", str(tmp_path)])
     assert code == 0, err

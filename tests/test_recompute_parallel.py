@@ -1,5 +1,6 @@
-"""Activation checkpointing, per-block compile and sequence parallelism under TP=2, PP=2 and ZeRO-3
-train exactly like the plain one-process model (CPU, gloo, fp32; the runs of tests/test_parallel_parity.py)."""
+"""Activation checkpointing, per-block compile and sequence parallelism under TP=2, PP=2 and ZeRO-3, and
+DeepSpeed's overlap_comm under ZeRO-1/2, train exactly like the plain one-process model (CPU, gloo, fp32;
+the runs of tests/test_parallel_parity.py)."""
 
 from __future__ import annotations
 

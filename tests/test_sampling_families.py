@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from model import families
 from model.sampling import Infill, SamplingConfig, generate
 from model.sampling.reference import generate_reference
 from model.sampling.testing import tiny_model
@@ -74,7 +75,7 @@ def test_mdlm_steps_and_threshold(model):
     assert all(o.steps == 12 and sorted(o.commit_step) == list(range(1, 13)) for o in out)
 
 
-@pytest.mark.parametrize("family", ["setdlm", "bd3lm", "mdlm", "ar"])
+@pytest.mark.parametrize("family", families.names())
 def test_infill_never_changes_context_and_fills_the_span(model, family):
     cfg = SamplingConfig(family=family, window=8, block_size=4, threshold=0.5, temperature=0.8, seed=0)
     out = generate(model, INFILL, cfg, eos_id=7)  # EOS never stops an infill
@@ -96,9 +97,9 @@ def test_infill_sees_the_suffix(model, family):
     assert a != b
 
 
-@pytest.mark.parametrize("family,kw", [("setdlm", dict(window=4)), ("setdlm", dict(window=4, threshold=0.6)),
-                                       ("setdlm", dict(window=2, adaptive_window=True, window_max=8, threshold=0.3)),
-                                       ("bd3lm", dict(block_size=4, threshold=0.5)), ("mdlm", dict(threshold=0.5)), ("ar", {})])
+@pytest.mark.parametrize("family,kw", [(name, dict(window=4, block_size=4, threshold=0.5)) for name in families.names()] + [
+    (families.SETDLM.name, dict(window=4)),
+    (families.SETDLM.name, dict(window=2, adaptive_window=True, window_max=8, threshold=0.3))])
 def test_fixed_shape_head_equals_the_active_slot_head(model, family, kw):
     """A GPU runs the head on every query slot in the step (fixed shapes, no host read); a CPU on the
     active slots only, packed (Decoder.head_choose). Both decide alike."""

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from model import families
 from model.sampling import SamplingConfig, generate
 from model.sampling.processors import (accept_top1, accept_top_k, choose, presence, repetition_penalty,
                                        top_k_filter, top_p_filter)
@@ -53,9 +54,13 @@ def test_acceptance_rules():
     k = torch.tensor([2, 3])
     assert accept_top_k(conf, active, k, None).tolist() == [[True, True, False, False], [False] * 4]
     assert accept_top_k(conf, active, torch.tensor([1, 1]), 0.15).tolist() == [[True, True, False, False], [False] * 4]
+    # threshold 0: every active position, whatever the confidences (none need be computed)
+    for c in (conf, None):
+        assert accept_top1(c, active, 0.0).tolist() == active.tolist()
+        assert accept_top_k(c, active, torch.tensor([1, 0]), 0.0).tolist() == active.tolist()
 
 
-@pytest.mark.parametrize("family", ["setdlm", "bd3lm", "mdlm", "ar"])
+@pytest.mark.parametrize("family", families.names())
 def test_seeded_sampling_is_reproducible(one_thread, family):
     model = tiny_model(seed=3)
     prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
@@ -98,3 +103,31 @@ def test_prompts_must_be_a_list_of_prompts():
     assert generate(model, []) == []
     out = generate(model, [[1, 2]], max_new_tokens=0)[0]
     assert out.tokens == [] and out.steps == 0 and not math.isnan(out.tokens_per_step)
+
+
+def test_a_temperature_below_the_floor_is_greedy_and_penalties_stay_finite(one_thread):
+    """temperature 1e-300 decodes greedily (float32 logits divided by it are inf and NaN, which failed
+    the sampler); a repetition penalty outside REPETITION_PENALTY_RANGE is refused naming the field, and
+    at either end of the range, with a temperature at the floor, logits of 1e4 still give a distribution."""
+    from model.sampling.config import REPETITION_PENALTY_RANGE, TEMPERATURE_FLOOR
+    from model.sampling.processors import adjust
+
+    model = tiny_model(seed=3)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8]]
+    cfg = SamplingConfig(max_new_tokens=10, window=4, threshold=0.8)
+    greedy = [o.tokens for o in generate(model, prompts, cfg)]
+    assert [o.tokens for o in generate(model, prompts, cfg, temperature=1e-300, seed=1)] == greedy
+    assert SamplingConfig(temperature=TEMPERATURE_FLOOR / 2).greedy
+    assert not SamplingConfig(temperature=TEMPERATURE_FLOOR).greedy
+    for bad in (1e-300, REPETITION_PENALTY_RANGE[0] / 2, REPETITION_PENALTY_RANGE[1] * 2):
+        with pytest.raises(ValueError, match="sampling.repetition_penalty"):
+            SamplingConfig(repetition_penalty=bad)
+    logits = torch.tensor([[[1e4, -1e4, 3.0, NEG]]])
+    for p in REPETITION_PENALTY_RANGE:
+        c = SamplingConfig(temperature=TEMPERATURE_FLOOR, repetition_penalty=p)
+        adjusted = adjust(logits, c, torch.tensor([[True, True, False, False]]))
+        assert torch.isfinite((adjusted / c.temperature).softmax(-1)).all()
+        tok, conf = choose(adjusted, c, torch.Generator().manual_seed(0))
+        assert tok.item() in (0, 2) and torch.isfinite(conf).all()
+        out = generate(model, prompts, cfg, temperature=TEMPERATURE_FLOOR, repetition_penalty=p, seed=1)
+        assert len(out[0].tokens) == 10

@@ -4,6 +4,7 @@ import dataclasses
 
 import pytest
 
+from model import families
 from model.sampling import Infill, SamplingConfig, generate
 from model.sampling.session import Session
 from model.sampling.testing import CharTokenizer, tiny_model
@@ -11,9 +12,11 @@ from model.sampling.testing import CharTokenizer, tiny_model
 PROMPTS = [[1, 2, 3], Infill([4, 5], 6, [7, 8, 9]), [11], [12, 13, 14, 15, 16, 17, 18, 19], Infill([20], 9, []),
            [21, 22], [23, 24, 25, 26], Infill([27, 28, 29, 30, 31], 4, [32]), [33, 34, 35, 36, 37, 38], [40]]
 SPANS = [12, None, 5, 9, None, 14, 3, None, 10, 7]
-FAMILIES = [("setdlm", dict(window=4, threshold=0.6)), ("setdlm", dict(window=4)),
-            ("setdlm", dict(window=4, threshold=0.6, adaptive_window=True, window_max=8)),
-            ("bd3lm", dict(block_size=4, threshold=0.6)), ("mdlm", dict(threshold=0.6)), ("ar", {})]
+# Every family with the settings its sampler reads (window, block size, a threshold; each ignores the
+# others'), and SW-SetDLM's own variants: one token per step, an adaptive window.
+FAMILIES = [(name, dict(window=4, block_size=4, threshold=0.6)) for name in families.names()] + [
+    (families.SETDLM.name, dict(window=4)),
+    (families.SETDLM.name, dict(window=4, threshold=0.6, adaptive_window=True, window_max=8))]
 
 
 @pytest.fixture(scope="module")
@@ -123,3 +126,45 @@ def test_a_prompt_longer_than_the_session_is_refused(model):
     sess = Session(model, SamplingConfig(window=4), slots=1, max_len=8, mask_id=49)
     with pytest.raises(ValueError, match="exceed the session's 8 positions"):
         sess.submit([1, 2, 3], max_new_tokens=6)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_row_whose_logits_are_not_finite_fails_alone(model, temperature):
+    """NaN logits in one row (its final hidden states poisoned from its third step): that row ends with
+    stop_reason "error" and no tokens; the step does not fail (sampled, torch.multinomial refuses NaN
+    for the whole batch), and its batch-mates decode exactly as when that row is cancelled at the same
+    point instead (greedy: as each decoded alone)."""
+    cfg = SamplingConfig(family="setdlm", window=4, threshold=0.6, temperature=temperature, seed=5)
+
+    def run(poison: bool):
+        sess = Session(model, cfg, slots=3, max_len=40, mask_id=49, tokenizer=CharTokenizer())
+        rows = [sess.submit(PROMPTS[i], max_new_tokens=SPANS[i]) for i in (0, 5, 8)]
+        bad, steps = rows[1], [0]
+
+        def hook(module, inputs, out):
+            if poison and steps[0] >= 2 and out.shape[0] == len(sess.dec.rows):
+                for b, r in enumerate(sess.dec.rows):
+                    if r == bad:
+                        out[b] = float("nan")
+            return out
+
+        handle = model.final_norm.register_forward_hook(hook)
+        outs = {}
+        try:
+            while sess.busy:
+                fin = sess.step()[1]
+                steps[0] += 1
+                outs.update(dict(fin))
+                if not poison and steps[0] == 3 and bad not in outs:
+                    sess.cancel(bad)  # the same point: after the step that fails it when poisoned
+        finally:
+            handle.remove()
+        return [outs[r] for r in rows]
+
+    a, bad, c = run(poison=True)
+    assert bad.stop_reason == "error" and bad.tokens == [] and bad.stopped_early
+    ref = run(poison=False)
+    assert ref[1].stop_reason == "cancelled"
+    assert _key(a) == _key(ref[0]) and _key(c) == _key(ref[2])
+    if temperature == 0.0:
+        assert a.tokens == _alone(model, cfg, 0).tokens and c.tokens == _alone(model, cfg, 8).tokens

@@ -246,3 +246,17 @@ def test_bearer_token(served):
         assert httpx.get(srv.url + "/health", timeout=30).status_code == 200  # probes need no token
     finally:
         srv.close()
+
+
+def test_checkpoint_selectors_as_the_other_commands(serve_run):
+    """`--checkpoint RUN:latest` / `RUN:STEP` load (named after the run); `RUN:best` of a run that kept no best
+    says so in one line (it used to say 'no such directory')."""
+    from common.errors import Error
+    from serve.loading import load_served
+
+    s = load_served(f"{serve_run}:latest", device="cpu")
+    assert s.name == serve_run.name and s.max_len == 64
+    assert load_served(f"{serve_run}:2", device="cpu").name == serve_run.name
+    with pytest.raises(Error, match="best") as e:
+        load_served(f"{serve_run}:best", device="cpu")
+    assert "no such directory" not in str(e.value)

@@ -76,6 +76,15 @@ def test_logprobs_with_alternatives_are_the_engines(client, served):
     assert all(bytes(c.bytes) == c.token.encode() for c in content)
 
 
+def test_logprobs_0_gives_each_tokens_own_logprob(client):
+    """Completions' `logprobs: 0`: no alternatives, but each `top_logprobs` entry holds the chosen token
+    (OpenAI's rule: the sampled token is always there), as lm-eval's greedy check reads it."""
+    r = client.completions.create(model="tiny", prompt="A class", max_tokens=5, temperature=0, logprobs=0)
+    lp = r.choices[0].logprobs
+    assert len(lp.top_logprobs) == 5
+    assert all(top == {t: v} for top, t, v in zip(lp.top_logprobs, lp.tokens, lp.token_logprobs)), lp.top_logprobs
+
+
 def test_penalties_and_logit_bias_decode_as_the_engine(served, server):
     space = served.tokenizer.encode(" ")[0]
     for fields, kw in [({"frequency_penalty": 1.5, "presence_penalty": 0.5}, dict(frequency_penalty=1.5, presence_penalty=0.5)),
@@ -231,3 +240,34 @@ def test_streamed_text_with_a_stop_regex_equals_the_full_text(server, served):
             if line.startswith("data: {"):
                 text += json.loads(line[6:])["choices"][0]["text"]
     assert text == full["text"]
+
+
+def test_the_lm_eval_command_of_the_docs(server, client):
+    """docs/serve.md's `lm_eval --model local-completions --model_args ...`: its model and model_args (the
+    URL and model name made this server's) built as the command builds them (lm-eval's registry and
+    argument string), then a generation task's requests: lm-eval finds /tokenizer_info, tokenises
+    through /tokenize (no hub tokenizer named after the model) and sends token prompts; each answer is
+    the server's own completion of the text."""
+    import re
+
+    pytest.importorskip("lm_eval")
+    from lm_eval.api.instance import Instance
+    from lm_eval.api.registry import get_model
+
+    from helpers import REPO
+
+    cmd = re.search(r"^lm_eval --model (\S+) --model_args (\S+)", (REPO / "docs" / "serve.md").read_text(), re.M)
+    model = cmd.group(1)
+    args = cmd.group(2).replace("http://127.0.0.1:8000", server.url).replace("model=quickstart", "model=tiny")
+    assert model == "local-completions" and "tokenizer" not in args  # the command as documented, nothing added
+    lm = get_model(model).create_from_arg_string(args, {"batch_size": 1, "max_batch_size": None, "device": None})
+    assert lm.tokenizer_backend == "remote" and lm.tokenized_requests  # found /tokenizer_info
+    prompts = ["The for statement", "A class"]
+    until = {"until": ["\n\n"], "max_gen_toks": 8, "do_sample": False}
+    got = lm.generate_until([Instance("generate_until", {}, (p, dict(until)), i) for i, p in enumerate(prompts)],
+                            disable_tqdm=True)
+    want = [client.completions.create(model="tiny", prompt=p, max_tokens=8, temperature=0,
+                                      stop=["\n\n", "<|endoftext|>"]).choices[0].text for p in prompts]
+    assert got == want and all(want)
+    info = httpx.get(server.url + "/tokenizer_info", timeout=30).json()
+    assert info["eos_token"] == "<|endoftext|>" and info["model_max_length"] == 64

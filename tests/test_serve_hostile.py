@@ -3,6 +3,7 @@ wrong, a catastrophic stop regex stalls nothing, values the server cannot honour
 the field, and past --max-waiting requests get 429 with Retry-After (a bounded load test)."""
 
 import asyncio
+import json
 import threading
 import time
 
@@ -67,6 +68,10 @@ UNSUPPORTED = [  # values the server cannot honour: 400 naming the field
      "messages.0.content"),
     (CHAT, {"messages": [{"role": "tool", "content": "x", "tool_call_id": "c"}]}, "messages.0.role"),
     (CHAT, {"messages": [{"role": "user", "content": None}]}, "messages.0.content"),
+    (C, {"prompt": "x", "setdlm": {"stop_regex": ""}}, "setdlm.stop_regex"),  # was accepted and ignored
+    (C, {"prompt": "x", "stream_options": {"include_usage": True}}, "stream_options"),  # without stream
+    (C, {"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias"),  # SamplingConfig's range
+    (C, {"prompt": "x", "setdlm": {"repetition_penalty": 1e-300}}, "setdlm.repetition_penalty"),
 ]
 
 
@@ -192,3 +197,154 @@ def test_overload_gets_429_with_retry_after_and_health_says_so(served):
         assert never.status_code == 400 and never.json()["error"]["param"] == "n"
     finally:
         srv.close()
+
+
+HEALTH_S, SMALL_S = 2.0, 10.0  # the acceptance check's 1 s and 5 s with room for a shared 2-core machine
+
+
+def test_heavy_bodies_stall_nothing(server, served):
+    """The shape of the acceptance check serve-heavy-bodies (benchmarks/bench_serve.py --heavy-bodies runs
+    it with its own numbers): 8 clients send a 4 MB body at once (4 completion prompts, 4 chat
+    messages) while /health and /metrics are polled and a small completion is sent alongside. Every
+    poll answers within HEALTH_S, the small completion ends within SMALL_S with its output alone, each
+    heavy body is a 400 naming its field (tokenised only up to the model's positions), and temperature
+    or repetition_penalty 1e-300 get 200 (greedy: the temperature-0 output) or a 400 naming the field."""
+    text = ("The quick brown fox jumps over the lazy dog. " * 93_000)[: 4 << 20]
+    heavy = [json.dumps({"prompt": text, "max_tokens": 4}).encode()] * 4 + \
+        [json.dumps({"messages": [{"role": "user", "content": text}], "max_tokens": 4}).encode()] * 4
+    small = {"prompt": "The for statement", "max_tokens": 8, "temperature": 0}
+    polls, answers = [], {}
+
+    async def run():
+        stop = asyncio.Event()
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            async def watch():
+                while not stop.is_set():
+                    for path in ("/health", "/metrics"):
+                        t0 = time.monotonic()
+                        async with session.get(server.url + path) as r:
+                            await r.read()
+                            assert r.status == 200
+                        polls.append(time.monotonic() - t0)
+                    await asyncio.sleep(0.05)
+
+            async def post(path, data: bytes, delay: float = 0.0):
+                await asyncio.sleep(delay)
+                t0 = time.monotonic()
+                headers = {"Content-Type": "application/json"}
+                async with session.post(server.url + path, data=data, headers=headers) as r:
+                    return r.status, await r.json(), time.monotonic() - t0
+
+            watcher = asyncio.create_task(watch())
+            answers["heavy"] = await asyncio.gather(*(post(CHAT if i >= 4 else C, b) for i, b in enumerate(heavy)),
+                                                    post(C, json.dumps(small).encode(), 0.2))
+            stop.set()
+            await watcher
+
+    asyncio.run(run())
+    *big, little = answers["heavy"]
+    assert len(polls) >= 4 and max(polls) < HEALTH_S, sorted(polls)[-3:]
+    assert little[0] == 200 and little[2] < SMALL_S, little
+    alone = httpx.post(server.url + C, json=small, timeout=60).json()
+    assert little[1]["choices"][0]["text"] == alone["choices"][0]["text"]
+    for i, (status, body, _) in enumerate(big):
+        param = "messages" if i >= 4 else "prompt"
+        assert status == 400 and body["error"]["param"] == param, body
+        assert body["error"]["message"].startswith(f"{param}: more than 64 prompt tokens exceed the model's 64 "
+                                                   "positions")
+    tiny_t = httpx.post(server.url + C, json={**small, "temperature": 1e-300, "seed": 3}, timeout=60)
+    assert tiny_t.status_code == 200 and tiny_t.json()["choices"][0]["text"] == alone["choices"][0]["text"]
+    tiny_p = httpx.post(server.url + C, json={**small, "setdlm": {"repetition_penalty": 1e-300}}, timeout=60)
+    assert tiny_p.status_code == 400 and tiny_p.json()["error"]["param"] == "setdlm.repetition_penalty", tiny_p.text
+
+
+def _with_template(served, template: str):
+    """`served` whose tokenizer carries the chat template `template` (not yet checked)."""
+    import copy
+    import dataclasses
+
+    tok = copy.copy(served.tokenizer)
+    tok.chat_template = template
+    return dataclasses.replace(served, tokenizer=tok, chat=None, chat_error=None, chat_checked=False)
+
+
+@pytest.mark.slow
+def test_a_failing_chat_template_is_checked_at_start_and_remembered(served, monkeypatch):
+    """A template that fails a short chat is found when the server starts; every chat request is then a 400
+    naming `messages` at once, without rendering it again; completions are served as usual."""
+    from data_pipeline.template_worker import TemplateWorker
+
+    renders = []
+    real = TemplateWorker.render
+    monkeypatch.setattr(TemplateWorker, "render", lambda self, *a, **k: renders.append(1) or real(self, *a, **k))
+    srv = ThreadServer(_with_template(served, "{{ raise_exception('this template is broken') }}"))
+    try:
+        assert renders and srv.server.served.chat_error is not None  # checked before listening
+        checked = len(renders)
+        for _ in range(3):
+            r = httpx.post(srv.url + CHAT, json={"messages": [{"role": "user", "content": "hi"}]}, timeout=60)
+            err = r.json()["error"]
+            assert r.status_code == 400 and err["param"] == "messages" and "this template is broken" in err["message"]
+        assert len(renders) == checked  # never rendered again
+        assert httpx.post(srv.url + C, json={"prompt": "A class", "max_tokens": 2}, timeout=60).status_code == 200
+    finally:
+        srv.close()
+
+
+@pytest.mark.slow
+def test_slow_chat_renders_have_their_own_pool_and_time_limit(served, monkeypatch):
+    """A template that loops on some messages (it passes the start-up check): 3 such chats at once end
+    with a 400 naming `messages` after the per-request limit (1 s here), while a completion sent beside
+    them is answered at once and a normal chat is answered too (rendered by a free or restarted worker)."""
+    from serve import app
+
+    monkeypatch.setattr(app, "CHAT_RENDER_SECONDS", 1.0)
+    looping = ("{% for m in messages %}{% if m.content == 'loop' %}"
+               "{% for i in range(99999) %}{% for j in range(99999) %}{% endfor %}{% endfor %}{% endif %}"
+               "{{ m.role }}: {{ m.content }}\n{% endfor %}assistant:")
+    srv = ThreadServer(_with_template(served, looping))
+    took = {}
+
+    async def run():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=120)) as session:
+            async def post(name, path, body, delay=0.0):
+                await asyncio.sleep(delay)
+                t0 = time.monotonic()
+                async with session.post(srv.url + path, json=body) as r:
+                    took[name] = (r.status, await r.json(), time.monotonic() - t0)
+
+            loop = {"messages": [{"role": "user", "content": "loop"}], "max_tokens": 2}
+            await asyncio.gather(*(post(f"loop{i}", CHAT, loop) for i in range(3)),
+                                 post("plain", C, {"prompt": "A class", "max_tokens": 4, "temperature": 0}, 0.2),
+                                 post("chat", CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+                                      0.2))
+
+    try:
+        asyncio.run(run())
+    finally:
+        srv.close()
+    for i in range(3):
+        status, body, _ = took[f"loop{i}"]
+        assert status == 400 and body["error"]["param"] == "messages" and "1 s" in body["error"]["message"], body
+    assert took["plain"][0] == 200 and took["plain"][2] < max(took[f"loop{i}"][2] for i in range(3)), took
+    assert took["chat"][0] == 200, took["chat"]
+
+
+def test_cheap_checks_come_before_walking_the_body(server, monkeypatch):
+    """700,000 tiny prompts, or one prompt of 2 million token ids: refused naming `n` / `prompt` from the
+    counts alone, before anything walks the body (check_text, the model's validation); a body over 4 MiB
+    is a 413 from its Content-Length."""
+    from serve import schema
+
+    def walked(body):
+        raise AssertionError("the body was walked before the cheap checks")
+
+    monkeypatch.setattr(schema, "check_text", walked)
+    r = raw(server, C, b'{"prompt": [' + b",".join([b'"x"'] * 700_000) + b"]}")
+    assert r.status_code == 400 and r.json()["error"]["param"] == "n", r.text
+    assert r.json()["error"]["message"] == "n: 700000 prompts x n=1 is more than 64 outputs in one request"
+    r = raw(server, C, b'{"prompt": [' + b",".join([b"5"] * 2_000_000) + b"]}")
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith(
+        "prompt: 2000000 prompt tokens exceed the model's 64 positions"), r.text
+    monkeypatch.undo()
+    assert raw(server, C, b'{"prompt": "' + b"x" * (5 << 20) + b'"}').status_code == 413

@@ -181,3 +181,57 @@ def test_disconnects_free_their_slots(server):
     asyncio.run(run())
     assert settled(server)
     assert metric(server, "setdlm_cancelled_total") - before == 4
+
+
+def test_drain_answers_what_is_left_at_the_timeout_with_503(served):
+    """SIGTERM's drain (serve.cli.stop) with 1 slot and 6 requests of 120 one-token steps, 3 streamed: at
+    the drain timeout (0.5 s) each request still running or waiting is answered, a plain one with 503, a
+    stream with an error event, and none gets a closed connection; the drain ends within its timeout
+    plus 1 s, the decode loop stopped and the port closed."""
+    from serve.cli import stop
+    from serve_helpers import ThreadServer
+
+    srv = ThreadServer(served, max_batch=1)
+    url = srv.url + "/v1/completions"
+    body = {"prompt": "Lists implement", "max_tokens": 120, "temperature": 0, "setdlm": {"ignore_eos": True}}
+    got, took = [], []
+
+    async def one(session, stream: bool):
+        async with session.post(url, json={**body, "stream": stream}) as r:
+            if not stream:
+                got.append(("plain", r.status, await r.json()))
+                return
+            events = [json.loads(raw[6:]) for raw in [line async for line in r.content]
+                      if raw.startswith(b"data: {")]
+            got.append(("stream", r.status, events[-1]))
+
+    async def run():
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=60)) as session:
+            tasks = [asyncio.create_task(one(session, i % 2 == 0)) for i in range(6)]
+            deadline = time.monotonic() + 60
+            while metric(srv, "setdlm_requests_in_flight") < 6 and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            t0 = time.monotonic()
+            await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(stop(srv.runner, srv.server, 0.5), srv.loop))
+            took.append(time.monotonic() - t0)
+            await asyncio.gather(*tasks)
+
+    try:
+        asyncio.run(run())
+    finally:
+        srv.loop.call_soon_threadsafe(srv.loop.stop)
+        srv.thread.join(30)
+    assert took[0] < 0.5 + 1.0, took
+    assert len(got) == 6 and not srv.server.scheduler.alive
+    left = 0
+    for kind, status, last in got:
+        done = (kind == "plain" and status == 200 and len(last["choices"][0]["setdlm"]["tokens"]) == 120) or \
+            (kind == "stream" and last.get("choices") and last["choices"][0]["finish_reason"] == "length")
+        if not done:
+            left += 1
+            err = last["error"]
+            assert (status == 503 if kind == "plain" else status == 200) and err["type"] == "unavailable", last
+            assert "drain timeout" in err["message"]
+    assert left >= 4  # one slot: at most the first two can have finished
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(srv.url + "/health", timeout=5)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from helpers import REPO, read_metrics, write_recipe
+from model import families
 from tests.distributed_run import run_distributed
 
 
@@ -65,7 +66,7 @@ def test_the_val_loader_pads_the_last_batch_and_covers_every_sample(model_parall
     assert build_loader(cfg, split="val", tokenizer=tok, micro_batch=16).dropped_samples == 217 % 16
 
 
-@pytest.mark.parametrize("objective", ["setdlm", "ar", "mdlm", "bd3lm"])
+@pytest.mark.parametrize("objective", families.names())
 @pytest.mark.slow
 def test_val_nll_is_the_one_row_at_a_time_value_over_every_row(tmp_path, model_parallel, objective):
     # 217 val rows in batches of 4: the last batch holds 1 real row and 3 weight-0 filler rows

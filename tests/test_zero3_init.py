@@ -231,9 +231,10 @@ def test_training_validation_consolidation_and_ema_match_one_process(runs):
     ckpt = tmp / "Z" / "checkpoints" / "step_00000004"
     assert consolidate_main(["--checkpoint", str(ckpt)]) == 0
     cons = torch.load(ckpt / "consolidated.pt", weights_only=True)
-    a_ckpt = tmp / "A" / "checkpoints" / "step_00000004"
-    a_weights = torch.load(a_ckpt / "mp_rank_00_model_states.pt", weights_only=False)["module"]
-    a_ema = torch.load(a_ckpt / "ema_mp_rank_00.pt", weights_only=False)["shadow"]
+    from pretrain.checkpoint.distcp import whole_state
+
+    a_state = whole_state(tmp / "A" / "checkpoints" / "step_00000004")
+    a_weights, a_ema = a_state["module"], a_state["ema"]
     assert _max_diff(a_weights, cons["module"]) <= ATOL
     assert _max_diff(a_ema, cons["ema"]) <= ATOL
     assert _max_diff(a_ema, cons["module"]) > 1e-4  # the EMA is not just the weights

@@ -32,6 +32,8 @@ def part_train(args) -> int:
     from pretrain.plan import estimate_memory
     from pretrain.trainer import Trainer
 
+    from .predict import predicted, ratio
+
     cuda = torch.cuda.is_available()
     peak = float(args.peak_tflops) if cuda else None
     failures = 0
@@ -105,6 +107,9 @@ def part_train(args) -> int:
                 row.update(step_ms=round(1000 * t, 1), tokens_per_s=round(micro * case["seq_len"] / t),
                            tflops=round(flops / t / 1e12, 1), mfu=round(flops / t / (peak * 1e12), 3) if peak else None,
                            timed_steps=len(times), loss=round(losses[-1], 4))
+                # the dry run's step time for this case on this GPU (predict.py): measured / predicted
+                row.update(predicted(cfg, torch.cuda.get_device_name(0) if cuda else None, row["precision"], cuda=cuda))
+                row["measured_over_predicted"] = ratio(row["step_ms"], row["predicted_ms"])
                 if losses and not all(map(lambda v: v == v and abs(v) < 1e4, losses)):
                     row["note"] = "non-finite loss"
                     failures += 1

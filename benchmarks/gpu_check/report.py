@@ -104,6 +104,17 @@ def markdown(report: dict) -> str:
                               ("micro-batch", "micro_batch"), ("precision", "precision"), ("act. ckpt", "activation_checkpointing"),
                               ("step (ms)", "step_ms"), ("tokens/s", "tokens_per_s"), ("TFLOP/s", "tflops"),
                               ("MFU", "mfu"), ("peak mem (GiB)", "peak_mem_gib"), ("loss", "loss"), ("note", "note")])
+        predicted = [r for r in train if r.get("predicted_ms")]
+        if predicted:
+            out += ["", "## Predicted vs measured step time (the dry run's model, one device)", "",
+                    "predicted: pretrain/steptime.py for the case on the GPU's preset (pretrain/hardware.py): compute at "
+                    "the matmul and attention efficiencies, memory-bound work at HBM bandwidth, no communication on "
+                    "one device. A ratio far from 1 says which assumption to revisit (docs/parallelism.md).", ""]
+            out += _table(predicted, [("model", "preset"), ("objective", "objective"), ("micro-batch", "micro_batch"),
+                                      ("measured (ms)", "step_ms"), ("predicted (ms)", "predicted_ms"),
+                                      ("compute (ms)", "predicted_compute_ms"), ("memory-bound (ms)", "predicted_memory_ms"),
+                                      ("measured / predicted", "measured_over_predicted"), ("rates", "hardware"),
+                                      ("note", "prediction_note")])
     dec = report["parts"].get("decode", {}).get("rows", [])
     if dec:
         out += ["", "## Decoding throughput (random weights, greedy)", "",

@@ -16,7 +16,8 @@ from __future__ import annotations
 # The `gpu` tests of each file, as `pytest -m gpu` collects them. tests/test_gpu_report.py checks this
 # table against a real collection: adding or removing a gpu test means updating it here.
 GPU_TESTS = {
-    "tests/test_gpu_compile.py": 3,
+    "tests/test_gpu_compile.py": 4,
+    "tests/test_gpu_context_parallel.py": 4,
     "tests/test_gpu_decode.py": 14,
     "tests/test_gpu_flex.py": 13,
     "tests/test_gpu_train.py": 7,

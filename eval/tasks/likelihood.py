@@ -90,19 +90,17 @@ class LikelihoodTask(Task):
         if self.args.data:
             d.mixture, d.source = [], self.args.data  # one source in place of the run's (or its mixture)
         if not d.is_builtin and not d.mixture and not self.args.text:  # a mixture: every source's val split
-            from data_pipeline.shards import read_manifest
+            from data_pipeline.shards import read_manifest, tokenizer_mismatch
 
             try:
                 m = read_manifest(d.source)
             except ValueError as e:
                 raise EvalError(f"--data: {e}") from None
             tok = self.ckpt.tokenizer
-            t = m["tokenizer"]
-            if t["sha256"] != tok.sha256:
-                raise EvalError(f"--data: tokenizer mismatch: the shards in {d.source} were prepared with {t['name']!r} "
-                                f"(sha256 {t['sha256'][:12]}), the checkpoint {self.ckpt.path} uses "
-                                f"{self.ckpt.meta.get('tokenizer') or tok.name!r} "
-                                f"(sha256 {tok.sha256[:12]}); evaluate on data tokenized with the checkpoint's tokenizer")
+            why = tokenizer_mismatch(m, tok, d.source, name=self.ckpt.meta.get("tokenizer") or tok.name)
+            if why:
+                raise EvalError(f"--data: tokenizer mismatch: the checkpoint {self.ckpt.path}'s tokenizer {why}; "
+                                "evaluate on data tokenized with the checkpoint's tokenizer")
             d.seq_len, d.packing = int(m["seq_len"]), m["packing"]
         if d.seq_len > self.cfg.model.max_seq_len:
             raise EvalError(f"--data: sequences of {d.seq_len} tokens exceed the model's max_seq_len "

@@ -7,6 +7,24 @@ from data_pipeline.config import MixtureEntry
 from .. import families
 
 
+# The card's words on the export's set_diffusion_generate, by decoding mode (FamilySpec.decoding; a
+# family's own card_usage replaces them).
+DECODING_USAGE = {
+    "next_token": "`set_diffusion_generate` decodes left to right, one token per step (greedy or sampled).",
+    "set_window": ("`set_diffusion_generate` predicts the masked positions of a window of `window` positions (default "
+                   "D) per step, accepts the most confident one plus every one whose probability reaches `threshold`, "
+                   "and caches accepted tokens; `suffix_ids=` fills a span between a prefix and a suffix."),
+    "block": ("`set_diffusion_generate` denoises blocks of `block_size` positions left to right, `steps` steps per "
+              "block (default: the block size), each unmasking the most confident positions (plus every one whose "
+              "probability reaches `threshold`); a completed block enters the KV cache. `suffix_ids=` fills a span "
+              "between a prefix and a suffix."),
+    "full_sequence": ("`set_diffusion_generate` unmasks the span in `steps` steps (default: its length), re-reading the "
+                      "whole sequence every step (no KV cache) and unmasking the most confident positions (plus every "
+                      "one whose probability reaches `threshold`); `suffix_ids=` fills a span between a prefix and a "
+                      "suffix."),
+}
+
+
 def _fmt(v) -> str:
     if isinstance(v, float):
         return f"{v:.6g}"
@@ -27,7 +45,7 @@ def render_card(config: dict, *, name: str, recipe: dict | None = None, training
     """Markdown model card from the export's config.json, the training recipe (RecipeConfig.to_dict),
     training facts (step, tokens seen, weights) and evaluation results [(metric, value)]."""
     sd = config.get("set_diffusion", {})
-    spec = families.get(sd.get("family") or families.SETDLM.name, "set_diffusion.family")
+    spec = families.get(sd.get("family") or families.DEFAULT.name, "set_diffusion.family")
     family = spec.name
     tags = ["setdlm", "set-diffusion", family, "custom_code"]
     if not spec.next_token:
@@ -48,16 +66,14 @@ def render_card(config: dict, *, name: str, recipe: dict | None = None, training
             "tok = AutoTokenizer.from_pretrained(path, trust_remote_code=True)",
             "model = AutoModelForMaskedLM.from_pretrained(path, trust_remote_code=True).eval()", ""]
     out.append('prompt = tok("The meaning of life is", add_special_tokens=False).input_ids')
-    if spec.card_usage:
-        out += [f"out = model.set_diffusion_generate([prompt], max_new_tokens=64, window={window}, threshold=None)",
-                "print(tok.decode(out.sequences[0]), out.tokens_per_step[0])"]
+    settings = f"window={window}, threshold=None" if spec.decoding == "set_window" else "threshold=None"
+    out += [f"out = model.set_diffusion_generate([prompt], max_new_tokens=64, {settings})",
+            "print(tok.decode(out.sequences[0]), out.tokens_per_step[0])"]
     out += ["", "# logits at given positions under a given attention pattern or mask (True = may attend):",
             "ids = torch.tensor([prompt])",
-            'logits = model(ids, position_ids=torch.arange(ids.shape[1])[None], attention_type="causal").logits',
+            f'logits = model(ids, position_ids=torch.arange(ids.shape[1])[None], attention_type="{spec.inference_mask}").logits',
             "```", ""]
-    out.append(spec.card_usage or ("Decoding for this family is provided by the setdlm package "
-                                   "(`model.sampling.generate`); the export gives logits for any layout through "
-                                   "`forward`."))
+    out.append(spec.card_usage or DECODING_USAGE[spec.decoding])
     arch = [("parameters", f"{params / 1e6:.1f}M" if params else None),
             ("layers", config.get("num_hidden_layers")), ("hidden size", config.get("hidden_size")),
             ("attention heads (KV heads)", f"{config.get('num_attention_heads')} ({config.get('num_key_value_heads')})"),
@@ -149,4 +165,4 @@ def _data_source(data: dict) -> tuple[str, object]:
         f"{e.label}: `{e.source}` ({_fmt(e.weight)}, {e.weight / total:.1%})" for e in entries)
 
 
-__all__ = ["render_card", "render_stock_card"]
+__all__ = ["DECODING_USAGE", "render_card", "render_stock_card"]

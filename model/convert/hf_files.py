@@ -132,7 +132,12 @@ def read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
         return _load_file(d / SAFE_SINGLE)
     if (d / "pytorch_model.bin").is_file():
         try:
-            return torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
+            try:  # mapped, not read into memory: a whole model (a legacy, non-zip file cannot be mapped)
+                return torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as e:
+                if "mmap" not in str(e):
+                    raise
+                return torch.load(d / "pytorch_model.bin", map_location="cpu", weights_only=True)
         except Exception as e:  # noqa: BLE001
             if "Unsupported global" in str(e) or "Can only build" in str(e):
                 raise ConvertError(f"{d / 'pytorch_model.bin'}: refused: it holds Python objects that would run code "

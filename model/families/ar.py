@@ -15,13 +15,13 @@ class AutoregressiveFamily(FamilySpec):
     objective_path = "model.objectives.ar:AutoregressiveObjective"
     decoder_path = "model.sampling.ar:ARDecoder"
     mask_kind = "causal"
+    inference_mask = "causal"
+    decoding = "next_token"
     shifted = True
     bound = "exact NLL"
     estimator = "exact NLL"
     exact_likelihood = True
-    next_token = True
     stock_export = True
-    card_usage = "For this AR model `set_diffusion_generate` decodes left to right (greedy or sampled)."
     reference_step = "ar_step"
 
     def named_in_reference(self, text: str) -> bool:

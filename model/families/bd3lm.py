@@ -16,6 +16,8 @@ class BlockDiffusionFamily(FamilySpec):
     objective_path = "model.objectives.bd3lm:BlockDiffusionObjective"
     decoder_path = "model.sampling.bd3lm:BD3LMDecoder"
     mask_kind = "block_diffusion"
+    inference_mask = "block_causal"
+    decoding = "block"
     two_stream = True
     blocked_mask = True
     objective_keys = ("block_size", "eps", "antithetic")

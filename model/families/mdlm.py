@@ -15,13 +15,14 @@ class MaskedDiffusionFamily(FamilySpec):
     objective_path = "model.objectives.mdlm:MaskedDiffusionObjective"
     decoder_path = "model.sampling.mdlm:MDLMDecoder"
     mask_kind = "bidirectional"
+    inference_mask = "bidirectional"
+    decoding = "full_sequence"
     clean_text_mask = "bidirectional"
     objective_keys = ("eps", "antithetic")
     bound = "NELBO"
     estimator = "NELBO, exact discrete form (k ~ U{1..n} masked, weight n/k)"
     bound_masks_subset = True
     compiled_decode = False
-    rereads_sequence = True
     reference_names = ("mdlm",)
 
     def validate(self, objective, seq_len: int) -> None:

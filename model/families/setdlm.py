@@ -22,15 +22,14 @@ class SetDiffusionFamily(FamilySpec):
     objective_path = "model.objectives.setdlm:SetDiffusionObjective"
     decoder_path = "model.sampling.setdlm:SetDLMDecoder"
     mask_kind = "set_causal"
+    inference_mask = "causal"
+    decoding = "set_window"
     two_stream = True
     objective_keys = ("set_size", "s_max", "k", "order", "cache_order")
     cache_orders = ("position", "first_hitting")  # first_hitting: the reference's setdlm_fht_cache_order
     bound = "order-sampled upper bound"
     estimator = "order-sampled upper bound (one order per sequence and draw)"
     order_mixture = True
-    card_usage = ("`set_diffusion_generate` predicts the masked positions of a window of `window` positions (default "
-                  "D) per step, accepts the most confident one plus every one whose probability reaches `threshold`, "
-                  "and caches accepted tokens; `suffix_ids=` fills a span between a prefix and a suffix.")
     reference_step = "setdlm_step"
     reference_names = ("setdlm", "aoarm")
 

@@ -11,11 +11,13 @@ never spells a family's name. A spec carries:
 - decoding: the decoder class, the sampling defaults for a trained objective, the sampling checks,
   whether a compiled step exists and whether decoding re-reads the whole sequence (no KV cache);
 - likelihood: what its bound estimates and how its draws are weighted (eval likelihood, the scorer);
-- exports and imports: the schedule fields an export's config.json records, the model card's rows,
-  whether a stock architecture can hold it, the names the reference implementation uses for it.
+- exports and imports: its inference traits (the attention an export's forward uses by default and the
+  export's decoding mode, both written into config.json so that the exported modeling code reads them
+  and names no family), the schedule fields config.json records, the model card's rows, whether a
+  stock architecture can hold it, the names the reference implementation uses for it.
 
-Adding a family is one module here, one line in the registry and its tests (docs/architecture.md,
-"Adding a family").
+Adding a family is one module here and one line in the registry (docs/architecture.md, "Adding a
+family"); tests/test_family_contract.py checks every registered family.
 """
 
 from __future__ import annotations
@@ -24,6 +26,20 @@ import importlib
 from dataclasses import dataclass
 
 from common.schema import ConfigError
+
+# The inference traits an export's modeling code knows (model/convert/hf_code/configuration_setdlm.py
+# holds the same two lists; tests/test_family_contract.py keeps them equal):
+# the attention of one stream that an export's forward uses when no mask is given
+INFERENCE_MASKS = ("causal", "bidirectional", "block_causal")
+# how the export's set_diffusion_generate decodes:
+#   next_token     one token per step after the prompt, KV cache (causal)
+#   set_window     a window of masked positions from the leftmost one per step; the most confident plus
+#                  every one over the threshold accepted and cached (causal among themselves) after each step
+#   block          blocks of set_diffusion.block_size left to right; in a block, the k most confident per
+#                  step (bidirectional inside the block); a completed block enters the cache
+#   full_sequence  no cache: every step re-reads the whole sequence (bidirectional) and unmasks the k most
+#                  confident positions of the span
+DECODING_MODES = ("next_token", "set_window", "block", "full_sequence")
 
 
 @dataclass(frozen=True)
@@ -57,6 +73,8 @@ class FamilySpec:
     objective_path: str = ""  # "module:Class" of its Objective (imported on first use)
     decoder_path: str = ""  # "module:Class" of its Decoder (model/sampling)
     mask_kind: str = "causal"  # training mask (model/masks.py)
+    inference_mask: str = "causal"  # INFERENCE_MASKS: an export's forward without a mask; a prompt's prefill
+    decoding: str = "next_token"  # DECODING_MODES: how an export decodes (config.json's set_diffusion.decoding)
     clean_text_mask: str = "causal"  # the mask a forward over clean text alone uses (MAUVE self-features)
     two_stream: bool = False  # 2L tokens through the model (a clean and a query/noisy stream)
     shifted: bool = False  # predicts token i + 1 from tokens <= i (AR: L - 1 predictions)
@@ -69,12 +87,34 @@ class FamilySpec:
     bound_masks_subset: bool = False  # the bound draw predicts a masked subset (NELBO): count every predictable token
     cache_orders: tuple[str, ...] = ("position",)  # orders a step's commits may enter the KV cache in
     compiled_decode: bool = True  # sampling.compile has a compiled step for it
-    rereads_sequence: bool = False  # no KV cache: every step re-reads prompt + span, which must fit max_seq_len
-    next_token: bool = False  # decodes the next token from the previous one (an empty prompt starts at EOS)
     stock_export: bool = False  # a stock Hugging Face causal LM can hold it (no custom decoding)
-    card_usage: str = ""  # the model card's words on the export's set_diffusion_generate ("": it has none)
+    card_usage: str = ""  # the model card's words on the export's decoding ("": card.py's words for its decoding mode)
     reference_step: str = ""  # method of model/sampling/reference.py's recomputing decoder for one step
     reference_names: tuple[str, ...] = ()  # words naming it in the reference implementation's configs
+
+    @property
+    def next_token(self) -> bool:
+        """Decodes the next token from the previous one (an empty prompt starts at EOS)."""
+        return self.decoding == "next_token"
+
+    @property
+    def rereads_sequence(self) -> bool:
+        """No KV cache: every step re-reads prompt + span, which must fit max_seq_len."""
+        return self.decoding == "full_sequence"
+
+    def check(self) -> None:
+        """What the registry checks of a spec when it registers it (one line naming the field)."""
+        where = f"model/families: {type(self).__name__}"
+        if not self.name or not self.name.isidentifier() or self.name != self.name.lower():
+            raise ValueError(f"{where}.name: a lower-case identifier (objective.name), got {self.name!r}")
+        for field in ("objective_path", "decoder_path"):
+            module, _, attr = getattr(self, field).partition(":")
+            if not module or not attr:
+                raise ValueError(f"{where}.{field}: 'module:Class', got {getattr(self, field)!r}")
+        for field, valid in (("inference_mask", INFERENCE_MASKS), ("decoding", DECODING_MODES)):
+            if getattr(self, field) not in valid:
+                raise ValueError(f"{where}.{field}: one of {', '.join(valid)} (what an export's modeling code "
+                                 f"knows), got {getattr(self, field)!r}")
 
     # -- classes ------------------------------------------------------------------------------
     def objective_class(self):
@@ -127,6 +167,10 @@ class FamilySpec:
         return 1
 
     # -- exports ------------------------------------------------------------------------------
+    def inference_traits(self) -> dict:
+        """What an export's modeling code reads instead of the family's name (config.json's set_diffusion)."""
+        return {"inference_mask": self.inference_mask, "decoding": self.decoding}
+
     def schedule_fields(self, objective, seq_len: int) -> dict:
         """This family's part of an export's config.json `set_diffusion` section."""
         return {}

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .. import families
+from ..context_parallel import RankLayout
 from ..layers import vocab_cross_entropy
 from ..masks import MaskSpec, build_mask, with_key_padding
 
@@ -27,10 +28,15 @@ class ModelInputs:
     # Training: the factor that turns this micro-batch's summed CE into its share of the step's loss
     # (pretrain/pipeline.py: global token normalisation); None: the micro-batch's own mean.
     loss_scale: torch.Tensor | float | None = None
+    # Context parallelism: this rank's part of the sequence (None: the whole sequence, one process)
+    context: RankLayout | None = None
 
     def model_kwargs(self) -> dict:
         """Keyword arguments of Transformer.forward besides input_ids and position_ids."""
-        return {"attn_mask": self.attn_mask, "logits_slice": self.logits_slice, "mask_spec": self.mask_spec}
+        kw = {"attn_mask": self.attn_mask, "logits_slice": self.logits_slice, "mask_spec": self.mask_spec}
+        if self.context is not None:
+            kw["context"] = self.context
+        return kw
 
 
 class Objective:
@@ -45,12 +51,51 @@ class Objective:
         # per-token CE of the logits the model returns: over the full vocabulary by default; a
         # tensor-parallel model's own (`model.tp.cross_entropy`) for its vocabulary slices
         self.cross_entropy = cross_entropy or vocab_cross_entropy
+        # the model's `ContextParallel` (model/context_parallel.py) when a sequence is split over CP
+        # ranks: `prepare` then returns this rank's part of it (`for_rank`)
+        self.context = None
 
     # Subclasses implement prepare(). bound=False: the training draw (loss_weight; variance
     # reductions allowed, nll_weight may be zero). bound=True: the draw whose nll_weight-weighted CE
     # is an unbiased estimate of the NLL bound (val/nll, eval likelihood, the scorer).
     def prepare(self, batch: dict, generator: torch.Generator | None = None, bound: bool = False) -> ModelInputs:
         raise NotImplementedError
+
+    def for_rank(self, inputs: ModelInputs) -> ModelInputs:
+        """This CP rank's part of a prepared batch (the whole of it without context parallelism).
+
+        The batch was prepared whole (orders and noise are per-sample draws: every rank draws the same
+        sample's and keeps its slice, model/noise.py). The rank keeps its head-tail chunks of every
+        stream (model/context_parallel.py): their tokens and per-token rotary positions, the rank-local
+        mask, and the outputs of its tokens in the predicted stream with their targets and weights
+        (a token whose full-sequence output is not a prediction, AR's last, gets weight 0). `num_tokens`
+        (the NLL's normaliser, a per-sequence count) is carried by CP rank 0, so sums over the ranks are
+        the whole batch's; `extra` keeps the whole batch's draws."""
+        cp = self.context
+        if cp is None or cp.size == 1:
+            return inputs
+        L = self.seq_len
+        block = int(self.cfg.block_size) if self.family.blocked_mask else 0
+        layout = RankLayout(self.mask_kind, L, cp.size, cp.rank, block)
+        dev = inputs.input_ids.device
+        rows, pos = layout.token_index().to(dev), layout.positions().to(dev)
+        out_stream = inputs.logits_slice.start // L  # the stream whose tokens are predictions
+        n_out = inputs.targets.shape[1]
+        keep = pos < n_out
+        at = pos.clamp(max=n_out - 1)
+
+        def outputs(t: torch.Tensor) -> torch.Tensor:
+            return t.index_select(1, at) * keep if t.is_floating_point() else t.index_select(1, at)
+
+        mask = inputs.attn_mask
+        mask = layout.mask(dev) if mask.dim() == 2 else layout.slice_mask(mask)
+        return ModelInputs(
+            input_ids=inputs.input_ids.index_select(1, rows), position_ids=inputs.position_ids.index_select(1, rows),
+            attn_mask=mask, logits_slice=slice(out_stream * layout.local, (out_stream + 1) * layout.local),
+            targets=outputs(inputs.targets), loss_weight=outputs(inputs.loss_weight),
+            nll_weight=outputs(inputs.nll_weight),
+            num_tokens=inputs.num_tokens if cp.rank == 0 else torch.zeros_like(inputs.num_tokens),
+            mask_spec=inputs.mask_spec, extra=inputs.extra, loss_scale=inputs.loss_scale, context=layout)
 
     @staticmethod
     def _batch_masks(batch: dict):

@@ -49,8 +49,8 @@ class BlockDiffusionObjective(Objective):
         xt = torch.where(masked, torch.full_like(x, self.mask_id), x)
         pos = torch.arange(L, device=x.device).expand(B, L)
         key_valid = torch.cat((valid, valid), 1) if batch.get("valid_mask") is not None else None
-        return ModelInputs(
+        return self.for_rank(ModelInputs(
             input_ids=torch.cat((xt, x), 1), position_ids=torch.cat((pos, pos), 1),
             attn_mask=self.mask(self.mask_kind, L, x.device, key_valid, block_size=bs), logits_slice=slice(0, L),
             targets=x, loss_weight=masked.float(), nll_weight=nll_w, num_tokens=predictable.float().sum(),
-            extra=extra, mask_spec=MaskSpec(self.mask_kind, L, bs) if key_valid is None else None)
+            extra=extra, mask_spec=MaskSpec(self.mask_kind, L, bs) if key_valid is None else None))

@@ -63,8 +63,8 @@ class MaskedDiffusionObjective(Objective):
         xt = torch.where(masked, torch.full_like(x, self.mask_id), x)
         pos = torch.arange(L, device=x.device).expand(B, L)
         key_valid = valid if batch.get("valid_mask") is not None else None  # no host sync
-        return ModelInputs(
+        return self.for_rank(ModelInputs(
             input_ids=xt, position_ids=pos, attn_mask=self.mask("bidirectional", L, x.device, key_valid),
             logits_slice=slice(0, L), targets=x, loss_weight=masked.float(), nll_weight=nll_w,
             num_tokens=predictable.float().sum(), extra=extra,
-            mask_spec=MaskSpec("bidirectional", L) if key_valid is None else None)
+            mask_spec=MaskSpec("bidirectional", L) if key_valid is None else None))

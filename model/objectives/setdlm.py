@@ -31,7 +31,7 @@ class SetDiffusionObjective(Objective):
         predicted = torch.gather(valid & ~context, 1, perm)
         query = torch.where(predicted, torch.full_like(clean, self.mask_id), clean)
         w = predicted.float()
-        return ModelInputs(
+        return self.for_rank(ModelInputs(
             input_ids=torch.cat((clean, query), 1), position_ids=torch.cat((perm, perm), 1),
             attn_mask=self.mask(self.mask_kind, L, x.device), logits_slice=slice(L, 2 * L), targets=clean,
-            loss_weight=w, nll_weight=w, num_tokens=w.sum(), mask_spec=MaskSpec(self.mask_kind, L), extra={"perm": perm})
+            loss_weight=w, nll_weight=w, num_tokens=w.sum(), mask_spec=MaskSpec(self.mask_kind, L), extra={"perm": perm}))

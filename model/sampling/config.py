@@ -17,6 +17,10 @@ FAMILIES = families.names()
 # paper's OWT and GSM8K models (from_objective replaces it with the trained model's D).
 DEFAULT_WINDOW = 4
 REMASKING = ("confidence", "random")
+# The floors that keep logits finite (processors.py): a temperature below TEMPERATURE_FLOOR decodes
+# greedily (vLLM's threshold for greedy sampling, too); a repetition penalty lies in REPETITION_PENALTY_RANGE.
+TEMPERATURE_FLOOR = 1e-5
+REPETITION_PENALTY_RANGE = (1e-6, 1e6)  # [min, max] of a CTRL-style penalty (1: off)
 
 
 class SamplingError(Error):
@@ -55,11 +59,14 @@ class SamplingConfig:
     steps: int | None = Field(None, ge=1, description="MDLM denoising steps over the span (null: its length)")
     remasking: Literal[REMASKING] = Field("confidence", description=(
         "MDLM: unmask the most confident positions, or uniformly random ones (ancestral order)"))
-    temperature: float = Field(0.0, ge=0.0, description="0: greedy (argmax); otherwise sampled")
+    temperature: float = Field(0.0, ge=0.0, description=(
+        "0: greedy (argmax); otherwise sampled (below TEMPERATURE_FLOOR, 1e-5: greedy)"))
     top_k: int = Field(0, ge=0, description="keep the k most likely tokens (0: off)")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="nucleus: smallest set with this probability (1: off)")
-    repetition_penalty: float = Field(1.0, gt=0.0, description=(
-        "CTRL-style penalty on tokens present (positive logits / p, negative * p; 1: off)"))
+    repetition_penalty: float = Field(1.0, ge=REPETITION_PENALTY_RANGE[0], le=REPETITION_PENALTY_RANGE[1],
+                                      description=(
+        "CTRL-style penalty on tokens present (positive logits / p, negative * p; 1: off; within "
+        "REPETITION_PENALTY_RANGE, 1e-6 to 1e6, so logits stay finite)"))
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description=(
         "OpenAI's: subtracted from the logit of every token the output already holds (0: off)"))
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description=(
@@ -116,7 +123,8 @@ class SamplingConfig:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature <= 0.0
+        """Argmax decoding: temperature 0, or below TEMPERATURE_FLOOR (the limit of sampling as it goes to 0)."""
+        return self.temperature < TEMPERATURE_FLOOR
 
     @property
     def window_size(self) -> int:

@@ -12,7 +12,7 @@ import torch
 
 from ..masks import with_key_padding
 from .engine import Decoder
-from .processors import accept_top_k
+from .processors import accept_top_k, accepts_all
 
 
 class MDLMDecoder(Decoder):
@@ -46,20 +46,24 @@ class MDLMDecoder(Decoder):
             return
         ids = self.canvas[:, : self.L]
         active = self.todo[:, lo:hi]
+        every = accepts_all(self.cfg.threshold)  # threshold 0: every masked position, no confidence needed
         if self.cpu_head:
             hidden = self.model(ids, self.positions.expand_as(ids), self.mask, head=False)
-            tok, conf = self.head_choose(hidden[:, lo:hi], active)
+            tok, conf = self.head_choose(hidden[:, lo:hi], active, not every)
         else:
-            tok, conf = self.choose(self.logits(ids, self.positions.expand_as(ids), self.mask, logits_slice=slice(lo, hi)))
-        left = (self.total_steps - self.steps).clamp(min=1)
-        k = (active.sum(1) + left - 1) // left
-        if self.cfg.remasking == "random":
+            tok, conf = self.choose(self.logits(ids, self.positions.expand_as(ids), self.mask, logits_slice=slice(lo, hi)),
+                                    not every)
+        prio = conf
+        if self.cfg.remasking == "random":  # drawn whatever the threshold: the generator's stream stays the same
             prio = torch.rand(active.shape, generator=self.generator, device=self.device)
+        if every:
+            accept = active.clone()
         else:
-            prio = conf
-        accept = accept_top_k(prio, active, k, None)
-        if self.cfg.threshold is not None and self.cfg.threshold < 1.0:
-            accept |= active & (conf >= self.cfg.threshold)
+            left = (self.total_steps - self.steps).clamp(min=1)
+            k = (active.sum(1) + left - 1) // left
+            accept = accept_top_k(prio, active, k, None)
+            if self.cfg.threshold is not None and self.cfg.threshold < 1.0:
+                accept |= active & (conf >= self.cfg.threshold)
         self.steps += active.any(1)
         self.write(self.out_pos, tok, accept)
 

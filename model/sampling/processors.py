@@ -6,6 +6,12 @@ of its chosen token: under softmax(adjusted logits) when greedy, under the proce
 truncated, renormalised) distribution when sampling. Log-probabilities (`token_logprobs`) are those of
 the adjusted logits, before temperature and truncation. MASK and vocabulary padding are already -inf
 in the model's logits and stay impossible.
+
+Floors keep every number finite (config.py): a temperature below `TEMPERATURE_FLOOR` decodes greedily
+(`cfg.greedy`: the limit of sampling as the temperature goes to 0; dividing float32 logits by 1e-300
+gives inf and NaN), and the repetition penalty is bounded to `REPETITION_PENALTY_RANGE` (SamplingConfig
+refuses other values, naming the field): within it, a logit divided or multiplied by the penalty,
+then divided by a temperature at the floor, stays finite for any logit below 1e27 in magnitude.
 """
 
 from __future__ import annotations
@@ -118,11 +124,19 @@ def choose(logits: torch.Tensor, cfg, generator: torch.Generator | None = None,
     return tok, conf
 
 
-def accept_top1(conf: torch.Tensor, active: torch.Tensor, threshold: float | None) -> torch.Tensor:
+def accepts_all(threshold: float | None) -> bool:
+    """Threshold 0: every active position is accepted, whatever its confidence (so none is computed)."""
+    return threshold is not None and threshold <= 0.0
+
+
+def accept_top1(conf: torch.Tensor | None, active: torch.Tensor, threshold: float | None) -> torch.Tensor:
     """SetDLM rule: the most confident active position plus every active one with conf >= threshold.
 
     conf, active [B, N]. Rows without an active position accept nothing. threshold None or >= 1:
-    exactly one per row (even where probabilities saturate at 1.0 in floating point)."""
+    exactly one per row (even where probabilities saturate at 1.0 in floating point). threshold 0:
+    every active one (`conf` is not read; it may be None)."""
+    if accepts_all(threshold):
+        return active.clone()
     masked = conf.masked_fill(~active, -1.0)
     best = masked.argmax(-1, keepdim=True)
     accept = torch.zeros_like(active).scatter_(1, best, True) & active
@@ -131,9 +145,12 @@ def accept_top1(conf: torch.Tensor, active: torch.Tensor, threshold: float | Non
     return accept
 
 
-def accept_top_k(conf: torch.Tensor, active: torch.Tensor, k: torch.Tensor, threshold: float | None) -> torch.Tensor:
+def accept_top_k(conf: torch.Tensor | None, active: torch.Tensor, k: torch.Tensor, threshold: float | None) -> torch.Tensor:
     """Block/masked diffusion rule: the k[b] most confident active positions of each row (ties by
-    lower index) plus every active one with conf >= threshold. conf, active [B, N], k [B] long."""
+    lower index) plus every active one with conf >= threshold. conf, active [B, N], k [B] long.
+    threshold 0: every active one (`conf` is not read; it may be None)."""
+    if accepts_all(threshold):
+        return active.clone()
     masked = conf.masked_fill(~active, -1.0)
     order = torch.sort(masked, dim=-1, descending=True, stable=True).indices
     rank = torch.empty_like(order).scatter_(1, order, torch.arange(order.shape[1], device=order.device).expand_as(order))

@@ -12,6 +12,12 @@ to admit waiting prompts (new rows are copies of a slot, reset by `admit`) and s
 rows once they are half of it or fewer, so an idle session steps no empty rows. The step, the
 admission and the stopping rules are those of `generate`, so a greedy row decodes the same tokens as
 `generate` decoding it alone, whatever else is in flight.
+
+One row's failure stays its own: the logits of a row that are not usable (NaN, +inf, or no finite
+value at a position to decide) are replaced, for that step, by zeros, so the batched token choice
+never fails on them (`torch.multinomial` refuses a row with NaN and fails the whole batch); the row
+ends after that step with stop_reason "error" and no tokens, and the other rows, whose logits and
+choices are computed row by row, decode exactly as they would have without it.
 """
 
 from __future__ import annotations
@@ -48,6 +54,8 @@ class Session:
         dec.reqs, dec.outputs, dec.checked, dec.t_admit, dec.stop_reason, dec.stop_text = {}, {}, {}, {}, {}, {}
         dec.queue, dec.pending_rows = deque(), 0
         dec.runner = DecodeStepRunner(dec)
+        self._unusable: torch.Tensor | None = None  # [B] rows whose logits were unusable in this step
+        dec.choose = self._guarded(dec.choose)
         self.dec = dec
         self.watched: set[int] = set()
         self.events: list[StepEvent] = []
@@ -116,6 +124,36 @@ class Session:
     def busy(self) -> bool:
         return bool(self.open)
 
+    # -- failures -----------------------------------------------------------------------------------
+    def _guarded(self, choose):
+        """The decoder's token choice, with rows whose logits [B, N, V] are unusable zeroed and recorded."""
+
+        def guarded(logits: torch.Tensor, confidence: bool = True):
+            top = logits.detach().amax(-1)  # NaN where a NaN is, +inf where one is, -inf where nothing is possible
+            bad = ~torch.isfinite(top).all(-1)
+            if bool(bad.any()):  # one read of B flags (a session reads the device back every step anyway)
+                logits = logits.masked_fill(bad[:, None, None], 0.0)
+                self._unusable = bad if self._unusable is None else self._unusable | bad
+            return choose(logits, confidence)
+
+        return guarded
+
+    def _fail_unusable(self) -> None:
+        """End the rows whose logits were unusable in the step just run (stop_reason "error", no tokens)."""
+        bad, self._unusable = self._unusable, None
+        if bad is None or not bool(bad.any()):
+            return
+        dec = self.dec
+        for b in torch.nonzero(bad).flatten().tolist():
+            row = dec.rows[b]
+            if row < 0:
+                continue
+            dec.stop_reason[row] = "error"
+            self.watched.discard(row)  # what the step wrote for it is not reported
+            dec.span_end[b] = dec.span_start[b]
+            dec.todo[b] = False
+            dec.can_stop[b] = False
+
     # -- decoding -----------------------------------------------------------------------------------
     def step(self) -> tuple[list[StepEvent], list[tuple[int, SampleOutput]]]:
         """Admit waiting prompts, run one step if any row is live; (events, finished rows)."""
@@ -123,9 +161,11 @@ class Session:
         self._admit(time.perf_counter())
         if self.live:
             dec.observer.before_step()
+            self._unusable = None
             dec.runner()
             self.forwards += 1
             dec.after_step()
+            self._fail_unusable()
             dec.check(time.perf_counter())
             self._shrink()
         events, self.events[:] = list(self.events), []

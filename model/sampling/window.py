@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 
 from .engine import Decoder
+from .processors import accepts_all
 
 
 class WindowDecoder(Decoder):
@@ -83,12 +84,13 @@ class WindowDecoder(Decoder):
         keys = torch.cat((pv, q_keys), 1)
         mask = ((self.template & keys[:, None, :]) | self.eye)[:, None]
         commit = torch.cat((pv, self.no_commit), 1)
+        need = not accepts_all(self.cfg.threshold)  # threshold 0 accepts every active slot: no confidence
         if self.cpu_head:
             hidden = self.model(ids, positions, mask, cache=self.cache, commit=commit, head=False)
-            tok, conf = self.head_choose(hidden[:, p:], active)
+            tok, conf = self.head_choose(hidden[:, p:], active, need)
         else:
             tok, conf = self.choose(self.logits(ids, positions, mask, cache=self.cache, commit=commit,
-                                                logits_slice=slice(p, p + w)))
+                                                logits_slice=slice(p, p + w)), need)
         accept = self.accept(conf, active)
         self.steps += active.any(1)
         self.write(pos, tok, accept)

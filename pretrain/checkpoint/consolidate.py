@@ -1,4 +1,4 @@
-"""Consolidate a sharded checkpoint (any TP x PP x DP layout, ZeRO 0-3) into one unsharded state dict.
+"""Consolidate a checkpoint (any TP x PP x DP layout, ZeRO 0-3, format 1 or 2) into one unsharded state dict.
 
     setdlm convert consolidate --checkpoint RUN_OR_CKPT [--out FILE] [--no-optimizer] [--overwrite]
 
@@ -9,10 +9,11 @@ writes CKPT/consolidated.pt (atomically) holding
     optimizer  {"step": int, "exp_avg": {name: full}, "exp_avg_sq": {name: full}} or None (AdamW moments)
     meta       step, tokens seen, the layout it came from
 
-The shards are read and merged by shards.py, which refuses a checkpoint with a shard missing.
-`load_model` (inference.py: inference, eval, HF export) reads consolidated.pt, or merges the shards
-in memory when there is none, and `setdlm pretrain` continues training from it under a different
-TP/PP/DP layout (resume.py, relayout.py).
+A format-2 checkpoint's global tensors are read whole (distcp.py); a format-1 checkpoint's shards are
+read and merged by shards.py; both refuse a checkpoint with a rank's file missing. Training never
+needs this file: `setdlm pretrain` continues a format-2 checkpoint under any layout by itself, and
+`load_model` and the exports read any checkpoint. It is a one-file export (for other tools), read back
+memory-mapped (`torch.load(mmap=True, weights_only=True)`) wherever setdlm reads one.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from common.io import atomic_save
 from common.storage import check_output_file
 
 from ..safe_load import CheckpointError
-from . import rundir
+from . import rundir, versions
+from .distcp import whole_state
 from .shards import MOMENTS, merge, read_shards
 
 
@@ -35,6 +37,30 @@ def consolidated_state(ckpt: Path, *, optimizer: bool = True) -> dict:
     """The consolidated state dict of one checkpoint folder, in memory (see the module doc)."""
     ckpt = Path(ckpt)
     meta = rundir.read_meta(ckpt, require=())
+    state = _dcp_state(ckpt, meta, optimizer) if rundir.storage(ckpt, meta) == "dcp" else _deepspeed_state(ckpt, meta, optimizer)
+    names = lambda d: versions.current_names(d, meta) if isinstance(d, dict) else d  # noqa: E731
+    state["module"], state["ema"] = names(state["module"]), names(state["ema"])
+    if state["optimizer"]:
+        state["optimizer"] = {k: (names(v) if k in MOMENTS else v) for k, v in state["optimizer"].items()}
+    return state
+
+
+def _meta_part(ckpt: Path, meta: dict) -> dict:
+    return {"step": meta.get("step"), "tokens_seen": meta.get("tokens_seen"), "layout": meta.get("layout", {}),
+            "source": str(ckpt)}
+
+
+def _dcp_state(ckpt: Path, meta: dict, optimizer: bool) -> dict:
+    """Format 2: the global tensors, read whole (distcp.py)."""
+    state = whole_state(ckpt, optimizer=optimizer)
+    opt = state["optimizer"]
+    if opt is not None:
+        opt = {"step": int(meta.get("optimizer_step") or meta.get("step") or 0), **opt}
+    return {"module": state["module"], "ema": state["ema"], "optimizer": opt, "meta": _meta_part(ckpt, meta)}
+
+
+def _deepspeed_state(ckpt: Path, meta: dict, optimizer: bool) -> dict:
+    """Format 1: DeepSpeed's shard files merged (shards.py)."""
     shards = read_shards(ckpt, meta, optimizer=optimizer)
     module = merge([(s[0], s[1]) for s in shards])
     ema = merge([(s[0], s[2]) for s in shards]) if all(s[2] is not None for s in shards) else None
@@ -43,10 +69,7 @@ def consolidated_state(ckpt: Path, *, optimizer: bool = True) -> dict:
         opt = {"step": max(s[4] for s in shards)}
         for k in MOMENTS:
             opt[k] = merge([(s[0], s[3][k]) for s in shards])
-    layout = meta.get("layout", {})
-    return {"module": module, "ema": ema, "optimizer": opt,
-            "meta": {"step": meta.get("step"), "tokens_seen": meta.get("tokens_seen"), "layout": layout,
-                     "source": str(ckpt)}}
+    return {"module": module, "ema": ema, "optimizer": opt, "meta": _meta_part(ckpt, meta)}
 
 
 def consolidate(path, *, out=None, optimizer: bool = True, overwrite: bool = True, log=print) -> Path:
@@ -82,9 +105,9 @@ def consolidate(path, *, out=None, optimizer: bool = True, overwrite: bool = Tru
 def main(argv: list[str] | None = None) -> int:
     """`setdlm convert consolidate` (errors are reported by common.cli.run_command)."""
     parser = ArgumentParser(prog="setdlm convert consolidate",
-                            description="Merge a sharded (TP/PP/DP, ZeRO 0-3) checkpoint into one state dict.")
+                            description="Merge a checkpoint of any layout (TP/PP/DP, ZeRO 0-3) into one state dict (a one-file export).")
     parser.add_argument("--checkpoint", required=True, help="run directory (newest checkpoint), RUN:best / RUN:STEP, its checkpoints/ folder, or one checkpoint")
-    parser.add_argument("--out", help="output file (default: CHECKPOINT/consolidated.pt, read by load_model and re-layout)")
+    parser.add_argument("--out", help="output file (default: CHECKPOINT/consolidated.pt: a one-file export; training does not need it)")
     parser.add_argument("--no-optimizer", action="store_true", help="leave out the Adam moments (weights and EMA only)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing output file")
     args = parser.parse_args(argv)

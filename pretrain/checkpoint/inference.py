@@ -3,8 +3,9 @@
 `load_model(path)` gives (model, tokenizer, recipe config): a TP=1 Transformer of plain torch layers
 (model/layers.py), with no process group created, nothing in os.environ set and torch.distributed
 left uninitialised. `checkpoint_weights` gives the full (TP=1, PP=1) weights alone (HF export,
-`train.init_from`). A TP=1 checkpoint needs neither megatron-core nor DeepSpeed here: those are
-imported only to merge the shards of another layout (consolidate.py) or to read ZeRO-3 files.
+`train.init_from`). Neither megatron-core nor DeepSpeed is needed here for a format-2 checkpoint (any
+layout) or an unsharded format-1 one: they are imported only to merge the DeepSpeed shards of another
+format-1 layout (shards.py) or to read format-1 ZeRO-3 files.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from pathlib import Path
 import torch
 
 from ..safe_load import CheckpointError, load as safe_load
-from . import rundir
+from . import rundir, versions
 
 MODEL_FILE = "mp_rank_00_model_states.pt"  # DeepSpeed's model file of an unsharded (TP=1, PP=1) run
 
@@ -33,24 +34,32 @@ def lora_section(meta: dict) -> dict | None:
 
 def checkpoint_weights(ckpt: Path, meta: dict, *, ema: bool = True, merge_lora: bool = True) -> tuple[dict, bool]:
     """The full (TP=1, PP=1) weights of checkpoint `ckpt`, whatever layout saved it, and whether they
-    are the EMA weights: consolidated.pt when present, the model file of an unsharded run, else the
-    shards merged in memory (consolidate.py, which refuses an incomplete checkpoint). The LoRA adapters
-    of a `train.lora` run are merged into the base weights (W + (alpha / r) B A), so the result is a
-    plain model's; `merge_lora=False` keeps them (names `....lora.A` / `.lora.B`)."""
+    are the EMA weights. Format 2 (distcp.py): the model (or EMA) tensors read chunk by chunk into one
+    whole copy, whatever layout wrote them; a consolidated.pt (memory-mapped); format 1: the model file of
+    an unsharded run, else DeepSpeed's shards merged in memory (shards.py, which refuses an incomplete
+    checkpoint). Weights renamed since the checkpoint's format version get their current names
+    (versions.py). The LoRA adapters of a `train.lora` run are merged into the base weights
+    (W + (alpha / r) B A), so the result is a plain model's; `merge_lora=False` keeps them (names
+    `....lora.A` / `.lora.B`)."""
     ckpt = Path(ckpt)
     cons = ckpt / rundir.CONSOLIDATED
     ema_where = None
-    if cons.is_file():
-        state, where = safe_load(cons), cons
+    kind = rundir.storage(ckpt, meta)
+    if kind == "dcp":
+        from .distcp import whole_state
+
+        state, where = whole_state(ckpt, ema=ema, ema_over_module=True), ckpt
+    elif cons.is_file():
+        state, where = safe_load(cons, mmap=True), cons
     elif _sharded(meta):
         from .consolidate import consolidated_state
 
         state, where = consolidated_state(ckpt, optimizer=False), ckpt
     else:
         where = ckpt / MODEL_FILE
-        model_state = safe_load(where)
+        model_state = safe_load(where, mmap=True)
         ema_file = rundir.ema_file(ckpt, 0)
-        shadow = safe_load(ema_file) if ema and ema_file.is_file() else None
+        shadow = safe_load(ema_file, mmap=True) if ema and ema_file.is_file() else None
         state = {"module": model_state.get("module") if isinstance(model_state, dict) else None,
                  "ema": shadow.get("shadow") if isinstance(shadow, dict) else None}
         ema_where = ema_file
@@ -61,7 +70,7 @@ def checkpoint_weights(ckpt: Path, meta: dict, *, ema: bool = True, merge_lora: 
         _check_ema_matches(weights, state["ema"], where, ema_where)
         weights.update(state["ema"])
         used_ema = True
-    weights = {k: v for k, v in weights.items() if torch.is_tensor(v)}
+    weights = versions.current_names({k: v for k, v in weights.items() if torch.is_tensor(v)}, meta)
     lora = lora_section(meta)
     if merge_lora and any(k.endswith(".lora.A") for k in weights):
         from model.lora import merge

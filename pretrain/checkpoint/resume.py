@@ -1,9 +1,17 @@
-"""Continuing a run from its checkpoint: the same layout through DeepSpeed's own loader, another
-TP/PP/DP layout from the checkpoint's consolidated.pt (relayout.py).
+"""Continuing a run from its checkpoint, under the layout it was saved with or any other.
+
+- format 2 (`load_sharded`): every rank reads the chunks of the global tensors it holds under this run's
+  TP x PP x DP x CP layout and ZeRO stage (train_state.py, distcp.py): weights, fp32 masters, Adam
+  moments, EMA; then its RNG states and the data position (global: any rank's loader state continues
+  the one data order under any data-parallel size). No consolidated file is written or read.
+- format 1, the same layout (`load`): DeepSpeed's own loader.
+- format 1 under another layout, or an imported run's consolidated.pt (`load_relayout`): the full
+  state, merged from the shards in memory (or the consolidated.pt, memory-mapped), then this rank's
+  part of it (relayout.py).
 
 The trainer asks `check_compatible` first, so a checkpoint whose weights compute something else (its
 identity: every model key but the runtime ones, the family, the LoRA shapes) or that was trained with
-another tokenizer is refused before DeepSpeed reads any of it. DeepSpeed's own `torch.load` calls run inside
+another tokenizer is refused before any of it is read. DeepSpeed's own `torch.load` calls run inside
 `restricted_torch_load` (weights only, pretrain/safe_load.py).
 """
 
@@ -15,7 +23,7 @@ from pathlib import Path
 from model.config import identity_keys
 
 from ..safe_load import CheckpointError, load as safe_load, restricted_torch_load
-from . import rundir
+from . import distcp, rundir, versions
 from .relayout import load_consolidated
 from .rng import check_rng_state
 
@@ -49,10 +57,17 @@ def check_compatible(meta: dict, cfg, path: Path, tokenizer=None) -> None:
                               "start another run (run.name) for another model")
 
 
-def same_layout(meta: dict, tp: int, pp: int, dp: int, zero_stage: int) -> bool:
-    """Whether the checkpoint was saved under this TP x PP x DP layout and ZeRO stage."""
+def same_layout(meta: dict, tp: int, pp: int, dp: int, zero_stage: int, cp: int = 1) -> bool:
+    """Whether the checkpoint was saved under this TP x PP x DP x CP layout and ZeRO stage."""
     saved = meta["layout"]
-    return (saved["tp"], saved["pp"], saved["dp"], saved.get("zero_stage", 0)) == (tp, pp, dp, zero_stage)
+    return ((saved.get("tp"), saved.get("pp"), saved.get("dp"), saved.get("zero_stage", 0), saved.get("cp", 1))
+            == (tp, pp, dp, zero_stage, cp))
+
+
+def describe(layout: dict) -> str:
+    """`tp=2 pp=1 dp=2 cp=1 ZeRO-1` of a meta.json layout."""
+    return (f"tp={layout.get('tp')} pp={layout.get('pp')} dp={layout.get('dp')} cp={layout.get('cp', 1)} "
+            f"ZeRO-{layout.get('zero_stage')}")
 
 
 def set_scheduler_step(scheduler, step: int) -> None:
@@ -102,19 +117,61 @@ def checked_extra(f: Path) -> dict:
     return extra
 
 
+def _rank_extra(path: Path, rank: int) -> dict:
+    """This rank's RNG states and data position: its own file when the checkpoint has one for this rank,
+    else rank 0's (another world size: the data position is global, the RNG states only drive dropout)."""
+    own = rundir.extra_file(path, rank)
+    f = own if own.is_file() else rundir.extra_file(path, 0)
+    if not f.is_file():
+        raise CheckpointError(f"{f}: missing (the random-number state and data position); the checkpoint is "
+                              "incomplete: use another step")
+    return checked_extra(f)
+
+
+def load_sharded(engine, path: Path, *, ema, rank: int, process_group=None) -> tuple[dict, dict, list[str]]:
+    """Continue a run from a format-2 checkpoint under this run's layout, whatever layout saved it (every
+    rank calls it: DCP's read is collective); returns (meta, this rank's extra, notes)."""
+    from . import train_state
+
+    path = Path(path)
+    meta = rundir.read_meta(path)
+    md = distcp.read_metadata(path)
+    distcp.check_files(path, md)
+    saved = {}  # current key -> the checkpoint's key (weights renamed since its format version)
+    for key in distcp.tensor_shapes(md):
+        prefix, _, name = key.partition("/")
+        if prefix == "optim":
+            sub, _, name = name.partition("/")
+            prefix = f"optim/{sub}"
+        saved[f"{prefix}/{versions.current_names({name: None}, meta).popitem()[0]}"] = key
+    step = int(meta.get("optimizer_step") or meta["step"])
+    plan = train_state.load_targets(engine, ema, set(saved), step=step)
+    targets = {saved[k]: v for k, v in plan.targets.items()}
+    distcp.check_shapes(targets, md, path)
+    distcp.load(targets, path, process_group=process_group)
+    for after in plan.after:
+        after()
+    return meta, _rank_extra(path, rank), plan.notes
+
+
 def load_relayout(engine, path: Path, *, ema) -> tuple[dict, dict, list[str]]:
-    """Continue a run saved under another TP/PP/DP layout from its consolidated.pt: weights, fp32
-    masters, Adam moments, EMA (relayout.load_consolidated); returns (meta, extra, notes) where extra
-    holds the RNG state of the old rank 0 and the data position (valid under any data-parallel size)."""
+    """Continue a run from a format-1 checkpoint saved under another TP/PP/DP layout (its shards merged
+    in memory, or its consolidated.pt), or from an imported run's consolidated.pt: weights, fp32 masters,
+    Adam moments, EMA (relayout.load_consolidated); returns (meta, extra, notes) where extra holds the RNG
+    state of the old rank 0 and the data position (valid under any data-parallel size)."""
     path = Path(path)
     meta = rundir.read_meta(path)
     cons = path / rundir.CONSOLIDATED
-    saved = meta["layout"]
-    if not cons.is_file():
-        raise CheckpointError(f"checkpoint {path}: saved with tp={saved['tp']} pp={saved['pp']} dp={saved['dp']}; to "
-                              f"continue under another layout consolidate it first (setdlm convert consolidate "
-                              f"--checkpoint {path})")
-    notes = load_consolidated(engine, safe_load(cons), ema=ema)
+    if cons.is_file():
+        state = safe_load(cons, mmap=True)
+        if isinstance(state, dict) and isinstance(state.get("module"), dict):
+            state = {**state, **{k: versions.current_names(state[k], meta) for k in ("module", "ema")
+                                 if isinstance(state.get(k), dict)}}
+    else:
+        from .consolidate import consolidated_state
+
+        state = consolidated_state(path)
+    notes = load_consolidated(engine, state, ema=ema)
     extras = [checked_extra(f) for f in sorted(path.glob("extra_rank*.pt"))]
     extra = {"rng": extras[0]["rng"]} if extras else {}
     # The data order is one global sequence (data_pipeline/order.py): any rank's loader state continues

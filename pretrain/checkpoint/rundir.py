@@ -37,6 +37,7 @@ BEST = "best"
 COMPLETE = "COMPLETE"
 META = "meta.json"
 CONSOLIDATED = "consolidated.pt"
+DCP_INDEX = ".metadata"  # torch.distributed.checkpoint's index of a format-2 checkpoint
 TOKENIZER = "tokenizer"
 
 
@@ -60,6 +61,32 @@ def extra_file(ckpt: str | os.PathLike, rank: int) -> Path:
 def ema_file(ckpt: str | os.PathLike, mp_rank: int) -> Path:
     """The EMA weights of model-parallel rank `mp_rank` (save.py)."""
     return Path(ckpt) / f"ema_mp_rank_{mp_rank:02d}.pt"
+
+
+def storage(ckpt: str | os.PathLike, meta: dict) -> str:
+    """How a checkpoint's tensors are stored: "dcp" (format 2: torch.distributed.checkpoint, distcp.py),
+    "consolidated" (one consolidated.pt: an import, or a folder `setdlm convert consolidate` wrote into)
+    or "deepspeed" (format 1: DeepSpeed's files, shards.py). meta.json says so from format 2 on; before,
+    the files do (a checkpoint of the commit that reserved format 2 says 2 and holds DeepSpeed files)."""
+    ckpt = Path(ckpt)
+    if meta.get("storage") == "dcp" or (ckpt / DCP_INDEX).is_file():
+        return "dcp"
+    if not any(ckpt.glob("*model_states.pt")) and (ckpt / CONSOLIDATED).is_file():
+        return "consolidated"
+    return "deepspeed"
+
+
+def has_ema(ckpt: str | os.PathLike, meta: dict) -> bool:
+    """Whether checkpoint `ckpt` holds EMA weights (any format)."""
+    ckpt = Path(ckpt)
+    kind = storage(ckpt, meta)
+    if kind == "dcp":
+        from .distcp import read_metadata
+
+        return any(k.startswith("ema/") for k in read_metadata(ckpt).state_dict_metadata)
+    if any(ckpt.glob("ema_mp_rank_*.pt")):
+        return True
+    return (ckpt / CONSOLIDATED).is_file() and bool(((meta.get("config") or {}).get("train") or {}).get("ema"))
 
 
 def run_of(ckpt: str | os.PathLike) -> Path:

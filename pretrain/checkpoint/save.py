@@ -1,6 +1,6 @@
-"""Saving a checkpoint from every rank, atomically, and pruning old ones.
+"""What every save shares: the temporary name, the full-disk handling, the space check and pruning.
 
-A checkpoint is written under a temporary name (checkpoints/.tmp-step_N) and renamed once every
+The writer (writer.py) saves a checkpoint under a temporary name (checkpoints/.tmp-step_N) and renamed once every
 rank has finished, and `latest` is replaced only after that, so a kill during a save never damages
 the last good one. A save that fails (a full disk: OSError, or the RuntimeError torch's zip writer
 raises for a short write) removes its temporary directory on every rank, keeps the last good
@@ -9,13 +9,14 @@ space a checkpoint needs (`expected_bytes`: the size of the newest complete chec
 estimate from the parameter count). `check_space` says the same before a job trains at all.
 Pruning renames a step to .tmp-pruned-step_N before deleting it, so a kill mid-prune leaves no
 half-deleted step_N (the next start removes the .tmp-* leftovers; `clean_partial`). Files of one
-checkpoint:
+format-2 checkpoint (writer.py):
 
-    DeepSpeed's model / optimizer shards and LR scheduler (`engine.save_checkpoint`), with this
-    rank's shard map (`shard_info`, read by consolidate.py) in the model file's client state
-    extra_rank*.pt       per rank: RNG states (rng.py) and data-loader position
-    ema_mp_rank_*.pt     EMA weights, once per model-parallel rank
-    meta.json, COMPLETE  rundir.py
+    __R_0.distcp, .metadata   torch.distributed.checkpoint: each rank's pieces of the global tensors
+                              (train_state.py: weights, fp32 masters, Adam moments, EMA) and the index
+    extra_rank*.pt            per rank: RNG states (rng.py) and the data-loader position
+    meta.json, COMPLETE       rundir.py
+
+(Format-1 checkpoints, DeepSpeed's files, are still read: shards.py, resume.py.)
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from common.storage import free_bytes, human_bytes, is_write_failure, tree_bytes
 
 from ..safe_load import CheckpointError
 from . import rundir
+from .shards import shard_info  # noqa: F401 - its home was here (callers import it from save)
 
 TMP_PREFIX = ".tmp-"
 PRUNED = TMP_PREFIX + "pruned-"
@@ -63,9 +65,9 @@ def clean_partial(root: Path) -> None:
 
 # -- space -------------------------------------------------------------------------------------------
 def estimate_bytes(n_params: int, *, precision: str, ema: bool) -> int:
-    """What a checkpoint of `n_params` parameters holds on disk: the weights (fp32, or bf16 plus fp32
-    master weights), Adam's two fp32 moments and the fp32 EMA, over all ranks."""
-    per_param = (2 + 4 if precision == "bf16" else 4) + 8 + (4 if ema else 0)
+    """What a checkpoint of `n_params` parameters holds on disk, over all ranks: the fp32 weights (the
+    fp32 masters, whatever `precision` trains in), Adam's two fp32 moments and the fp32 EMA."""
+    per_param = 4 + 8 + (4 if ema else 0)
     return int(n_params * per_param)
 
 
@@ -86,75 +88,6 @@ def check_space(root: Path, need: int, source: str) -> None:
         raise StorageError(f"checkpoint: {root}: No space left on device for the next checkpoint (the disk is full: "
                            f"{human_bytes(free)} free, a checkpoint needs about {human_bytes(need)}, {source}); "
                            "nothing was trained: free space (older step_* folders can go) and rerun the same command")
-
-
-def shard_info(engine) -> dict:
-    """How this rank's model file is cut out of the full model (read by consolidate.py): its
-    tensor/pipeline ranks, each parameter's tensor-parallel split dimension (-1: replicated), the
-    parameters that are copies of another stage's (a tied embedding on the last stage) and, for a
-    client torch optimizer saved in the model file, the parameter names in the optimizer's order."""
-    from ..mcore import parallel_state
-
-    module = engine.module
-    init = parallel_state.model_parallel_is_initialized()
-    names = {id(p): n for n, p in module.named_parameters()}
-    order = None
-    opt = getattr(engine, "optimizer", None)
-    if isinstance(opt, torch.optim.Optimizer):
-        ids = [id(p) for g in opt.param_groups for p in g["params"]]
-        order = [names[i] for i in ids] if all(i in names for i in ids) else None
-    return {
-        "tp": parallel_state.get_tensor_model_parallel_world_size() if init else 1,
-        "pp": parallel_state.get_pipeline_model_parallel_world_size() if init else 1,
-        "tp_rank": parallel_state.get_tensor_model_parallel_rank() if init else 0,
-        "pp_rank": parallel_state.get_pipeline_model_parallel_rank() if init else 0,
-        "partition": {n: int(p.partition_dim) if getattr(p, "tensor_model_parallel", False) else -1
-                      for n, p in module.named_parameters()},
-        "copies": [n for n, p in module.named_parameters() if getattr(p, "shared_embedding", False)],
-        "optimizer_order": order,
-    }
-
-
-def save(engine, root: Path, step: int, *, meta: dict, extra: dict, ema_state: dict | None,
-         keep_last: int, mp_rank: int, dp_rank: int, rank: int, need: int | None = None) -> Path:
-    """Write checkpoint `step` under `root` (RUN/checkpoints) from every rank; returns its folder.
-    `need` (bytes a checkpoint takes) is the space a full-disk message names."""
-    root = Path(root)
-    tag = rundir.tag_for(step)
-    tmp_tag = TMP_PREFIX + tag
-    if rank == 0:
-        root.mkdir(parents=True, exist_ok=True)
-        shutil.rmtree(root / tmp_tag, ignore_errors=True)
-    _barrier()
-    tmp = root / tmp_tag
-    failure = None
-    try:
-        engine.save_checkpoint(str(root), tag=tmp_tag, client_state={"step": step, "shard": shard_info(engine)},
-                               save_latest=False)
-        torch.save(extra, rundir.extra_file(tmp, rank))
-        if ema_state is not None and dp_rank == 0:
-            torch.save(ema_state, rundir.ema_file(tmp, mp_rank))
-        if rank == 0:
-            rundir.write_meta(tmp, meta)
-    except (OSError, RuntimeError, StorageError) as e:  # RuntimeError: torch's zip writer on a short write
-        if not (isinstance(e, StorageError) or is_write_failure(e)):
-            raise
-        failure = e.with_traceback(None)
-    _raise_if_any_failed(failure, root, [tmp], step, rank, need)
-    final = root / tag
-    if rank == 0:
-        try:
-            rundir.mark_complete(tmp)
-            if final.exists() or final.is_symlink():
-                _remove(final)
-            os.replace(tmp, final)
-            rundir.point_latest(root, tag)
-        except (OSError, StorageError) as e:  # `latest` cannot name it: the new step is not published
-            failure = e.with_traceback(None)
-        else:
-            prune(root, keep_last)
-    _raise_if_any_failed(failure, root, [tmp, final], step, rank, need)  # also the barrier after publishing
-    return final
 
 
 def _raise_if_any_failed(failure: BaseException | None, root: Path, partial: list[Path], step: int, rank: int,

@@ -33,7 +33,7 @@ MOMENTS = ("exp_avg", "exp_avg_sq")
 
 
 def _load(path: Path):
-    return safe_load(path, map_location="cpu")
+    return safe_load(path, map_location="cpu", mmap=True)  # a TP=1 model file is the whole model
 
 
 def _part(state, key: str, path: Path):
@@ -41,6 +41,34 @@ def _part(state, key: str, path: Path):
     if not isinstance(state, dict) or key not in state:
         raise CheckpointError(f"{path}: not a DeepSpeed checkpoint file of this run (no `{key}`)")
     return state[key]
+
+
+def shard_info(engine) -> dict:
+    """How this rank's part of the model is cut out of the full model (format-1 model files carried it;
+    `merge` reads it): its
+    tensor/pipeline ranks, each parameter's tensor-parallel split dimension (-1: replicated), the
+    parameters that are copies of another stage's (a tied embedding on the last stage) and, for a
+    client torch optimizer saved in the model file, the parameter names in the optimizer's order."""
+    from ..mcore import parallel_state
+
+    module = engine.module
+    init = parallel_state.model_parallel_is_initialized()
+    names = {id(p): n for n, p in module.named_parameters()}
+    order = None
+    opt = getattr(engine, "optimizer", None)
+    if isinstance(opt, torch.optim.Optimizer):
+        ids = [id(p) for g in opt.param_groups for p in g["params"]]
+        order = [names[i] for i in ids] if all(i in names for i in ids) else None
+    return {
+        "tp": parallel_state.get_tensor_model_parallel_world_size() if init else 1,
+        "pp": parallel_state.get_pipeline_model_parallel_world_size() if init else 1,
+        "tp_rank": parallel_state.get_tensor_model_parallel_rank() if init else 0,
+        "pp_rank": parallel_state.get_pipeline_model_parallel_rank() if init else 0,
+        "partition": {n: int(p.partition_dim) if getattr(p, "tensor_model_parallel", False) else -1
+                      for n, p in module.named_parameters()},
+        "copies": [n for n, p in module.named_parameters() if getattr(p, "shared_embedding", False)],
+        "optimizer_order": order,
+    }
 
 
 # -- merging shards ---------------------------------------------------------------------------------
@@ -141,6 +169,7 @@ def check_complete(ckpt: Path, layout: dict, ema: bool) -> None:
     zero_pp_rank_D_mp_rank_XX_optim_states.pt per data-parallel rank under ZeRO >= 1, and the EMA file
     of every model-parallel rank when the run kept an EMA."""
     tp, pp, dp, zero = _int(layout, "tp"), _int(layout, "pp"), _int(layout, "dp"), _int(layout, "zero_stage")
+    dp *= _int(layout, "cp")  # ZeRO partitions over the replica set: dp x cp ranks (pretrain/parallel.py)
     mps = [f"{m:02d}" for m in range(tp * pp)]
     if zero >= 3:
         need = [f"zero_pp_rank_{d}_mp_rank_{m}_{kind}_states.pt" for m in mps for d in range(dp) for kind in ("model", "optim")]

@@ -151,9 +151,14 @@ def import_reference(path, out, *, family: str | None = None, set_size: int | No
         return import_release(p, out, config, family=family, set_size=set_size, seq_len=seq_len,
                               tokenizer=tokenizer, base_model=base_model, overrides=overrides, overwrite=overwrite,
                               name=Path(str(path)).name, log=log)
+    if base_model and not (p.is_dir() and (p / "config.json").is_file()):
+        raise ConvertError(f"--base-model: {p} has no config.json: a release with a pretrained backbone is read with "
+                           "its config.json beside the weights (it names the base model and the schedule; copy it in), "
+                           "and a DiT checkpoint takes no --base-model")
     if base_model:
         raise ConvertError("--base-model: only a release with a pretrained backbone (backbone_config "
-                           "AutoModelFromPreTrained) names a base model; this is a DiT checkpoint")
+                           f"AutoModelFromPreTrained) names a base model; {p}/config.json has no such backbone_config "
+                           "(a DiT checkpoint: leave --base-model out)")
     tokenizer = tokenizer or "gpt2"
     obj, config = _read_reference(p)
     shadow = None

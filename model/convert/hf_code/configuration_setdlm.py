@@ -1,18 +1,22 @@
 """Configuration of a set diffusion language model exported by `setdlm convert to-hf`.
 
 Self-contained: depends only on `transformers`. The architecture fields follow the usual Hugging Face
-names; `set_diffusion` records the training objective and its order schedule, which the sampler
-(`SetDLMForMaskedLM.set_diffusion_generate`) and evaluation code need:
+names; `set_diffusion` records the training objective and its order schedule, and the two inference
+traits this code acts on (it never branches on the family's name, which is a record only):
 
-    family         "setdlm" | "bd3lm" | "mdlm" | "ar"
-    length         L, the training sequence length
-    set_size       D, the equivalent block size (expected D/2 positions predicted per step)
-    s_max          S_max, window of overlapping reveal intervals (2 D by default)
-    k              exponent of the per-position masking curve 1 - (1 - x)^k
-    b              reveal-interval width S_max / (L + S_max - 1)
-    order          sliding_window | any_order | left_to_right
-    block_size     BD3-LM block size
-    mask_token_id  id of the MASK token (its logit is always -inf)
+    inference_mask   the attention of `forward` when no full mask is given, and of a prompt's prefill:
+                     causal | bidirectional | block_causal (blocks of block_size)
+    decoding         how `set_diffusion_generate` decodes: next_token | set_window | block | full_sequence
+                     (modeling_setdlm.py says what each does)
+    family           the training objective's name in setdlm (objective.name)
+    length           L, the training sequence length
+    set_size         D, the equivalent block size (expected D/2 positions predicted per step)
+    s_max            S_max, window of overlapping reveal intervals (2 D by default)
+    k                exponent of the per-position masking curve 1 - (1 - x)^k
+    b                reveal-interval width S_max / (L + S_max - 1)
+    order            sliding_window | any_order | left_to_right
+    block_size       block size of block-causal attention and block decoding
+    mask_token_id    id of the MASK token (its logit is always -inf)
 """
 
 try:  # transformers >= 5 spells it PreTrainedConfig; 4.x only has PretrainedConfig
@@ -20,7 +24,11 @@ try:  # transformers >= 5 spells it PreTrainedConfig; 4.x only has PretrainedCon
 except ImportError:  # pragma: no cover - transformers 4.x
     from transformers import PretrainedConfig as _BaseConfig
 
-FAMILIES = ("setdlm", "bd3lm", "mdlm", "ar")
+# The traits this code knows (setdlm's model/families/spec.py holds the same two lists).
+INFERENCE_MASKS = ("causal", "bidirectional", "block_causal")
+DECODING_MODES = ("next_token", "set_window", "block", "full_sequence")
+# A configuration made without a set_diffusion section (transformers builds one to diff against): a causal LM.
+DEFAULT_TRAITS = {"inference_mask": "causal", "decoding": "next_token"}
 
 
 class SetDLMConfig(_BaseConfig):
@@ -70,7 +78,7 @@ class SetDLMConfig(_BaseConfig):
         self.attention_dropout = attention_dropout
         self.initializer_range = initializer_range
         self.mask_token_id = mask_token_id
-        self.set_diffusion = dict(set_diffusion or {"family": "setdlm"})
+        self.set_diffusion = dict(set_diffusion) if set_diffusion is not None else dict(DEFAULT_TRAITS)
         self.tie_word_embeddings = tie_word_embeddings
         super().__init__(tie_word_embeddings=tie_word_embeddings, **kwargs)
         self._check()
@@ -88,14 +96,29 @@ class SetDLMConfig(_BaseConfig):
                                        f"{self.num_key_value_heads} KV heads")
         if self.head_dim % 2:
             bad("head_dim", f"rotary embeddings need an even head dimension, got {self.head_dim}")
-        family = self.set_diffusion.get("family", "setdlm")
-        if family not in FAMILIES:
-            bad("set_diffusion.family", f"{family!r} is not one of {', '.join(FAMILIES)}")
+        for key, valid in (("inference_mask", INFERENCE_MASKS), ("decoding", DECODING_MODES)):
+            value = self.set_diffusion.get(key)
+            if value is None:
+                bad(f"set_diffusion.{key}", "missing (config.json of an export format before 2 ships its own, older "
+                                            "modeling code; re-export the model with setdlm to use this code)")
+            if value not in valid:
+                bad(f"set_diffusion.{key}", f"{value!r} is not one of {', '.join(valid)}")
+        block = self.set_diffusion.get("block_size")
+        if block is not None and (not isinstance(block, int) or isinstance(block, bool) or block < 1):
+            bad("set_diffusion.block_size", f"must be a whole number >= 1, got {block!r}")
         if self.mask_token_id is not None and not 0 <= int(self.mask_token_id) < self.vocab_size:
             bad("mask_token_id", f"{self.mask_token_id} is outside the vocabulary of {self.vocab_size}")
         if self.lm_head_bias and self.tie_word_embeddings:
             bad("lm_head_bias", "an output-head bias needs untied embeddings")
 
     @property
-    def family(self) -> str:
-        return self.set_diffusion.get("family", "setdlm")
+    def inference_mask(self) -> str:
+        return self.set_diffusion["inference_mask"]
+
+    @property
+    def decoding(self) -> str:
+        return self.set_diffusion["decoding"]
+
+    @property
+    def block_size(self) -> int:
+        return int(self.set_diffusion.get("block_size") or 1)

@@ -1,36 +1,47 @@
 """A set diffusion language model for Hugging Face transformers, exported by `setdlm convert to-hf`.
 
 MAINTAINERS: this file is a second, stand-alone copy of setdlm's model (model/transformer.py) and of its
-SW-SetDLM / AR decoding (model/sampling/). It ships inside every export and imports nothing of the
-setdlm package, on purpose (docs/architecture.md, "The exported modeling code"). A change to the block
-(norm, MLP, attention, rotary) or to decoding must be made here too; tests/test_convert_hf.py checks
-this copy's logits and greedy tokens against the package's.
+decoding (model/sampling/). It ships inside every export and imports nothing of the setdlm package, on
+purpose (docs/architecture.md, "The exported modeling code"). A change to the block (norm, MLP,
+attention, rotary) or to decoding must be made here too; tests/test_family_contract.py checks this
+copy's logits and greedy tokens against the package's for every family and block choice. It reads
+the two inference traits of config.json's `set_diffusion` (`inference_mask`, `decoding`) and never
+the name of the family a model was trained as.
 
 Self-contained: depends only on torch and transformers, so
 
     model = AutoModelForMaskedLM.from_pretrained(DIR, trust_remote_code=True)
     logits = model(input_ids, position_ids=..., attention_mask=...).logits
 
-works without the setdlm package. One decoder-only transformer serves every set schedule (AR, MDLM,
-BD3-LM, SW-SetDLM); what differs is the attention mask and the positions, so `forward` takes both:
+works without the setdlm package. One decoder-only transformer serves every set schedule; what
+differs is the attention mask and the positions, so `forward` takes both:
 
 * `position_ids` [B, T]: the original sequence position of every token (rotary phases). Set-diffusion
   layouts permute tokens, so positions need not be increasing. Default: 0..T-1.
 * `attention_mask`: a boolean [T, T], [B, T, T] or [B, 1, T, T] matrix (True = may attend), a float
   additive [B, T, T] / [B, 1, T, T] mask, or a Hugging Face [B, T] padding mask (1 = token,
-  0 = padding) combined with `attention_type`. `attention_type` ("causal", "bidirectional", "block_causal",
-  "setdlm", "bd3lm") builds the mask when no full matrix is given; the default is the family's
-  inference pattern (causal for AR and SW-SetDLM, bidirectional for MDLM, block-causal for BD3-LM).
-  `build_attention_mask(kind, length)` returns the training layouts (the two-stream "setdlm" and
-  "bd3lm" masks over 2L tokens).
+  0 = padding) combined with `attention_type`. `attention_type` (one of MASK_KINDS) builds the mask
+  when no full matrix is given; the default is config.set_diffusion's `inference_mask` (causal,
+  bidirectional, or block-causal in blocks of `block_size`). `build_attention_mask(kind, length)` also
+  returns the two-stream training layouts over 2L tokens ("set_causal", "block_diffusion").
 
 Logits cover the whole vocabulary; the MASK token's logit is -inf (it is never a prediction).
 
-`set_diffusion_generate(...)` decodes with the sliding-window set sampler (SW-SetDLM): each step
-predicts every masked position of a window of `w` positions starting at the leftmost masked one,
-accepts the most confident prediction plus every one whose confidence reaches `threshold`, and caches
-the keys and values of accepted tokens (causal among themselves, after everything decoded earlier).
-AR models decode one token at a time with the same method. Rows are decoded one after another.
+`set_diffusion_generate(...)` decodes by config.set_diffusion's `decoding` mode:
+
+* `next_token`: one token per step after the prompt, with a KV cache.
+* `set_window`: each step predicts every masked position of a window of `w` positions starting at the
+  leftmost masked one, accepts the most confident prediction plus every one whose confidence reaches
+  `threshold`, and caches the keys and values of accepted tokens (causal among themselves, after
+  everything decoded earlier).
+* `block`: blocks of `block_size` positions left to right; each step predicts the masked positions of
+  the current block (bidirectional inside it, seeing the cache) and accepts the k most confident, k =
+  ceil(masked / steps left in the block), plus every one over `threshold`; a completed block enters the
+  cache (bidirectional among its tokens) with the next block's first step.
+* `full_sequence`: no cache; every step re-reads the whole sequence (bidirectional) and unmasks the k
+  most confident positions of the span, k = ceil(masked / steps left), plus every one over `threshold`.
+
+Rows are decoded one after another.
 
 Weight layout (Llama/Qwen-style names): model.embed_tokens, model.layers.N.{input_layernorm,
 self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm, post_attention_layernorm, mlp.{gate,up,down}_proj
@@ -50,8 +61,8 @@ from transformers.modeling_outputs import MaskedLMOutput
 
 from .configuration_setdlm import SetDLMConfig
 
-MASK_KINDS = ("causal", "bidirectional", "block_causal", "setdlm", "bd3lm")
-_DEFAULT_ATTENTION = {"ar": "causal", "setdlm": "causal", "mdlm": "bidirectional", "bd3lm": "block_causal"}
+MASK_KINDS = ("causal", "bidirectional", "block_causal", "set_causal", "block_diffusion")
+TWO_STREAM = ("set_causal", "block_diffusion")  # training layouts over 2L tokens
 
 
 # -- masks ---------------------------------------------------------------------------------------
@@ -59,10 +70,10 @@ def build_attention_mask(kind: str, length: int, block_size: int = 1, device=Non
     """Boolean attention mask (True = may attend).
 
     causal / bidirectional / block_causal: [L, L]. Two-stream training layouts, [2L, 2L]:
-    setdlm  clean stream [0, L) then MASK queries [L, 2L), both in generation order: clean r sees
-            clean s <= r; query r sees clean s < r and itself.
-    bd3lm   noisy x_t [0, L) then clean x_0 [L, 2L), blocks of `block_size`: x_t sees its own block
-            and clean earlier blocks; x_0 is block-causal.
+    set_causal       clean stream [0, L) then MASK queries [L, 2L), both in generation order: clean r
+                     sees clean s <= r; query r sees clean s < r and itself.
+    block_diffusion  noisy x_t [0, L) then clean x_0 [L, 2L), blocks of `block_size`: x_t sees its own
+                     block and clean earlier blocks; x_0 is block-causal.
     """
     L = int(length)
     i = torch.arange(L, device=device)
@@ -74,12 +85,12 @@ def build_attention_mask(kind: str, length: int, block_size: int = 1, device=Non
         blk = i // max(int(block_size), 1)
         return blk[:, None] >= blk[None, :]
     m = torch.zeros(2 * L, 2 * L, dtype=torch.bool, device=device)
-    if kind == "setdlm":
+    if kind == "set_causal":
         m[:L, :L] = i[:, None] >= i[None, :]
         m[L:, :L] = i[:, None] > i[None, :]
         m[L:, L:] = torch.eye(L, dtype=torch.bool, device=device)
         return m
-    if kind == "bd3lm":
+    if kind == "block_diffusion":
         blk = i // max(int(block_size), 1)
         m[:L, :L] = blk[:, None] == blk[None, :]
         m[:L, L:] = blk[:, None] > blk[None, :]
@@ -387,9 +398,9 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
             m = m.to(device)
             m = m[:, None] if m.dim() == 3 else m
             return m if m.dtype == torch.bool else m.to(dtype)
-        kind = attention_type or _DEFAULT_ATTENTION[self.config.family]
-        block = int(self.config.set_diffusion.get("block_size") or 1)
-        two_stream = kind in ("setdlm", "bd3lm")
+        kind = attention_type or self.config.inference_mask
+        block = self.config.block_size
+        two_stream = kind in TWO_STREAM
         if two_stream and T % 2:
             raise ValueError(f"attention_type={kind!r} needs an even number of tokens (two streams of L), got {T}")
         pattern = build_attention_mask(kind, T // 2 if two_stream else T, block, device)
@@ -460,8 +471,8 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
 
     @torch.no_grad()
     def generate(self, input_ids=None, attention_mask=None, generation_config: GenerationConfig | None = None, *,
-                 window: int | None = None, threshold: float | None = None, generator: torch.Generator | None = None,
-                 **kwargs):
+                 window: int | None = None, threshold: float | None = None, steps: int | None = None,
+                 generator: torch.Generator | None = None, **kwargs):
         """transformers' `generate()` for set decoding: a thin wrapper over `set_diffusion_generate`.
 
         `input_ids` [B, P] with an optional `attention_mask` [B, P] (0 = padding, left or right: each
@@ -469,8 +480,8 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
         export's generation_config.json) updated by keyword arguments, as transformers' generate()
         takes them: `max_new_tokens` (or `max_length`), `do_sample` (False: greedy), `temperature`,
         `top_k`, `top_p`, `num_return_sequences`, `eos_token_id`, `pad_token_id`,
-        `return_dict_in_generate`. Set decoding's own settings: `window` and `threshold` (default:
-        generation_config.set_diffusion's `window` and `confidence_threshold`); `generator` seeds
+        `return_dict_in_generate`. Set decoding's own settings: `window`, `threshold` and `steps`
+        (default: generation_config.set_diffusion's `window`, `confidence_threshold` and `steps`); `generator` seeds
         sampling. Returns [B * num_return_sequences, P + N] token ids, the prompt followed by the new
         tokens, an EOS that ended a row kept and the rest padded with `pad_token_id` (a
         GenerateDecoderOnlyOutput with `sequences` when `return_dict_in_generate`). Greedy, it gives the
@@ -480,7 +491,7 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
         unused = config.update(**kwargs)
         if unused:
             raise ValueError(f"generate: unsupported arguments {sorted(unused)} (set decoding takes generation "
-                             "settings, window, threshold and generator)")
+                             "settings, window, threshold, steps and generator)")
         for name, neutral in (("num_beams", 1), ("repetition_penalty", 1.0), ("no_repeat_ngram_size", 0),
                               ("penalty_alpha", None)):
             if getattr(config, name, None) not in (None, neutral):
@@ -510,13 +521,14 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
         sd = getattr(config, "set_diffusion", None) or {}
         window = window if window is not None else sd.get("window")
         threshold = threshold if threshold is not None else sd.get("confidence_threshold")
+        steps = steps if steps is not None else sd.get("steps")
         sample = bool(config.do_sample)
         temperature = (float(config.temperature) if config.temperature is not None else 1.0) if sample else 0.0
         self._sample_filters = (int(config.top_k or 0), float(config.top_p if config.top_p is not None else 1.0))
         try:
             out = self.set_diffusion_generate(prompts, max_new_tokens=int(max_new), window=window, threshold=threshold,
                                               eos_token_id=eos, stop_on_eos=eos is not None, temperature=temperature,
-                                              generator=generator)
+                                              generator=generator, steps=steps)
         finally:
             del self._sample_filters  # back to the class's (no filtering)
         rows = [list(t) + ([eos] if eos is not None and len(t) < max_new else []) for t in out.sequences]
@@ -535,31 +547,33 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
                                threshold: float | None = None, eos_token_id: int | None = None,
                                stop_on_eos: bool = True, suffix_ids=None, temperature: float = 0.0,
                                generator: torch.Generator | None = None,
-                               cache_order: str | None = None) -> SetDiffusionOutput:
-        """Decode after each prompt (a list of token-id lists, or a [B, P] tensor without padding).
+                               cache_order: str | None = None, steps: int | None = None) -> SetDiffusionOutput:
+        """Decode after each prompt (a list of token-id lists, or a [B, P] tensor without padding), in the
+        model's decoding mode (config.set_diffusion["decoding"]; the module's docstring says what each
+        mode does). Tokens are chosen greedily (`temperature` 0) or sampled.
 
-        SW-SetDLM (family "setdlm"): `window` w (default: the model's D) masked positions from the
-        leftmost one are predicted per step; the most confident is accepted plus every one whose
-        probability is >= `threshold` (None: exactly one per step). Tokens are chosen greedily
-        (`temperature` 0) or sampled. `suffix_ids` (one list per row) turns a row into infilling:
-        prefix + `max_new_tokens` MASK + suffix, with prefix and suffix visible (cached) and no EOS
-        stop. AR models ("ar") decode left to right. A generated EOS ends a plain row (`stop_on_eos`).
+        `threshold`: every masked position whose probability is >= it is accepted too (None: set_window
+        accepts exactly one per step, block and full_sequence their k). `window` (set_window): masked
+        positions from the leftmost one predicted per step (default: the model's D, set_size). `steps`:
+        denoising steps per block (block; default block_size) or over the span (full_sequence; default its
+        length). `suffix_ids` (one list per row) turns a row into infilling: prefix + `max_new_tokens`
+        MASK + suffix, with prefix and suffix visible and no EOS stop (next_token conditions on the
+        prefix alone). A generated EOS ends a plain row (`stop_on_eos`); next_token starts an empty
+        prompt at EOS.
 
-        `cache_order` ("position" or "first_hitting"; default: config.set_diffusion["cache_order"], the
-        mode the model was trained or released with): the order in which one step's accepted tokens
+        `cache_order` (set_window; "position" or "first_hitting"; default: config.set_diffusion["cache_order"],
+        the mode the model was trained or released with): the order in which one step's accepted tokens
         are cached and attend among themselves. "first_hitting" (the paper's GSM8K mode) orders them by
         descending first-hitting time T_j = loc_{L-n+j} + b (1 - exp(-E_j / k)) of the span's n
         positions, E ~ Exp(1) drawn once per row from `generator` (else torch's global generator),
         every row from the same starting state; infilling rows keep position order.
 
-        The prompt (prefix and suffix) must fit in max_position_embeddings; decoding goes on past it
-        as the setdlm package's sampler does: before each forward, the cached tokens with the lowest
-        positions are dropped so that cache + the forward's tokens fit (positions keep counting up).
+        The prompt (prefix and suffix) must fit in max_position_embeddings (full_sequence: the whole
+        sequence); the cached modes decode past it as the setdlm package's sampler does: before each
+        forward, the cached tokens with the lowest positions are dropped so that cache + the forward's
+        tokens fit (positions keep counting up).
         """
-        family = self.config.family
-        if family not in ("setdlm", "ar"):
-            raise NotImplementedError(f"set_diffusion_generate: decoding a {family!r} model is not implemented here; "
-                                      "use the setdlm package's sampler (model.sampling.generate) for BD3-LM and MDLM")
+        mode = self.config.decoding
         mask_id = self.config.mask_token_id
         if mask_id is None:
             raise ValueError("set_diffusion_generate: config.mask_token_id is not set")
@@ -570,7 +584,9 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
         if cache_order not in ("position", "first_hitting"):
             raise ValueError("set_diffusion_generate: cache_order must be 'position' or 'first_hitting', got "
                              f"{cache_order!r}")
-        ordered = cache_order == "first_hitting" and family == "setdlm" and threshold is not None and threshold < 1.0
+        if steps is not None and int(steps) < 1:
+            raise ValueError(f"set_diffusion_generate: steps must be >= 1, got {steps}")
+        ordered = cache_order == "first_hitting" and mode == "set_window" and threshold is not None and threshold < 1.0
         fht = _FirstHitting(self.config.set_diffusion, w, self.model.embed_tokens.weight.device, generator) \
             if ordered else None
         if hasattr(input_ids, "tolist"):
@@ -578,6 +594,9 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
         if input_ids and isinstance(input_ids[0], int):
             raise TypeError("set_diffusion_generate: input_ids must be a batch (list of lists or a [B, P] tensor)")
         suffixes = suffix_ids if suffix_ids is not None else [None] * len(input_ids)
+        run = {"next_token": self._decode_next_token, "set_window": self._decode_set_window,
+               "block": self._decode_block, "full_sequence": self._decode_full_sequence}[mode]
+        limit = int(self.config.max_position_embeddings)
         was_training = self.training
         self.eval()
         out = SetDiffusionOutput()
@@ -585,33 +604,68 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
             for prefix, suffix in zip(input_ids, suffixes):
                 prefix = [int(t) for t in prefix]
                 suffix = None if suffix is None else [int(t) for t in (suffix.tolist() if hasattr(suffix, "tolist") else suffix)]
-                visible = len(prefix) + (len(suffix or []) if family == "setdlm" else 0)
-                if visible > self.config.max_position_embeddings:  # prefilled in one forward: it must fit
-                    raise ValueError(f"set_diffusion_generate: {visible} prompt tokens exceed max_position_embeddings "
-                                     f"{self.config.max_position_embeddings} (decoding past it drops the oldest cached "
+                if mode == "next_token":
+                    suffix_seen = 0  # conditions on the prefix alone
+                    if not prefix and eos_token_id is not None:
+                        prefix = [int(eos_token_id)]  # an empty prompt starts at EOS (GPT-2's convention)
+                else:
+                    suffix_seen = len(suffix or [])
+                if mode == "full_sequence" and len(prefix) + int(max_new_tokens) + suffix_seen > limit:
+                    raise ValueError(f"set_diffusion_generate: {len(prefix) + int(max_new_tokens) + suffix_seen} "
+                                     f"tokens (prompt + span) exceed max_position_embeddings {limit}; this model "
+                                     "re-reads the whole sequence every step, which must fit")
+                if len(prefix) + suffix_seen > limit:  # prefilled in one forward: it must fit
+                    raise ValueError(f"set_diffusion_generate: {len(prefix) + suffix_seen} prompt tokens exceed "
+                                     f"max_position_embeddings {limit} (decoding past it drops the oldest cached "
                                      "tokens, but the prompt must fit)")
-                run = self._decode_ar if family == "ar" else self._decode_set
                 times = fht.times(int(max_new_tokens)) if fht is not None and suffix is None else None
-                toks, steps = run(prefix, suffix, int(max_new_tokens), w, threshold, mask_id,
-                                  eos_token_id if stop_on_eos and suffix is None else None, temperature, generator,
-                                  times)
+                opts = dict(w=w, threshold=threshold, temperature=temperature, generator=generator, times=times,
+                            steps=steps)
+                toks, n_steps = run(prefix, suffix if suffix_seen else None, int(max_new_tokens), mask_id,
+                                    eos_token_id if stop_on_eos and suffix is None else None, opts)
                 out.sequences.append(toks)
-                out.steps.append(steps)
-                out.tokens_per_step.append(len(toks) / steps if steps else 0.0)
+                out.steps.append(n_steps)
+                out.tokens_per_step.append(len(toks) / n_steps if n_steps else 0.0)
         finally:
             self.train(was_training)
         return out
 
-    def _decode_set(self, prefix, suffix, n, w, threshold, mask_id, eos, temperature, generator, times=None):
+    # -- the decoding modes: (prefix, suffix, n, mask_id, eos, opts) -> (tokens, steps) of one row -------
+    def _prefill(self, cache, canvas, visible, mask) -> None:
+        if visible:
+            self._step(cache, [canvas[p] for p in visible], visible, mask, len(visible), 0)
+
+    def _top_k(self, conf, active, k, threshold) -> list:
+        """The k most confident active positions (ties: the lower index) plus every active one whose
+        confidence is >= threshold."""
+        ranked = sorted((i for i in range(len(active)) if active[i]), key=lambda i: -float(conf[i]))
+        accept = set(ranked[:k])
+        if threshold is not None and threshold < 1.0:
+            accept |= {i for i in range(len(active)) if active[i] and float(conf[i]) >= threshold}
+        return sorted(accept)
+
+    @staticmethod
+    def _write(canvas, todo, end, positions, tokens, eos) -> int:
+        """Accepted tokens written; the span ends at the first EOS among them (its later masks dropped)."""
+        for p, t in zip(positions, tokens):
+            canvas[p], todo[p] = t, False
+        if eos is not None:
+            hits = [p for p, t in zip(positions, tokens) if t == eos]
+            if hits and min(hits) < end:
+                end = min(hits)
+                for p in range(end, len(todo)):
+                    todo[p] = False
+        return end
+
+    def _decode_set_window(self, prefix, suffix, n, mask_id, eos, opts):
+        w, threshold, times = opts["w"], opts["threshold"], opts["times"]
         P = len(prefix)
         canvas = prefix + [mask_id] * n + (suffix or [])
         todo = [False] * P + [True] * n + [False] * len(suffix or [])
         end = P + n
         cache = SetDLMKVCache()
         visible = list(range(P)) + list(range(P + n, len(canvas)))
-        if visible:
-            V = len(visible)
-            self._step(cache, [canvas[p] for p in visible], visible, torch.ones(V, V, dtype=torch.bool).tril(), V, 0)
+        self._prefill(cache, canvas, visible, torch.ones(len(visible), len(visible), dtype=torch.bool).tril())
         pend_tok, pend_pos = [], []
         steps = 0
         while True:
@@ -627,35 +681,86 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
             mask[c:, c:] = torch.eye(m, dtype=torch.bool)
             logits = self._step(cache, pend_tok + [mask_id] * m, pend_pos + q, mask, c, m)[0]
             steps += 1
-            tok, conf = self._choose(logits, temperature, generator)
+            tok, conf = self._choose(logits, opts["temperature"], opts["generator"])
             best = int(conf.argmax())
-            accept = [i == best or (threshold is not None and threshold < 1.0 and float(conf[i]) >= threshold)
-                      for i in range(m)]
-            pend_tok, pend_pos = [], []
-            for i, p in enumerate(q):
-                if accept[i]:
-                    t = int(tok[i])
-                    canvas[p], todo[p] = t, False
-                    if eos is not None and t == eos:
-                        end = min(end, p)
-            for i, p in enumerate(q):
-                if accept[i] and p < end:
-                    pend_tok.append(canvas[p])
-                    pend_pos.append(p)
+            accept = [i for i in range(m) if i == best or (threshold is not None and threshold < 1.0
+                                                           and float(conf[i]) >= threshold)]
+            end = self._write(canvas, todo, end, [q[i] for i in accept], [int(tok[i]) for i in accept], eos)
+            pend_pos = [q[i] for i in accept if q[i] < end]
+            pend_tok = [canvas[p] for p in pend_pos]
             if times is not None:  # first-hitting cache order: the latest first-hitting time first
                 order = sorted(range(len(pend_pos)), key=lambda i: -times[pend_pos[i] - P])
                 pend_tok, pend_pos = [pend_tok[i] for i in order], [pend_pos[i] for i in order]
         return canvas[P:end], steps
 
-    def _decode_ar(self, prefix, suffix, n, w, threshold, mask_id, eos, temperature, generator, times=None):
+    def _decode_block(self, prefix, suffix, n, mask_id, eos, opts):
+        B = self.config.block_size
+        per_block = int(opts["steps"] or B)
+        P = len(prefix)
+        canvas = prefix + [mask_id] * n + (suffix or [])
+        todo = [False] * P + [True] * n + [False] * len(suffix or [])
+        end = P + n
+        cache = SetDLMKVCache()
+        visible = list(range(P)) + list(range(P + n, len(canvas)))
+        blk = torch.tensor(visible, dtype=torch.long) // B
+        self._prefill(cache, canvas, visible, blk[:, None] >= blk[None, :])  # block-causal
+        pend_pos = []  # the last completed block, entering the cache with the next step
+        block, used, steps = -1, 0, 0
+        while True:
+            start = next((p for p in range(P, end) if todo[p]), None)
+            if start is None:
+                break
+            if start // B != block:
+                block, used = start // B, 0
+            q = [p for p in range(block * B, block * B + B) if P <= p < end]
+            pend_pos = [p for p in pend_pos if p < end]
+            c, m = len(pend_pos), len(q)
+            self._fit(cache, c + m)
+            mask = torch.ones(c + m, c + m, dtype=torch.bool)
+            mask[:c, c:] = False  # the completed block never sees the current one
+            logits = self._step(cache, [canvas[p] for p in pend_pos + q], pend_pos + q, mask, c, m)[0]
+            steps += 1
+            tok, conf = self._choose(logits, opts["temperature"], opts["generator"])
+            active = [todo[p] for p in q]
+            left = max(per_block - used, 1)
+            used += 1
+            accept = self._top_k(conf, active, -(-sum(active) // left), opts["threshold"])
+            end = self._write(canvas, todo, end, [q[i] for i in accept], [int(tok[i]) for i in accept], eos)
+            complete = not any(todo[p] for p in q)
+            pend_pos = [p for p in q if p < end] if complete else []
+        return canvas[P:end], steps
+
+    def _decode_full_sequence(self, prefix, suffix, n, mask_id, eos, opts):
+        P = len(prefix)
+        canvas = prefix + [mask_id] * n + (suffix or [])
+        todo = [False] * P + [True] * n + [False] * len(suffix or [])
+        end = P + n
+        total = int(opts["steps"] or n)
+        dev = self.model.embed_tokens.weight.device
+        pos = torch.arange(len(canvas), device=dev)[None]
+        full = torch.ones(1, 1, len(canvas), len(canvas), dtype=torch.bool, device=dev)
+        steps = 0
+        while any(todo[P:end]):
+            ids = torch.tensor([canvas], dtype=torch.long, device=dev)
+            logits = self.logits(self.model(ids, pos, full)[:, P:P + n])[0]
+            tok, conf = self._choose(logits, opts["temperature"], opts["generator"])
+            active = todo[P:P + n]
+            left = max(total - steps, 1)
+            steps += 1
+            accept = self._top_k(conf, active, -(-sum(active) // left), opts["threshold"])
+            end = self._write(canvas, todo, end, [P + i for i in accept], [int(tok[i]) for i in accept], eos)
+        return canvas[P:end], steps
+
+    def _decode_next_token(self, prefix, suffix, n, mask_id, eos, opts):
         if not prefix:
-            raise ValueError("set_diffusion_generate: AR decoding needs at least one prompt token")
+            raise ValueError("set_diffusion_generate: next-token decoding needs at least one prompt token (or an "
+                             "eos_token_id to start from)")
         cache = SetDLMKVCache()
         P = len(prefix)
         logits = self._step(cache, prefix, list(range(P)), torch.ones(P, P, dtype=torch.bool).tril(), P, 1)[0]
         out, steps = [], 0
         for i in range(n):
-            tok, _ = self._choose(logits, temperature, generator)
+            tok, _ = self._choose(logits, opts["temperature"], opts["generator"])
             t = int(tok[-1])
             steps += 1
             if eos is not None and t == eos:
@@ -665,4 +770,3 @@ class SetDLMForMaskedLM(SetDLMPreTrainedModel, GenerationMixin):
                 self._fit(cache, 1)
                 logits = self._step(cache, [t], [P + i], torch.ones(1, 1, dtype=torch.bool), 1, 1)[0]
         return out, steps
-
