@@ -369,6 +369,12 @@ def load_text(phases: list) -> str:
     return "; ".join(f"{p['started']}: start {la(p['load_start'])}, end {la(p['load_end'])}" for p in phases)
 
 
+def jobs_text(phases: list) -> str:
+    """How many models trained at once, per invocation that trained."""
+    jobs = sorted({p.get("jobs", 1) for p in phases if "train_and_eval_seconds" in p} or {1})
+    return " or ".join(map(str, jobs)) + (" model at a time" if jobs == [1] else " models at a time")
+
+
 def markdown(data: dict, png: str) -> str:
     run = data["run"]
     size = run["size"]
@@ -391,7 +397,8 @@ def markdown(data: dict, png: str) -> str:
                   for p in run["invocations"][1:]),
         f"- machine: {run['machine']}; {run['models_trained']} models trained: {run['train_wall_s'] / 3600:.1f} hours "
         f"wall ({run['train_cpu_s'] / 3600:.1f} CPU hours) of training and {run['measure_wall_s'] / 3600:.1f} hours "
-        f"({run['measure_cpu_s'] / 3600:.1f} CPU hours) of measurements, one process at a time; "
+        f"({run['measure_cpu_s'] / 3600:.1f} CPU hours) of measurements, summed over models, "
+        f"{jobs_text(run['invocations'])}; "
         f"{run['seconds'] / 3600:.1f} hours wall over the {len(run['invocations'])} invocation(s) that ran to their "
         "end (one killed before its end records no wall time of its own; every model's own time is counted above)",
         f"- load average (1/5/15 min) per invocation: {load_text(run['invocations'])}",
