@@ -41,7 +41,7 @@ TEST_SETS = {"test": "the claims' test set", "test_heldout": "held-out solution 
              "test_reworded": "reworded questions (robustness)"}
 SIZES = {
     "full": dict(seeds={m: 3 for m in MODELS},
-                 steps=3000, variance_steps=(250, 500, 1000), warmup=100, layers=3, hidden=128, batch=32, lr=2.0e-3,
+                 steps=4000, variance_steps=(250, 500, 1000), warmup=100, layers=3, hidden=128, batch=32, lr=2.0e-3,
                  train_rows=40_000, val_rows=500, test_rows=300, heldout_rows=150, reworded_rows=150, full_text=0.25,
                  models=tuple(MODELS), thresholds=(1.0, 0.9, 0.5), mdlm_steps=(32, 8), orders=2,
                  grad_draws=32, timed_prompts=16, timed_warmup=2, timed_repeats=3),
