@@ -256,8 +256,9 @@ def build(out: Path, size: dict, smoke: bool, phases: list, pilot: dict | None =
         "gradient_variance": variance(res, size),
         "likelihood_order": mc.gated(likelihood(res), {m: g[m] for m in LIKELIHOOD}),
     }
-    ran = [p for p in phases if "train_and_eval_seconds" in p] or phases  # the invocations that trained
-    sha, dirty = (ran[0]["commit"], ran[0]["uncommitted_changes"]) if ran and "commit" in ran[0] else git_commit()
+    ran = [p for p in phases if p.get("finished", True) and "train_and_eval_seconds" in p] or phases
+    # the commit of the invocation that finished training (the code every model's last part ran with)
+    sha, dirty = (ran[-1]["commit"], ran[-1]["uncommitted_changes"]) if ran and "commit" in ran[-1] else git_commit()
     return {
         "commit": sha,
         "claims": [{"id": k, "verdict": v["verdict"], "claim": CLAIMS[k][0], "paper": CLAIMS[k][1], **v}
@@ -370,12 +371,21 @@ def load_text(phases: list) -> str:
     def la(v):
         return "/".join(f"{x:.1f}" for x in v)
 
-    return "; ".join(f"{p['started']}: start {la(p['load_start'])}, end {la(p['load_end'])}" for p in phases)
+    return "; ".join(f"{p['started']}: start {la(p['load_start']) if p.get('load_start') else '-'}, "
+                     f"end {la(p['load_end']) if p.get('load_end') else '-'}" for p in phases)
+
+
+def invocation_text(p: dict) -> str:
+    """One invocation: its options, commit, start and whether it ran to its end."""
+    end = "" if p.get("finished", True) else ", stopped before its end"
+    end += f" ({p['note']})" if p.get("note") else ""
+    return f"`{' '.join(p['argv']) or '(no options)'}` at `{p.get('commit', '?')[:12]}` from {p['started']}{end}"
 
 
 def jobs_text(phases: list) -> str:
     """How many models trained at once, per invocation that trained."""
-    jobs = sorted({p.get("jobs", 1) for p in phases if "train_and_eval_seconds" in p} or {1})
+    jobs = sorted({p.get("jobs", 1) for p in phases if "train_and_eval_seconds" in p or not p.get("finished", True)}
+                  or {1})
     return " or ".join(map(str, jobs)) + (" model at a time" if jobs == [1] else " models at a time")
 
 
@@ -397,14 +407,14 @@ def markdown(data: dict, png: str) -> str:
         "",
         f"- trained and evaluated at commit `{data['commit']}`"
         f"{' (with uncommitted changes)' if run['uncommitted_changes'] else ''}; report written {run['date']}"
-        + "".join(f"; `{' '.join(p['argv']) or '(no options)'}` at `{p.get('commit', '?')[:12]}`"
-                  for p in run["invocations"][1:]),
+        + "; invocations: " + "; ".join(invocation_text(p) for p in run["invocations"]),
         f"- machine: {run['machine']}; {run['models_trained']} models trained: {run['train_wall_s'] / 3600:.1f} hours "
         f"wall ({run['train_cpu_s'] / 3600:.1f} CPU hours) of training and {run['measure_wall_s'] / 3600:.1f} hours "
         f"({run['measure_cpu_s'] / 3600:.1f} CPU hours) of measurements, summed over models, "
         f"{jobs_text(run['invocations'])}; "
-        f"{run['seconds'] / 3600:.1f} hours wall over the {len(run['invocations'])} invocation(s) that ran to their "
-        "end (one killed before its end records no wall time of its own; every model's own time is counted above)",
+        f"{run['seconds'] / 3600:.1f} hours wall over the "
+        f"{sum(p.get('finished', True) for p in run['invocations'])} invocation(s) that ran to their end (one "
+        "stopped before its end records no wall time of its own; every model's own time is counted above)",
         f"- load average (1/5/15 min) per invocation: {load_text(run['invocations'])}",
         "",
         "| claim | paper | result here | test | verdict |",

@@ -487,7 +487,10 @@ def main(argv=None) -> int:
     sha, dirty = git_commit()
     record = {"started": time.strftime("%Y-%m-%d %H:%M:%S %z"), "argv": sys.argv[1:] if argv is None else list(argv),
               "commit": sha, "uncommitted_changes": dirty, "load_start": list(load0), "threads": args.threads,
-              "jobs": args.jobs, "steps": size["steps"]}
+              "jobs": args.jobs, "steps": size["steps"], "finished": False}
+    if not args.report_only:  # recorded at its start, so a killed invocation is on record too (commit, start, load)
+        phases.append(record)
+        write_json(out / "phases.json", phases)
     if not (args.timed_only or args.report_only):
         out.mkdir(parents=True, exist_ok=True)
         t0 = time.perf_counter()
@@ -503,8 +506,8 @@ def main(argv=None) -> int:
     record["children_cpu_seconds"] = (cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime)
     record["seconds"] = time.perf_counter() - started
     record["load_end"] = list(os.getloadavg())
+    record["finished"] = True
     if not args.report_only:  # an invocation that only writes the report is not part of the run's record
-        phases.append(record)
         write_json(out / "phases.json", phases)
     path = write_report(out, docs, size, smoke=args.smoke, phases=phases, pilot=read_json(out / "pilot.json"))
     print(f"[miniature] wrote {path} and its .md / .png", flush=True)

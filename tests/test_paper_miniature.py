@@ -328,3 +328,16 @@ def test_benchmarks_modules_import_no_circle():
         if n not in state:
             visit(n, [])
     assert graph["paper_miniature"] >= {"miniature_spec", "miniature_report"} and "paper_miniature" not in graph["miniature_report"]
+
+
+def test_the_report_lists_stopped_invocations_and_takes_the_commit_of_the_one_that_finished():
+    from benchmarks import miniature_report as mr
+
+    stopped = {"started": "t0", "argv": ["--jobs", "2"], "commit": "a" * 40, "uncommitted_changes": False, "jobs": 2,
+               "load_start": [1.0, 1.0, 1.0], "finished": False, "note": "killed"}
+    done = {**stopped, "started": "t1", "commit": "b" * 40, "finished": True, "train_and_eval_seconds": 5.0,
+            "load_end": [2.0, 2.0, 2.0], "seconds": 9.0, "note": None}
+    assert "stopped before its end (killed)" in mr.invocation_text(stopped)
+    assert "stopped" not in mr.invocation_text(done) and "`bbbbbbbbbbbb`" in mr.invocation_text(done)
+    assert mr.load_text([stopped, done]) == "t0: start 1.0/1.0/1.0, end -; t1: start 1.0/1.0/1.0, end 2.0/2.0/2.0"
+    assert mr.jobs_text([stopped, done]) == "2 models at a time" and mr.jobs_text([]) == "1 model at a time"
