@@ -1,4 +1,5 @@
-"""The family study's error bars: seeds and Monte-Carlo draws combined, and orderings stated at them.
+"""The studies' error bars and tests: seeds and Monte-Carlo draws combined, and comparisons over
+independently trained seeds stated with a test and its p-value.
 
 Each family is trained with N seeds (the seed sets the initialisation, the data order and the noise
 draws of training); each trained model's bound is estimated on the same validation rows with K
@@ -20,6 +21,12 @@ come out small by chance, which the Monte-Carlo term keeps from hiding.
 An ordering "A < B" (`ordering`) is **held** when the difference of the means, d = mean_B - mean_A, is
 more than ``Z`` = 2 combined standard errors of the difference, sqrt(se_A^2 + se_B^2) (families
 trained independently); **reversed** when d < -Z sigma; **not resolved** otherwise.
+
+`welch` is the test the paper in miniature states its comparisons with (benchmarks/miniature_claims.py):
+Welch's unequal-variance t-test on the per-seed values of two independently trained groups, with the
+Welch-Satterthwaite degrees of freedom (a z at 2 standard errors is anti-conservative with 3 seeds:
+z = 2.02 is p = 0.18 at 2 degrees of freedom), two-sided; `one_sample_t` tests per-seed values (a
+paired difference, a log ratio) against 0 with N - 1 degrees of freedom.
 """
 
 from __future__ import annotations
@@ -54,3 +61,42 @@ def difference(larger: dict, smaller: dict, claim: str, against: str) -> dict:
     verdict = "held" if d > Z * sigma else against if d < -Z * sigma else "not resolved"
     z = d / sigma if sigma > 0 else math.copysign(math.inf, d) if d else 0.0
     return {"claim": claim, "difference": d, "sigma": sigma, "z": z, "verdict": verdict}
+
+
+def welch(a: list[float], b: list[float]) -> dict:
+    """Welch's two-sided t-test of mean(a) - mean(b) over per-seed values: t, degrees of freedom, p and the
+    difference's 95% confidence interval (scipy.stats). Two groups without spread: p is 0 or 1 by the
+    difference (no test can run)."""
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError(f"welch: each group needs 2 or more seeds (got {len(a)} and {len(b)})")
+    d = sum(a) / len(a) - sum(b) / len(b)
+    va, vb = (stats.tvar(x) / len(x) for x in (a, b))
+    se = math.sqrt(va + vb)
+    if se == 0.0:
+        return {"test": "Welch's t-test (two-sided)", "t": math.copysign(math.inf, d) if d else 0.0, "df": None,
+                "p": 0.0 if d else 1.0, "difference": d, "se": 0.0, "ci95": [d, d]}
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    t = d / se
+    half = float(stats.t.ppf(0.975, df)) * se
+    return {"test": "Welch's t-test (two-sided)", "t": t, "df": df, "p": float(2 * stats.t.sf(abs(t), df)),
+            "difference": d, "se": se, "ci95": [d - half, d + half]}
+
+
+def one_sample_t(values: list[float]) -> dict:
+    """Two-sided t-test of mean(values) against 0 with N - 1 degrees of freedom (scipy.stats)."""
+    from scipy import stats
+
+    n = len(values)
+    if n < 2:
+        raise ValueError(f"one_sample_t: needs 2 or more seeds (got {n})")
+    m = sum(values) / n
+    se = math.sqrt(stats.tvar(values) / n)
+    if se == 0.0:
+        return {"test": "one-sample t-test against 0 (two-sided)", "t": math.copysign(math.inf, m) if m else 0.0,
+                "df": n - 1, "p": 0.0 if m else 1.0, "difference": m, "se": 0.0, "ci95": [m, m]}
+    t = m / se
+    half = float(stats.t.ppf(0.975, n - 1)) * se
+    return {"test": "one-sample t-test against 0 (two-sided)", "t": t, "df": n - 1,
+            "p": float(2 * stats.t.sf(abs(t), n - 1)), "difference": m, "se": se, "ci95": [m - half, m + half]}
