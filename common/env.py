@@ -30,11 +30,13 @@ from __future__ import annotations
 from .errors import Error
 
 import os
+import random
 import re
 import shutil
 import socket
 import subprocess
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Mapping
 
 DEFAULT_MASTER_PORT = 29500
@@ -114,8 +116,31 @@ def _check(env: DistEnv, source: str) -> DistEnv:
     return env
 
 
-def find_free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port that was free a moment ago (for single-process and local runs)."""
+def _ephemeral_range() -> tuple[int, int]:
+    """The ports the kernel hands out to any socket bound to port 0 or connecting out (Linux's
+    ip_local_port_range; its default elsewhere)."""
+    try:
+        lo, hi = (int(x) for x in Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def find_free_port(host: str = "127.0.0.1", *, tries: int = 64) -> int:
+    """A TCP port that was free a moment ago (for single-process and local runs), drawn below the
+    kernel's ephemeral range where it can: a port from that range can be handed to another process's
+    connection or gloo listener in the seconds before the rank-0 store binds it (EADDRINUSE), one
+    outside it only to a process that asks for it by number."""
+    lo, _ = _ephemeral_range()
+    draw = random.Random()  # its own generator: a seeded global `random` would repeat ports across runs
+    for _ in range(tries if lo > 20000 + 1000 else 0):
+        port = draw.randrange(20000, lo)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]

@@ -171,3 +171,18 @@ def test_hostlist_and_tasks_per_node_parsers():
     assert parse_hostlist("localhost") == ["localhost"]
     assert parse_tasks_per_node("2(x3),1") == [2, 2, 2, 1]
     assert parse_tasks_per_node("8") == [8]
+
+
+def test_a_free_port_is_drawn_below_the_ephemeral_range():
+    """A local run's master port comes from below the ports the kernel hands to outgoing connections
+    and gloo's listeners, so no other process can take it between the draw and the rank-0 bind."""
+    import socket
+
+    from common.env import _ephemeral_range, find_free_port
+
+    lo, _ = _ephemeral_range()
+    ports = {find_free_port() for _ in range(8)}
+    assert all(20000 <= p < lo for p in ports) and len(ports) > 1, ports
+    for p in ports:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", p))
