@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Mapping
 
 DEFAULT_MASTER_PORT = 29500
+LOCAL_PORT_FLOOR = 20000  # find_free_port draws from here up to the ephemeral range
 
 
 @dataclass
@@ -133,8 +134,8 @@ def find_free_port(host: str = "127.0.0.1", *, tries: int = 64) -> int:
     outside it only to a process that asks for it by number."""
     lo, _ = _ephemeral_range()
     draw = random.Random()  # its own generator: a seeded global `random` would repeat ports across runs
-    for _ in range(tries if lo > 20000 + 1000 else 0):
-        port = draw.randrange(20000, lo)
+    for _ in range(tries if lo > LOCAL_PORT_FLOOR else 0):
+        port = draw.randrange(LOCAL_PORT_FLOOR, lo)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             try:
                 s.bind((host, port))

@@ -178,11 +178,11 @@ def test_a_free_port_is_drawn_below_the_ephemeral_range():
     and gloo's listeners, so no other process can take it between the draw and the rank-0 bind."""
     import socket
 
-    from common.env import _ephemeral_range, find_free_port
+    from common.env import LOCAL_PORT_FLOOR, _ephemeral_range, find_free_port
 
     lo, _ = _ephemeral_range()
     ports = {find_free_port() for _ in range(8)}
-    assert all(20000 <= p < lo for p in ports) and len(ports) > 1, ports
+    assert all(LOCAL_PORT_FLOOR <= p < lo for p in ports) and len(ports) > 1, ports
     for p in ports:
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
             s.bind(("127.0.0.1", p))
