@@ -366,7 +366,7 @@ def run_workers(args, size: dict, out: Path) -> None:
         cmd += ["--steps", str(size["steps"])]  # the run's step count (the pilot's choice, or --steps)
         log = open(out / "logs" / f"{name}.log", "a")
         procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), name))
-        print(f"[miniature] {name}: training and evaluating (pid {procs[-1][0].pid})", flush=True)
+        print(f"[miniature] {name}: {'training' if args.train_only else 'training and evaluating'} (pid {procs[-1][0].pid})", flush=True)
     while procs:
         time.sleep(2)
         reap()
@@ -575,7 +575,8 @@ def main(argv=None) -> int:
     record["finished"] = True
     if not args.report_only:  # an invocation that only writes the report is not part of the run's record
         write_json(out / "phases.json", phases)
-    path = write_report(out, docs, size, smoke=args.smoke, phases=phases, pilot=read_json(out / "pilot.json"))
+    path = write_report(out, docs, size, smoke=args.smoke, phases=phases, pilot=read_json(out / "pilot.json"),
+                        pilot_lr=read_json(out / "pilot_lr.json"))
     print(f"[miniature] wrote {path} and its .md / .png", flush=True)
     return 0
 

@@ -251,7 +251,8 @@ def test_timed_pass_warms_up_then_reports_the_median_pass(setdlm):
 @pytest.mark.slow
 def test_bad_command_lines_are_one_line_errors(tmp_path):
     script = str(REPO / "benchmarks" / "paper_miniature.py")
-    for argv, word in ((["--jobs", "0"], "--jobs"), (["--timed-only", "--out", str(tmp_path)], "--timed-only")):
+    for argv, word in ((["--jobs", "0"], "--jobs"), (["--timed-only", "--out", str(tmp_path)], "--timed-only"),
+                       (["--pilot-lr", "--train-only"], "--pilot-lr")):
         r = subprocess.run([sys.executable, script, *argv], cwd=REPO, env=cli_env(), capture_output=True, text=True,
                            timeout=120)
         assert r.returncode == 2 and word in r.stderr and "Traceback" not in r.stderr
@@ -274,13 +275,20 @@ def test_pipeline_pieces_write_every_claim_id(tmp_path, model_parallel, one_thre
     assert spec_["prepare"].startswith("setdlm data prepare --format prompt_completion") and "OUT/" in spec_["prepare"]
     for slug in size["models"]:
         for seed in spec.seeds(size, slug):
+            if seed == spec.BASE_SEED:  # --train-only: trained, nothing measured; the next call measures it
+                pm.work(slug, seed, size, out, train_only=True)
+                left = pm.missing(slug, seed, size, out)
+                assert not any(w.startswith("trained/") for w in left) and (left or not spec.settings(slug, size))
             pm.work(slug, seed, size, out)
             assert pm.missing(slug, seed, size, out) == []
     pm.timed_pass(size, out, redo=False)
     phases = [{"started": "now", "load_start": [1, 1, 1], "load_end": [1, 1, 1], "seconds": 1.0,
                "argv": ["--smoke", "--out", str(out)]}]
-    path = write_report(out, out, size, smoke=True, phases=phases)
+    second = {"bd3lm-b4-seed101/step_2": {"accuracy": 0.5}, "lr": 1e-3, "steps": 2, "passed": True}
+    path = write_report(out, out, size, smoke=True, phases=phases, pilot_lr=second)
     data = json.loads(path.read_text())
+    assert data["run"]["learning_rates"]["bd3lm-b4"] == spec.PILOT_LR["lr"] != data["run"]["learning_rates"]["ar"]
+    assert data["pilot_lr"]["passed"] and "## The second pilot" in (out / "paper_miniature.md").read_text()
     claims = {c["id"]: c for c in data["claims"]}
     assert list(claims) == ["frontier", "infill", "cache_ablation", "gradient_variance", "likelihood_order"]
     assert all(c["verdict"] in mc.VERDICTS for c in claims.values())
