@@ -37,7 +37,7 @@ REVISIONS = [  # what changed in the study after a run, and why (also in paper_m
     "were not resolved by the gate, the gradient variance held (1.49x). Diagnostics on BD3-LM's seed 1236 alone "
     "found its loss on a plateau at the learning rate 2e-3 and 98.7% when trained from scratch at 1e-3. BD3-LM "
     "B=4's learning rate was then re-chosen on a second pilot on seeds no claim uses, with its rule fixed before it "
-    "ran (below); the first pilot's BD3-LM seeds had learned at 2e-3 too, so the reason for the change is the one "
+    "ran (its section above); the first pilot's BD3-LM seeds had learned at 2e-3 too, so the reason for the change is the one "
     "failed claim seed, found after the claims. Its three claim seeds were retrained at the chosen rate (none dropped "
     "or added) and every claim computed again; the 2e-3 models were set aside. MDLM was left at 2e-3 (no pilot, "
     "for the budget).",
