@@ -261,9 +261,10 @@ def test_a_benchmark_part_out_of_time_after_some_rows_is_partial(tmp_path):
     measured is `timeout`, and one that skipped rows for want of time itself is `partial` too."""
     code = ROW + ("import time\nleft = float(sys.argv[-1]) - time.time()\n"
                   "emit({'sampler': 'x', 'tokens_per_s': 1.0, 'left': left})\ntime.sleep(60)")
-    res = _part(tmp_path, "decode", code, 3)
+    # a limit the part's start-up (Python, the import) cannot use up on a loaded 2-core machine: 3 s once did
+    res = _part(tmp_path, "decode", code, 10)
     assert res["status"] == "partial" and "1 measured rows" in res["reason"], res
-    assert 2.0 < res["rows"][0]["left"] <= 3.0 and res["seconds"] < 15
+    assert 0.0 < res["rows"][0]["left"] <= 10.0 and res["seconds"] < 25
     res = _part(tmp_path, "train", "import time\ntime.sleep(60)", 2)
     assert res["status"] == "timeout" and "reason" not in res
     res = _part(tmp_path, "tests", ROW + "emit({'tokens_per_s': 1.0})\nimport time\ntime.sleep(60)", 2)
