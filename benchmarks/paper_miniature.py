@@ -340,36 +340,45 @@ def todo(size: dict, out: Path) -> list[tuple[str, int]]:
     return [(m, s) for m, s in pairs if missing(m, s, size, out)]
 
 
-def run_workers(args, size: dict, out: Path) -> None:
-    """Every (model, seed) not done yet, `--jobs` subprocesses at a time (each `--threads` threads)."""
+def run_pool(jobs: list[tuple[str, list[str], str]], n: int, out: Path) -> None:
+    """Run (what, command, log name) jobs as subprocesses, `n` at a time, each logging to out/logs; a
+    failed one stops the run, naming its log."""
     procs: list = []
     (out / "logs").mkdir(parents=True, exist_ok=True)
 
     def reap():
-        for p, name in list(procs):
+        for p, log in list(procs):
             if p.poll() is not None:
-                procs.remove((p, name))
+                procs.remove((p, log))
                 if p.returncode:
-                    raise SystemExit(f"miniature: {name} failed (exit {p.returncode}); see its log in {out / 'logs'}")
+                    raise SystemExit(f"miniature: {log} failed (exit {p.returncode}); see its log in {out / 'logs'}")
 
+    for what, cmd, log in jobs:
+        while len(procs) >= n:
+            time.sleep(2)
+            reap()
+        procs.append((subprocess.Popen(cmd, stdout=open(out / "logs" / f"{log}.log", "a"), stderr=subprocess.STDOUT),
+                      log))
+        print(f"[miniature] {what} (pid {procs[-1][0].pid})", flush=True)
+    while procs:
+        time.sleep(2)
+        reap()
+
+
+def run_workers(args, size: dict, out: Path) -> None:
+    """Every (model, seed) not done yet, `--jobs` subprocesses at a time (each `--threads` threads)."""
     pairs = todo(size, out)
     if args.train_only:  # models whose training is done are left for a later invocation to measure
         pairs = [(m, s) for m, s in pairs if any(w.startswith("trained/") for w in missing(m, s, size, out))]
+    jobs = []
     for slug, seed in pairs:
-        while len(procs) >= args.jobs:
-            time.sleep(2)
-            reap()
         name = run_name(slug, seed)
         cmd = [sys.executable, __file__, "--worker", f"{slug}@{seed}", "--out", str(out), "--threads", str(args.threads)]
         cmd += ["--smoke"] if args.smoke else []
         cmd += ["--train-only"] if args.train_only else []
         cmd += ["--steps", str(size["steps"])]  # the run's step count (the pilot's choice, or --steps)
-        log = open(out / "logs" / f"{name}.log", "a")
-        procs.append((subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT), name))
-        print(f"[miniature] {name}: {'training' if args.train_only else 'training and evaluating'} (pid {procs[-1][0].pid})", flush=True)
-    while procs:
-        time.sleep(2)
-        reap()
+        jobs.append((f"{name}: {'training' if args.train_only else 'training and evaluating'}", cmd, name))
+    run_pool(jobs, args.jobs, out)
 
 
 # -- the pilot ----------------------------------------------------------------------------------------------
@@ -390,7 +399,8 @@ def pilot(args, size: dict, out: Path) -> dict:
                 with Clock() as c, open(out / "logs" / f"pilot-{run_name(slug, seed)}.log", "a") as log:
                     subprocess.run(cmd, check=True, stdout=log, stderr=subprocess.STDOUT)
                 got = read_json(path, {})
-                got[key].update(wall_s=c.wall, load=list(os.getloadavg()))
+                got[key] = {**read_json(pilot_result(out, "pilot", slug, seed, stop)), "wall_s": c.wall,
+                            "load": list(os.getloadavg())}
                 write_json(path, got)
                 print(f"[miniature] pilot {key}: exact match {got[key]['accuracy']:.3f}", flush=True)
         got = read_json(path, {})
@@ -407,43 +417,35 @@ def pilot_lr(args, size: dict, out: Path) -> dict:
     time, trained to the recorded run's step count and evaluated on the validation problems; "passed" says
     whether every one passed its gate (the rule: then the recorded run's models of PILOT_LR train at that
     rate). Its runs are kept in out/pilot_lr."""
-    path, stop, procs = out / "pilot_lr.json", size["steps"], []
-    (out / "logs").mkdir(parents=True, exist_ok=True)
-    for seed in PILOT_SEEDS:
-        for slug in PILOT_LR["models"]:
-            if f"{run_name(slug, seed)}/step_{stop}" in read_json(path, {}):
-                continue
-            while len(procs) >= args.jobs:
-                procs.pop(0).wait()
-            cmd = [sys.executable, __file__, "--pilot-worker", f"{slug}@{seed}@{stop}@pilot_lr", "--out", str(out),
-                   "--threads", str(args.threads), "--steps", str(stop)]
-            log = open(out / "logs" / f"pilot_lr-{run_name(slug, seed)}.log", "a")
-            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT))
-            print(f"[miniature] pilot_lr {run_name(slug, seed)}: training to {stop} (pid {procs[-1].pid})", flush=True)
-    for p in procs:
-        p.wait()
+    path, stop = out / "pilot_lr.json", size["steps"]
+    runs = {f"{run_name(m, seed)}/step_{stop}": (m, seed) for seed in PILOT_SEEDS for m in PILOT_LR["models"]}
     got = read_json(path, {})
-    keys = [f"{run_name(m, seed)}/step_{stop}" for m in PILOT_LR["models"] for seed in PILOT_SEEDS]
-    if not all(k in got for k in keys):
-        raise SystemExit(f"miniature: pilot_lr runs failed; see {out / 'logs'}/pilot_lr-*.log")
-    got.update(lr=PILOT_LR["lr"], steps=stop,
-               passed=all(got[k]["accuracy"] >= GATES[k.split("-seed")[0]] for k in keys))
+    run_pool([(f"pilot_lr {run_name(m, seed)}: training to {stop}",
+               [sys.executable, __file__, "--pilot-worker", f"{m}@{seed}@{stop}@pilot_lr", "--out", str(out),
+                "--threads", str(args.threads), "--steps", str(stop)], f"pilot_lr-{run_name(m, seed)}")
+              for key, (m, seed) in runs.items() if key not in got], args.jobs, out)
+    for key, (m, seed) in runs.items():
+        got.setdefault(key, read_json(pilot_result(out, "pilot_lr", m, seed, stop)))
+    got.update(lr=PILOT_LR["lr"], steps=stop, passed=all(got[k]["accuracy"] >= GATES[m] for k, (m, _) in runs.items()))
     write_json(path, got)
     return got
 
 
+def pilot_result(out: Path, tag: str, slug: str, seed: int, stop: int) -> Path:
+    """Where a pilot worker leaves its result (its own file: workers run at once; the parent gathers them
+    into out/`tag`.json)."""
+    return out / tag / "results" / f"{run_name(slug, seed)}-step_{stop}.json"
+
+
 def pilot_work(slug: str, seed: int, stop: int, size: dict, out: Path, tag: str = "pilot") -> None:
     """Train one pilot model (resuming) to `stop` under out/`tag`/runs; its validation exact match goes to
-    out/`tag`.json."""
+    `pilot_result`."""
     with Clock() as c:
         train_to(slug, seed, size, out, stop, runs=out / tag / "runs")
         label = PILOT["setting"]
         got = evaluate(out / tag / "runs" / run_name(slug, seed), out, f"{tag}/{run_name(slug, seed)}-{stop}",
                        "val", label, dict(settings(slug, size))[label])
-    path = out / f"{tag}.json"
-    res = read_json(path, {})
-    res[f"{run_name(slug, seed)}/step_{stop}"] = {"accuracy": got["accuracy"], "setting": label, "cpu_s": c.cpu}
-    write_json(path, res)
+    write_json(pilot_result(out, tag, slug, seed, stop), {"accuracy": got["accuracy"], "setting": label, "cpu_s": c.cpu})
 
 
 # -- 3. the timed pass ----------------------------------------------------------------------------------
@@ -557,13 +559,7 @@ def main(argv=None) -> int:
         prepare(out, size)
         run_workers(args, size, out)
         record["train_and_eval_seconds"] = time.perf_counter() - t0
-    if args.train_only:
-        cpu1 = resource.getrusage(resource.RUSAGE_CHILDREN)
-        record.update(finished=True, seconds=time.perf_counter() - started, load_end=list(os.getloadavg()),
-                      children_cpu_seconds=(cpu1.ru_utime + cpu1.ru_stime) - (cpu0.ru_utime + cpu0.ru_stime))
-        write_json(out / "phases.json", phases)
-        return 0
-    if not args.report_only:
+    if not (args.report_only or args.train_only):
         t0 = time.perf_counter()
         timed_pass(size, out, redo=args.timed_only)
         record["timed_seconds"] = time.perf_counter() - t0
@@ -575,6 +571,8 @@ def main(argv=None) -> int:
     record["finished"] = True
     if not args.report_only:  # an invocation that only writes the report is not part of the run's record
         write_json(out / "phases.json", phases)
+    if args.train_only:
+        return 0
     path = write_report(out, docs, size, smoke=args.smoke, phases=phases, pilot=read_json(out / "pilot.json"),
                         pilot_lr=read_json(out / "pilot_lr.json"))
     print(f"[miniature] wrote {path} and its .md / .png", flush=True)
